@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
+)
+
+// server reads the host's frames and runs one command at a time.
+type server struct {
+	fw  *agentproto.FrameWriter // stdout; shared by the running command's output pumps and its report
+	log *log.Logger             // stderr
+	cur *command                // the last command started; nil before the first
+}
+
+// serve speaks the wire on in/out until in ends. It returns the process exit code: 0 on a clean end of stream
+// while idle (a command still running is killed first), 1 on a broken stream.
+func serve(in io.Reader, out io.Writer) int {
+	s := &server{fw: agentproto.NewFrameWriter(out), log: log.New(os.Stderr, "sandkeep-agent: ", 0)}
+	if err := setSubreaper(); err != nil {
+		s.log.Printf("set child subreaper: %v (orphans will escape the deadline)", err)
+	}
+	// A host that went away must give a write error, not kill the agent (and orphan the tree) with SIGPIPE.
+	// Notify rather than Ignore: an ignored signal would stay ignored in the commands.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+
+	var buf []byte
+	for {
+		f, err := agentproto.ReadFrame(in, &buf)
+		if err != nil {
+			s.stop()
+			if errors.Is(err, io.EOF) {
+				return 0
+			}
+			s.log.Printf("read: %v", err)
+			return 1
+		}
+		if err := s.handle(f); err != nil {
+			s.stop()
+			s.log.Printf("%v", err)
+			return 1
+		}
+	}
+}
+
+// handle acts on one frame from the host. Stdin and cancel frames for a command that already ended are stale
+// (the host may send them while the report is on its way) and are dropped.
+func (s *server) handle(f agentproto.Frame) error {
+	c := s.cur
+	current := c != nil && c.req.ID == f.ID
+	switch f.Type {
+	case agentproto.FrameRequest:
+		if c != nil {
+			<-c.done // the host sends a request only after the previous report; this is at most a moment
+		}
+		s.start(f)
+	case agentproto.FrameStdin:
+		if current {
+			c.feed(bytes.Clone(f.Payload))
+		}
+	case agentproto.FrameStdinEOF:
+		if current {
+			c.closeStdin()
+		}
+	case agentproto.FrameCancel:
+		if current {
+			c.cancel()
+		}
+	default:
+		return fmt.Errorf("%w: unexpected frame %v from the host", agentproto.ErrProtocol, f.Type)
+	}
+	return nil
+}
+
+// stop cancels the running command, if any, and waits for its report to be sent.
+func (s *server) stop() {
+	if s.cur != nil {
+		s.cur.cancel()
+		<-s.cur.done
+	}
+}
+
+// start decodes a request and starts its command, or reports why it cannot.
+func (s *server) start(f agentproto.Frame) {
+	received := time.Now()
+	var req agentproto.Request
+	err := json.Unmarshal(f.Payload, &req)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("%w: %w", agentproto.ErrBadRequest, err)
+	case req.ID != f.ID:
+		err = fmt.Errorf("%w: request id %d in a frame for %d", agentproto.ErrBadRequest, req.ID, f.ID)
+	default:
+		err = req.Validate()
+	}
+	if err != nil {
+		s.report(agentproto.Result{ID: f.ID, ExitCode: 126, StartError: err.Error()})
+		return
+	}
+	s.cur = newCommand(req, received, s)
+	go s.cur.run()
+}
+
+// report sends a command's final frame.
+func (s *server) report(res agentproto.Result) {
+	body, err := json.Marshal(res)
+	if err == nil {
+		err = s.fw.WriteFrame(agentproto.FrameResult, res.ID, body)
+	}
+	if err != nil {
+		s.log.Printf("report command %d: %v", res.ID, err)
+	}
+}

@@ -1,0 +1,115 @@
+package sandkeep
+
+import (
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+)
+
+// DefaultImage is the image used when neither Config.Image nor SANDKEEP_IMAGE names one. On a machine with
+// no registry, `make image` (scripts/build-image.sh) builds it from busybox-static.
+const DefaultImage = "sandkeep-busybox:latest"
+
+// Config configures a Manager. Zero fields take the documented defaults.
+type Config struct {
+	Home      string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
+	Image     string // default SANDKEEP_IMAGE, else DefaultImage
+	AgentPath string // default SANDKEEP_AGENT, else sandkeep-agent next to the executable, else on PATH
+
+	User        string   // sandbox "uid:gid", default 1000:1000; root is refused unless AllowRoot
+	AllowRoot   bool     //
+	PidsLimit   int64    // default 512
+	MemoryBytes int64    // default 2 GiB (swap equal: no swap)
+	CPUs        float64  // default 1
+	TmpBytes    int64    // size of the /tmp tmpfs, default 256 MiB
+	Env         []string // base environment of every sandbox, "K=V"
+	Mounts      []string // extra binds in `--mount` syntax, checked by the mount guard
+
+	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
+	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
+	Retention                  time.Duration // remove a sandbox stopped this long; default 24h
+	RemoveWorkspaceOnRetention bool          // also delete the workspace then; default keep
+	Grace                      time.Duration // SIGTERM-to-SIGKILL grace for a command's tree; default 2s
+	PullTimeout                time.Duration // bound on an image pull; default 5m
+
+	Logger *slog.Logger
+}
+
+// ConfigFromEnv returns a Config filled from SANDKEEP_HOME, SANDKEEP_IMAGE, SANDKEEP_AGENT and
+// SANDKEEP_GATE_WAIT; everything else is left to the defaults.
+func ConfigFromEnv() Config {
+	c := Config{Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT")}
+	if d, err := time.ParseDuration(os.Getenv("SANDKEEP_GATE_WAIT")); err == nil {
+		c.GateWait = d
+	}
+	return c
+}
+
+// DefaultHome is where state lives when nothing says otherwise.
+func DefaultHome() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/sandkeep"
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "sandkeep")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "sandkeep")
+	}
+	return filepath.Join(os.TempDir(), "sandkeep-"+strconv.Itoa(os.Geteuid()))
+}
+
+func (c *Config) lifecycle() (lifecycle.Config, error) {
+	if c.Home == "" {
+		c.Home = DefaultHome()
+	}
+	if c.Image == "" {
+		c.Image = DefaultImage
+	}
+	agent, err := findAgent(c.AgentPath)
+	if err != nil {
+		return lifecycle.Config{}, err
+	}
+	mounts, err := parseMounts(c.Mounts)
+	if err != nil {
+		return lifecycle.Config{}, err
+	}
+	return lifecycle.Config{
+		Image: c.Image, AgentPath: agent, User: c.User, AllowRoot: c.AllowRoot,
+		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
+		Env: c.Env, Mounts: mounts,
+		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
+		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
+	}, nil
+}
+
+// findAgent locates the static agent binary: the configured path, else next to this executable, else PATH.
+func findAgent(configured string) (string, error) {
+	const hint = "build it with `make build` (bin/sandkeep-agent) or set SANDKEEP_AGENT to its path"
+	if configured != "" {
+		if _, err := os.Stat(configured); err != nil {
+			return "", fault.Wrap(err, fault.AgentMissing, hint, "the agent binary %s cannot be read", configured)
+		}
+		return configured, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "sandkeep-agent")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", fault.Wrap(err, fault.AgentMissing, hint, "the agent binary %s cannot be read", p)
+		}
+	}
+	if p, err := exec.LookPath("sandkeep-agent"); err == nil {
+		return p, nil
+	}
+	return "", fault.New(fault.AgentMissing, hint, "the sandkeep-agent binary was not found next to sandkeep or on PATH")
+}

@@ -1,0 +1,52 @@
+// Package agentproto is the wire between the host and sandkeep-agent: the request that starts one command, the
+// frames that carry its stdin, stdout, stderr and cancellation, and the final report. It also holds the output
+// bounds (UTF-8-safe truncation) and the exit status mapping, so that the host and the agent apply the same rules.
+//
+// The host never trusts what comes from the agent: every frame is length-checked, every stream is re-bounded on
+// the host side, and anything malformed is an ErrProtocol.
+package agentproto
+
+import "errors"
+
+// Version is the protocol version the host sends and the agent checks.
+const Version = 1
+
+// Bounds on what either side accepts.
+const (
+	MaxFrame       = 64 << 10 // largest frame payload, in bytes
+	MaxRequest     = 1 << 20  // largest encoded Request, in bytes
+	DefaultLimit   = 1 << 20  // default per-stream output limit
+	MaxOutputLimit = 64 << 20 // largest per-stream output limit a request may ask for
+)
+
+// ErrProtocol marks a broken channel: garbage, a forged or oversized frame, or a stream cut before the report.
+// The host recycles a sandbox whose channel broke.
+var ErrProtocol = errors.New("agent protocol violation")
+
+// Request starts one command. Argv is run directly (no shell). Workdir is absolute and already validated by the
+// host; the agent creates it when missing. Env entries ("K=V") are added to the agent's own environment.
+type Request struct {
+	Version     int      `json:"v"`
+	ID          uint32   `json:"id"`
+	Argv        []string `json:"argv"`
+	Workdir     string   `json:"workdir"`
+	Env         []string `json:"env,omitempty"`
+	TimeoutMS   int64    `json:"timeout_ms"`
+	GraceMS     int64    `json:"grace_ms"`
+	StdoutLimit int64    `json:"stdout_limit"`
+	StderrLimit int64    `json:"stderr_limit"`
+	Stdin       bool     `json:"stdin,omitempty"` // false: the command's stdin is /dev/null
+}
+
+// Result is the agent's final report of one command.
+type Result struct {
+	ID              uint32 `json:"id"`
+	ExitCode        int    `json:"exit_code"`        // 0..255, or 128+signal when killed by a signal
+	Signal          int    `json:"signal,omitempty"` // the signal that killed the command, 0 when it exited
+	TimedOut        bool   `json:"timed_out"`        // the deadline passed and the tree was killed
+	Cancelled       bool   `json:"cancelled,omitempty"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	DurationMS      int64  `json:"duration_ms"`
+	StartError      string `json:"start_error,omitempty"` // why the command could not start (exit 126/127)
+}

@@ -1,0 +1,288 @@
+// Package docker is the sandkeep driver for the Docker Engine API (github.com/moby/moby/client). It turns a
+// driver.CreateSpec into a hardened container and runs commands in it through the agent over Docker exec.
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+)
+
+// engine is the part of the Docker API this driver calls; tests can stand in for it to inject failures.
+type engine interface {
+	Ping(ctx context.Context, opts client.PingOptions) (client.PingResult, error)
+	ImageInspect(ctx context.Context, ref string, opts ...client.ImageInspectOption) (client.ImageInspectResult, error)
+	ImagePull(ctx context.Context, ref string, opts client.ImagePullOptions) (client.ImagePullResponse, error)
+	ContainerInspect(ctx context.Context, id string, opts client.ContainerInspectOptions) (client.ContainerInspectResult, error)
+	ContainerCreate(ctx context.Context, opts client.ContainerCreateOptions) (client.ContainerCreateResult, error)
+	ContainerStart(ctx context.Context, id string, opts client.ContainerStartOptions) (client.ContainerStartResult, error)
+	ContainerStop(ctx context.Context, id string, opts client.ContainerStopOptions) (client.ContainerStopResult, error)
+	ContainerRemove(ctx context.Context, id string, opts client.ContainerRemoveOptions) (client.ContainerRemoveResult, error)
+	ContainerList(ctx context.Context, opts client.ContainerListOptions) (client.ContainerListResult, error)
+	ExecCreate(ctx context.Context, id string, opts client.ExecCreateOptions) (client.ExecCreateResult, error)
+	ExecAttach(ctx context.Context, execID string, opts client.ExecAttachOptions) (client.ExecAttachResult, error)
+	ExecInspect(ctx context.Context, execID string, opts client.ExecInspectOptions) (client.ExecInspectResult, error)
+}
+
+var _ engine = (*client.Client)(nil)
+
+// Driver runs sandboxes as Docker containers.
+type Driver struct {
+	api         engine
+	pullTimeout time.Duration
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// Options configure a Driver.
+type Options struct {
+	// PullTimeout bounds an image pull; zero means 5 minutes.
+	PullTimeout time.Duration
+}
+
+// New connects to the engine named by the environment (DOCKER_HOST etc.), negotiating the API version.
+// It does not talk to the engine; call Ping for that.
+func New(opts Options) (*Driver, error) {
+	c, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	return NewWithEngine(c, opts), nil
+}
+
+// NewWithEngine wraps an existing engine client (a *client.Client, or a stand-in in tests).
+func NewWithEngine(api engine, opts Options) *Driver {
+	if opts.PullTimeout <= 0 {
+		opts.PullTimeout = 5 * time.Minute
+	}
+	return &Driver{api: api, pullTimeout: opts.PullTimeout}
+}
+
+// Name is "docker".
+func (d *Driver) Name() string { return "docker" }
+
+// Capabilities of the Docker driver.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Build: true, HostBinds: true, NetworkPolicy: false, Persistent: true}
+}
+
+// Ping asks the daemon whether it is up.
+func (d *Driver) Ping(ctx context.Context) error {
+	if _, err := d.api.Ping(ctx, client.PingOptions{}); err != nil {
+		return fault.Wrap(err, fault.DriverUnavailable, "start the Docker daemon (scripts/docker-up.sh) or set DOCKER_HOST",
+			"the Docker daemon did not answer")
+	}
+	return nil
+}
+
+// ResolveImage returns the local ID of ref, pulling it once when it is absent.
+func (d *Driver) ResolveImage(ctx context.Context, ref string) (string, error) {
+	img, err := d.api.ImageInspect(ctx, ref)
+	if err == nil {
+		return img.ID, nil
+	}
+	if !cerrdefs.IsNotFound(err) {
+		return "", fmt.Errorf("inspect image %q: %w", ref, err)
+	}
+	if perr := d.pull(ctx, ref); perr != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("pull image %q: %w", ref, ctx.Err())
+		}
+		return "", fault.Wrap(perr, fault.ImageUnavailable, "build it locally or pass --image with an image that is present",
+			"image %q is not present and could not be pulled (%v)", ref, perr)
+	}
+	img, err = d.api.ImageInspect(ctx, ref)
+	if err != nil {
+		return "", fault.Wrap(err, fault.ImageUnavailable, "build it locally or pass --image with an image that is present",
+			"image %q was pulled but cannot be inspected", ref)
+	}
+	return img.ID, nil
+}
+
+func (d *Driver) pull(ctx context.Context, ref string) error {
+	ctx, cancel := context.WithTimeout(ctx, d.pullTimeout)
+	defer cancel()
+	resp, err := d.api.ImagePull(ctx, ref, client.ImagePullOptions{})
+	if err != nil {
+		return err
+	}
+	return resp.Wait(ctx)
+}
+
+// Inspect returns the container named name; errdefs.ErrNotFound when there is none.
+func (d *Driver) Inspect(ctx context.Context, name string) (*driver.Sandbox, error) {
+	res, err := d.api.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("inspect %s: %w", name, cerrdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("inspect %s: %w", name, err)
+	}
+	return fromInspect(res.Container), nil
+}
+
+func fromInspect(c container.InspectResponse) *driver.Sandbox {
+	sb := &driver.Sandbox{ID: c.ID, Name: strings.TrimPrefix(c.Name, "/"), ImageID: c.Image}
+	if c.Config != nil {
+		sb.Labels = c.Config.Labels
+	}
+	if c.State != nil {
+		sb.State = stateOf(c.State.Status)
+		sb.StartedAt = parseTime(c.State.StartedAt)
+		sb.FinishedAt = parseTime(c.State.FinishedAt)
+	}
+	return sb
+}
+
+func stateOf(s container.ContainerState) driver.State {
+	switch s {
+	case container.StateRunning:
+		return driver.StateRunning
+	case container.StateCreated, container.StateExited:
+		return driver.StateStopped
+	case container.StatePaused:
+		return driver.StatePaused
+	case container.StateRestarting:
+		return driver.StateRestarting
+	case container.StateRemoving:
+		return driver.StateRemoving
+	default:
+		return driver.StateDead
+	}
+}
+
+// parseTime reads Docker's RFC 3339 times; Docker writes "0001-01-01T00:00:00Z" for never.
+func parseTime(s string) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil || t.Year() <= 1 {
+		return time.Time{}
+	}
+	return t
+}
+
+// Create makes the container for spec from spec.ImageID, applying spec.Posture field by field.
+func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.Sandbox, error) {
+	cfg, host := containerConfig(spec)
+	res, err := d.api.ContainerCreate(ctx, client.ContainerCreateOptions{Name: spec.Name, Config: cfg, HostConfig: host})
+	if err != nil {
+		if cerrdefs.IsConflict(err) {
+			return nil, fmt.Errorf("create %s: %w", spec.Name, cerrdefs.ErrConflict)
+		}
+		return nil, fault.Wrap(err, fault.SandboxFailed, "check `docker info` and the daemon log",
+			"the Docker daemon could not create sandbox %s", spec.Name)
+	}
+	return d.Inspect(ctx, res.ID)
+}
+
+// containerConfig translates the posture; it is the only place a posture field becomes a Docker setting.
+func containerConfig(spec *driver.CreateSpec) (*container.Config, *container.HostConfig) {
+	p := spec.Posture
+	cfg := &container.Config{
+		Image:      spec.ImageID,
+		User:       p.User,
+		Env:        p.Env,
+		Entrypoint: p.Init,
+		Cmd:        []string{},
+		WorkingDir: driver.WorkspaceDir,
+		Labels:     spec.Labels,
+		Hostname:   "sandbox",
+	}
+	pids := p.PidsLimit
+	host := &container.HostConfig{
+		ReadonlyRootfs: p.ReadOnlyRoot,
+		CapDrop:        p.CapDrop,
+		Tmpfs:          p.Tmpfs,
+		NetworkMode:    container.NetworkMode(p.Network),
+		LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{
+			"max-size": p.LogMaxSize, "max-file": p.LogMaxFiles,
+		}},
+		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
+		Resources: container.Resources{
+			Memory:     p.MemoryBytes,
+			MemorySwap: p.MemorySwapBytes,
+			NanoCPUs:   p.NanoCPUs,
+			PidsLimit:  &pids,
+		},
+	}
+	if p.NoNewPrivileges {
+		host.SecurityOpt = append(host.SecurityOpt, "no-new-privileges:true")
+	}
+	for _, m := range p.Mounts {
+		host.Mounts = append(host.Mounts, mount.Mount{
+			Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly,
+			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate},
+		})
+	}
+	return cfg, host
+}
+
+// Start starts a created or stopped container.
+func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
+	if _, err := d.api.ContainerStart(ctx, sb.ID, client.ContainerStartOptions{}); err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("start %s: %w", sb.Name, cerrdefs.ErrNotFound)
+		}
+		return fault.Wrap(err, fault.SandboxFailed, "check `docker logs "+sb.Name+"` and the daemon log",
+			"the Docker daemon could not start sandbox %s", sb.Name)
+	}
+	return nil
+}
+
+// Stop stops the container; an absent container is not an error.
+func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Duration) error {
+	secs := int(grace.Round(time.Second) / time.Second)
+	_, err := d.api.ContainerStop(ctx, sb.ID, client.ContainerStopOptions{Timeout: &secs})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("stop %s: %w", sb.Name, err)
+	}
+	return nil
+}
+
+// Remove force-removes the container; an absent container is not an error.
+func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
+	_, err := d.api.ContainerRemove(ctx, sb.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
+		return fmt.Errorf("remove %s: %w", sb.Name, err)
+	}
+	return nil
+}
+
+// isRemovalInProgress: a concurrent remove already owns it. Docker reports this as a conflict.
+func isRemovalInProgress(err error) bool { return cerrdefs.IsConflict(err) }
+
+// List returns the containers labelled with installation.
+func (d *Driver) List(ctx context.Context, installation string) ([]*driver.Sandbox, error) {
+	res, err := d.api.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: client.Filters{}.Add("label", driver.LabelInstallation+"="+installation),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	out := make([]*driver.Sandbox, 0, len(res.Items))
+	for _, c := range res.Items {
+		name := ""
+		if len(c.Names) > 0 {
+			name = strings.TrimPrefix(c.Names[0], "/")
+		}
+		out = append(out, &driver.Sandbox{ID: c.ID, Name: name, State: stateOf(c.State), Labels: c.Labels, ImageID: c.ImageID})
+	}
+	return out, nil
+}
+
+// errNotRunning is what Exec returns for a container that is not running; lifecycle re-ensures on it.
+var errNotRunning = errors.New("sandbox is not running")
+
+func notRunning(name string) error {
+	return fmt.Errorf("exec in %s: %w: %w", name, errNotRunning, cerrdefs.ErrConflict)
+}

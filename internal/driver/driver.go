@@ -1,0 +1,105 @@
+// Package driver is the contract between sandkeep's lifecycle and whatever makes sandboxes (Docker, later
+// Kubernetes and the host passthrough). A driver offers primitives: inspect, create, start, stop, remove, list,
+// exec. Deciding when to reuse, start or recreate a sandbox is the lifecycle's job, in one place for all drivers.
+package driver
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// Driver makes and runs sandboxes. It is safe for concurrent use. Every method honours ctx.
+//
+// Errors are classified with github.com/containerd/errdefs: Inspect of an absent sandbox is ErrNotFound; Create
+// of a name that is taken is ErrConflict; Stop and Remove of a sandbox that is already gone return nil.
+type Driver interface {
+	// Name is the driver's name: "docker", "kubernetes", "host", "fake".
+	Name() string
+	Capabilities() Capabilities
+	// Ping talks to the engine; nil means it answered.
+	Ping(ctx context.Context) error
+	// ResolveImage returns the ID of the image ref, pulling it when absent. A ref that cannot be had is a
+	// *fault.Error with code IMAGE_UNAVAILABLE.
+	ResolveImage(ctx context.Context, ref string) (imageID string, err error)
+	// Inspect returns the sandbox with this container name, ours or not (see Sandbox.Labels).
+	Inspect(ctx context.Context, name string) (*Sandbox, error)
+	// Create makes (but does not start) a sandbox for spec.
+	Create(ctx context.Context, spec *CreateSpec) (*Sandbox, error)
+	Start(ctx context.Context, sb *Sandbox) error
+	// Stop stops the sandbox, giving its processes grace before they are killed.
+	Stop(ctx context.Context, sb *Sandbox, grace time.Duration) error
+	// Remove deletes the sandbox (forcefully, if running). Its workspace on the host is not touched.
+	Remove(ctx context.Context, sb *Sandbox) error
+	// List returns every sandbox labelled with this installation id.
+	List(ctx context.Context, installation string) ([]*Sandbox, error)
+	// Exec runs one command through the agent inside a running sandbox and streams its output to out.
+	// A returned error wrapping agentproto.ErrProtocol means the channel broke and the sandbox should recycle.
+	Exec(ctx context.Context, sb *Sandbox, req agentproto.Request, out Output) (agentproto.Result, error)
+}
+
+// Capabilities are the optional things a driver can do; the policy layer reads them.
+type Capabilities struct {
+	Build         bool // can build images from a Dockerfile
+	HostBinds     bool // can bind host paths into a sandbox
+	NetworkPolicy bool // can enforce per-sandbox network policy
+	Persistent    bool // sandboxes survive between commands
+}
+
+// Output receives a command's streams as they are produced. Either may be nil (discard).
+type Output struct {
+	Stdout io.Writer
+	Stderr io.Writer
+	Stdin  io.Reader // nil: the command's stdin is /dev/null
+}
+
+// State is a sandbox's engine state, normalised across drivers.
+type State string
+
+// States.
+const (
+	StateRunning    State = "running"
+	StateStopped    State = "stopped" // created or exited: can be started
+	StatePaused     State = "paused"
+	StateRestarting State = "restarting"
+	StateDead       State = "dead"
+	StateRemoving   State = "removing"
+)
+
+// Label keys set on every sandbox sandkeep creates.
+const (
+	LabelPrefix       = "io.sandkeep."
+	LabelTenant       = LabelPrefix + "tenant"
+	LabelUser         = LabelPrefix + "user"
+	LabelKey          = LabelPrefix + "key"
+	LabelImage        = LabelPrefix + "image"    // the image ref as asked for
+	LabelImageID      = LabelPrefix + "image-id" // the image ID it resolved to at creation
+	LabelPosture      = LabelPrefix + "posture"  // Posture.Hash()
+	LabelInstallation = LabelPrefix + "installation"
+	LabelCreatedAt    = LabelPrefix + "created-at" // RFC 3339, UTC
+)
+
+// Sandbox is what a driver knows of one sandbox.
+type Sandbox struct {
+	ID         string
+	Name       string
+	State      State
+	Labels     map[string]string
+	ImageID    string    // the image the container actually runs
+	StartedAt  time.Time // zero when never started
+	FinishedAt time.Time // zero when never stopped
+}
+
+// CreateSpec is everything a driver needs to create one sandbox. The lifecycle builds it; the posture is hashed
+// into Labels[LabelPosture] from the very value that is applied.
+type CreateSpec struct {
+	Key     identity.Key
+	Name    string
+	Image   string // the image ref
+	ImageID string // its resolved ID; the driver creates from this ID so a retag cannot race
+	Posture Posture
+	Labels  map[string]string
+}

@@ -1,0 +1,52 @@
+package driver
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+)
+
+// Paths inside every sandbox.
+const (
+	WorkspaceDir = "/workspace"
+	AgentDir     = "/.sandkeep"                 // the agent's read-only directory
+	AgentPath    = AgentDir + "/sandkeep-agent" // the agent binary; PID 1 runs it as "init"
+	HomeDir      = "/home/sandbox"
+)
+
+// Posture is the security-relevant shape of a sandbox. It is built in one place (lifecycle), hashed with Hash,
+// and applied field by field by the driver: a change of any field changes the hash and recycles the sandbox.
+type Posture struct {
+	User            string            `json:"user"` // "uid:gid"
+	ReadOnlyRoot    bool              `json:"read_only_root"`
+	CapDrop         []string          `json:"cap_drop"`
+	NoNewPrivileges bool              `json:"no_new_privileges"`
+	PidsLimit       int64             `json:"pids_limit"`
+	MemoryBytes     int64             `json:"memory_bytes"`
+	MemorySwapBytes int64             `json:"memory_swap_bytes"` // memory + swap; equal to MemoryBytes means no swap
+	NanoCPUs        int64             `json:"nano_cpus"`
+	Tmpfs           map[string]string `json:"tmpfs"` // target -> mount options
+	Env             []string          `json:"env"`   // "K=V", the sandbox's base environment
+	Network         string            `json:"network"`
+	Mounts          []Mount           `json:"mounts"`
+	LogMaxSize      string            `json:"log_max_size"`
+	LogMaxFiles     string            `json:"log_max_files"`
+	Init            []string          `json:"init"` // PID 1: the agent in init mode, which reaps zombies
+}
+
+// Mount is one host path bound into a sandbox.
+type Mount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"read_only"`
+}
+
+// Hash is the hex SHA-256 of the posture's canonical JSON (encoding/json sorts map keys).
+func (p Posture) Hash() string {
+	b, err := json.Marshal(p)
+	if err != nil {
+		panic("posture is always marshalable: " + err.Error())
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

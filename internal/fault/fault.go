@@ -1,0 +1,72 @@
+// Package fault is sandkeep's one typed user-facing error: a stable Code, a sentence a person can act on,
+// and a Hint that says how to fix it. Every failure code is a constant here; the CLI maps any *Error to
+// exit 125, the API (later) to an HTTP status.
+package fault
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is a stable, machine-readable failure code. Never change the spelling of an existing code.
+type Code string
+
+// Failure codes. Keep sorted; each one appears in docs/ERRORS.md.
+const (
+	AgentMissing      Code = "AGENT_MISSING"      // the sandkeep-agent binary could not be found or read
+	AgentProtocol     Code = "AGENT_PROTOCOL"     // the agent's report was garbage, forged or cut off
+	DriverUnavailable Code = "DRIVER_UNAVAILABLE" // the container engine could not be reached
+	ForeignContainer  Code = "FOREIGN_CONTAINER"  // a container has our name but is not ours
+	ImageUnavailable  Code = "IMAGE_UNAVAILABLE"  // the image is not present and could not be pulled
+	InvalidArgument   Code = "INVALID_ARGUMENT"   // a request field is malformed
+	InvalidEnv        Code = "INVALID_ENV"        // an environment variable name or value is refused
+	InvalidIdentity   Code = "INVALID_IDENTITY"   // tenant or user is empty, too long or has control characters
+	InvalidMount      Code = "INVALID_MOUNT"      // a mount is malformed or denied by the guard
+	InvalidTimeout    Code = "INVALID_TIMEOUT"    // a timeout outside 1s..24h
+	InvalidWorkdir    Code = "INVALID_WORKDIR"    // a workdir that does not resolve under /workspace
+	Internal          Code = "INTERNAL"           // a bug in sandkeep; please report it
+	NotFound          Code = "SANDBOX_NOT_FOUND"  // no sandbox exists for that tenant and user
+	PostureRefused    Code = "POSTURE_REFUSED"    // the configured posture is not allowed (e.g. root)
+	SandboxBusy       Code = "SANDBOX_BUSY"       // the key's gate was not free within the wait bound
+	SandboxFailed     Code = "SANDBOX_FAILED"     // the engine failed to create, start or run the sandbox
+)
+
+// Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.
+type Error struct {
+	Code    Code
+	Message string // one sentence: what happened
+	Hint    string // what to do about it; may be empty
+	Err     error
+}
+
+func (e *Error) Error() string {
+	s := string(e.Code) + ": " + e.Message
+	if e.Hint != "" {
+		s += ": " + e.Hint
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// New returns an *Error with a formatted message.
+func New(code Code, hint, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Hint: hint}
+}
+
+// Wrap returns an *Error that carries err as its cause.
+func Wrap(err error, code Code, hint, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Hint: hint, Err: err}
+}
+
+// CodeOf returns the Code of the first *Error in err's chain, or "" when there is none.
+func CodeOf(err error) Code {
+	var fe *Error
+	if errors.As(err, &fe) {
+		return fe.Code
+	}
+	return ""
+}
+
+// Is reports whether err carries the given code.
+func Is(err error, code Code) bool { return CodeOf(err) == code }

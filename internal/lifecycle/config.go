@@ -1,0 +1,151 @@
+package lifecycle
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+)
+
+// Defaults for Config's zero fields.
+const (
+	DefaultUser        = "1000:1000"
+	DefaultPids        = 512
+	DefaultMemory      = 2 << 30
+	DefaultNanoCPUs    = 1e9
+	DefaultTmpSize     = 256 << 20
+	DefaultHomeSize    = 64 << 20
+	DefaultGateWait    = 10 * time.Minute
+	DefaultIdleTimeout = 30 * time.Minute
+	DefaultRetention   = 24 * time.Hour
+	DefaultStopGrace   = 5 * time.Second
+	DefaultGrace       = 2 * time.Second
+)
+
+// Config is what the lifecycle needs; zero fields take the defaults above.
+type Config struct {
+	Image     string // image ref used for every sandbox
+	AgentPath string // the host path of the static sandkeep-agent binary
+
+	User        string // "uid:gid"; root is refused unless AllowRoot
+	AllowRoot   bool
+	PidsLimit   int64
+	MemoryBytes int64
+	NanoCPUs    int64
+	TmpBytes    int64
+	HomeBytes   int64
+	Env         []string       // extra base environment, "K=V"
+	Mounts      []driver.Mount // extra binds; each passes guard.CheckMount
+
+	GateWait        time.Duration // bound on waiting for a busy key
+	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
+	Retention       time.Duration // a stopped sandbox this old is removed
+	RemoveWorkspace bool          // on retention removal, also delete the workspace
+	StopGrace       time.Duration // what a stopping sandbox's processes get before SIGKILL
+	Grace           time.Duration // what a command's tree gets between SIGTERM and SIGKILL
+
+	Logger *slog.Logger
+	Now    func() time.Time // for tests; time.Now when nil
+}
+
+func (c *Config) setDefaults() {
+	def := func(p *int64, v int64) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	defDur := func(p *time.Duration, v time.Duration) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	if c.User == "" {
+		c.User = DefaultUser
+	}
+	def(&c.PidsLimit, DefaultPids)
+	def(&c.MemoryBytes, DefaultMemory)
+	def(&c.NanoCPUs, DefaultNanoCPUs)
+	def(&c.TmpBytes, DefaultTmpSize)
+	def(&c.HomeBytes, DefaultHomeSize)
+	defDur(&c.GateWait, DefaultGateWait)
+	defDur(&c.IdleTimeout, DefaultIdleTimeout)
+	defDur(&c.Retention, DefaultRetention)
+	defDur(&c.StopGrace, DefaultStopGrace)
+	defDur(&c.Grace, DefaultGrace)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// validate checks what Config cannot default: the image, the user, the extra mounts and env.
+func (c *Config) validate() (uid, gid int, err error) {
+	if c.Image == "" {
+		return 0, 0, fault.New(fault.InvalidArgument, "pass --image or set SANDKEEP_IMAGE", "no image configured")
+	}
+	uid, gid, err = parseUser(c.User)
+	if err != nil {
+		return 0, 0, err
+	}
+	if (uid == 0 || gid == 0) && !c.AllowRoot {
+		return 0, 0, fault.New(fault.PostureRefused, "use a non-root uid:gid such as 1000:1000, or allow root explicitly",
+			"sandbox user %q is root", c.User)
+	}
+	for _, m := range c.Mounts {
+		if err := guard.CheckMount(m); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := guard.Env(c.Env); err != nil {
+		return 0, 0, err
+	}
+	return uid, gid, nil
+}
+
+func parseUser(s string) (uid, gid int, err error) {
+	u, g, ok := strings.Cut(s, ":")
+	uid, uerr := strconv.Atoi(u)
+	gid, gerr := strconv.Atoi(g)
+	if !ok || uerr != nil || gerr != nil || uid < 0 || gid < 0 {
+		return 0, 0, fault.New(fault.InvalidArgument, "write it as numeric uid:gid, e.g. 1000:1000",
+			"sandbox user %q is not uid:gid", s)
+	}
+	return uid, gid, nil
+}
+
+// posture builds the key's posture: the single place where the sandbox's security shape is decided.
+func (c *Config) posture(workspace, agentDir string, uid, gid int) driver.Posture {
+	mounts := []driver.Mount{
+		{Source: workspace, Target: driver.WorkspaceDir},
+		{Source: agentDir, Target: driver.AgentDir, ReadOnly: true},
+	}
+	mounts = append(mounts, c.Mounts...)
+	env := append([]string{"HOME=" + driver.HomeDir, "TMPDIR=/tmp"}, c.Env...)
+	return driver.Posture{
+		User:            fmt.Sprintf("%d:%d", uid, gid),
+		ReadOnlyRoot:    true,
+		CapDrop:         []string{"ALL"},
+		NoNewPrivileges: true,
+		PidsLimit:       c.PidsLimit,
+		MemoryBytes:     c.MemoryBytes,
+		MemorySwapBytes: c.MemoryBytes,
+		NanoCPUs:        c.NanoCPUs,
+		Tmpfs: map[string]string{
+			"/tmp":         fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,mode=1777", c.TmpBytes),
+			driver.HomeDir: fmt.Sprintf("rw,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0700", c.HomeBytes, uid, gid),
+		},
+		Env:         env,
+		Network:     "none",
+		Mounts:      mounts,
+		LogMaxSize:  "1m",
+		LogMaxFiles: "2",
+		Init:        []string{driver.AgentPath, "init"},
+	}
+}

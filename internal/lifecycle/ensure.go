@@ -1,0 +1,143 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// Decision is what ensure did to provide a running sandbox.
+type Decision string
+
+// Decisions, in the words operators read in logs and (later) events.
+const (
+	DecisionReuse    Decision = "reuse"    // running and compatible
+	DecisionStart    Decision = "start"    // stopped and compatible
+	DecisionRecreate Decision = "recreate" // drifted (image, posture) or in a state that cannot run commands
+	DecisionCreate   Decision = "create"   // absent
+	DecisionAdopt    Decision = "adopt"    // another process created it first
+)
+
+// ensure returns key's running, compatible sandbox. The caller holds key's gate.
+func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
+	imageID, err := m.drv.ResolveImage(ctx, m.cfg.Image)
+	if err != nil {
+		return nil, err
+	}
+	want := m.cfg.posture(m.home.Workspace(key), m.agentDir, m.uid, m.gid)
+	hash := want.Hash()
+	if sb := m.cached(key); sb != nil && compatible(sb, imageID, hash) {
+		// Trust this process's last ensure: if the sandbox was stopped or removed since, Exec fails before
+		// running anything and the caller ensures again.
+		return sb, nil
+	}
+	adopted := false
+	for range 3 {
+		sb, err := m.drv.Inspect(ctx, key.ContainerName())
+		switch {
+		case cerrdefs.IsNotFound(err):
+			sb, err = m.create(ctx, key, want, imageID)
+			if cerrdefs.IsConflict(err) { // another process won the name: inspect it and adopt it
+				adopted = true
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			m.decided(key, sb, DecisionCreate)
+			return m.started(ctx, key, sb)
+		case err != nil:
+			return nil, err
+		}
+		if err := m.checkOurs(key, sb); err != nil {
+			return nil, err
+		}
+		ok := compatible(sb, imageID, hash)
+		switch {
+		case ok && sb.State == driver.StateRunning:
+			m.decided(key, sb, pick(adopted, DecisionAdopt, DecisionReuse))
+			m.remember(key, sb)
+			return sb, nil
+		case ok && sb.State == driver.StateStopped:
+			m.decided(key, sb, pick(adopted, DecisionAdopt, DecisionStart))
+			if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
+				return nil, err
+			}
+			if err := m.drv.Start(ctx, sb); err == nil {
+				return m.started(ctx, key, sb)
+			}
+			// A stopped container that will not start is recreated, like a dead one.
+		}
+		m.decided(key, sb, DecisionRecreate)
+		m.forget(key)
+		if err := m.drv.Remove(ctx, sb); err != nil {
+			return nil, fmt.Errorf("recreate %s: %w", sb.Name, err)
+		}
+	}
+	return nil, fmt.Errorf("ensure sandbox %s: the container kept changing under us: %w", key.Short(), cerrdefs.ErrConflict)
+}
+
+// create makes key's container (workspace first, so the bind source exists with the right owner) and
+// starts it; a half-made container is removed when the start fails.
+func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Posture, imageID string) (*driver.Sandbox, error) {
+	if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
+		return nil, err
+	}
+	spec := &driver.CreateSpec{
+		Key: key, Name: key.ContainerName(), Image: m.cfg.Image, ImageID: imageID, Posture: want,
+		Labels: map[string]string{
+			driver.LabelTenant:       key.Tenant,
+			driver.LabelUser:         key.User,
+			driver.LabelKey:          key.Hex(),
+			driver.LabelImage:        m.cfg.Image,
+			driver.LabelImageID:      imageID,
+			driver.LabelPosture:      want.Hash(),
+			driver.LabelInstallation: m.home.Installation,
+			driver.LabelCreatedAt:    m.cfg.Now().UTC().Format(time.RFC3339),
+		},
+	}
+	sb, err := m.drv.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.drv.Start(ctx, sb); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = m.drv.Remove(cctx, sb)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// started records a sandbox that was just started as running.
+func (m *Manager) started(ctx context.Context, key identity.Key, sb *driver.Sandbox) (*driver.Sandbox, error) {
+	now, err := m.drv.Inspect(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	if now.State != driver.StateRunning {
+		return nil, fmt.Errorf("sandbox %s is %s right after start: %w", sb.Name, now.State, cerrdefs.ErrUnavailable)
+	}
+	m.remember(key, now)
+	return now, nil
+}
+
+func compatible(sb *driver.Sandbox, imageID, postureHash string) bool {
+	return sb.Labels[driver.LabelImageID] == imageID && sb.Labels[driver.LabelPosture] == postureHash
+}
+
+func pick(cond bool, a, b Decision) Decision {
+	if cond {
+		return a
+	}
+	return b
+}
+
+func (m *Manager) decided(key identity.Key, sb *driver.Sandbox, d Decision) {
+	m.cfg.Logger.Debug("ensure", "key", key.Short(), "sandbox", sb.Name, "state", sb.State, "decision", d)
+}

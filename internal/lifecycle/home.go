@@ -1,0 +1,187 @@
+package lifecycle
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// Home is a state directory: the installation id, the workspaces, the per-key lock and last-used files, and
+// the content-addressed copy of the agent that sandboxes bind read-only. Several processes may share one.
+type Home struct {
+	Dir          string
+	Installation string // created once, kept in Dir/installation-id
+}
+
+// OpenHome creates dir and its layout when missing and reads (or creates, exactly once across processes)
+// the installation id.
+func OpenHome(dir string) (*Home, error) {
+	if !filepath.IsAbs(dir) {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return nil, fmt.Errorf("state home %q: %w", dir, err)
+		}
+		dir = abs
+	}
+	for _, sub := range []string{"", "workspaces", "locks", "keys", "agent"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+			return nil, fault.Wrap(err, fault.InvalidArgument, "set SANDKEEP_HOME to a directory you can write",
+				"cannot create state home %s", dir)
+		}
+	}
+	id, err := installationID(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &Home{Dir: dir, Installation: id}, nil
+}
+
+// installationID reads the id, or creates it with a link so that racing processes agree on one.
+func installationID(dir string) (string, error) {
+	path := filepath.Join(dir, "installation-id")
+	for range 3 {
+		b, err := os.ReadFile(path)
+		if err == nil {
+			id := strings.TrimSpace(string(b))
+			if len(id) != 32 {
+				return "", fault.New(fault.Internal, "remove "+path+" only if no sandbox of this home exists",
+					"installation id in %s is malformed", path)
+			}
+			return id, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("read installation id: %w", err)
+		}
+		var raw [16]byte
+		_, _ = rand.Read(raw[:])
+		tmp, err := os.CreateTemp(dir, ".installation-id-*")
+		if err != nil {
+			return "", fmt.Errorf("create installation id: %w", err)
+		}
+		_, werr := tmp.WriteString(hex.EncodeToString(raw[:]) + "\n")
+		cerr := tmp.Close()
+		if werr == nil && cerr == nil {
+			err = os.Link(tmp.Name(), path) // fails with ErrExist when another process won: read theirs
+		}
+		os.Remove(tmp.Name())
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("create installation id: %w", err)
+		}
+	}
+	return "", fmt.Errorf("installation id in %s: could not be created", dir)
+}
+
+// Workspace is the host directory bound at /workspace for key.
+func (h *Home) Workspace(k identity.Key) string { return filepath.Join(h.Dir, "workspaces", k.Hex()) }
+
+func (h *Home) lockPath(k identity.Key) string { return filepath.Join(h.Dir, "locks", k.Hex()+".lock") }
+
+func (h *Home) usedPath(k identity.Key) string { return filepath.Join(h.Dir, "keys", k.Hex()+".used") }
+
+// EnsureWorkspace creates the key's workspace, owned by uid:gid with mode 0700. The directory itself is
+// sandkeep's (its parent is not writable from a sandbox), so checking it with Lstat is enough: what lies
+// inside is the sandbox's and is never followed here.
+func (h *Home) EnsureWorkspace(k identity.Key, uid, gid int) (string, error) {
+	dir := h.Workspace(k)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("create workspace: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", fmt.Errorf("workspace: %w", err)
+	}
+	if !fi.IsDir() {
+		return "", fault.New(fault.Internal, "remove "+dir, "workspace %s is not a directory", dir)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return "", fmt.Errorf("workspace mode: %w", err)
+	}
+	if os.Geteuid() == 0 || os.Geteuid() == uid {
+		if err := os.Lchown(dir, uid, gid); err != nil {
+			return "", fmt.Errorf("workspace owner: %w", err)
+		}
+	}
+	return dir, nil
+}
+
+// RemoveWorkspace deletes the key's workspace. RemoveAll does not follow symlinks planted inside it.
+func (h *Home) RemoveWorkspace(k identity.Key) error {
+	if err := os.RemoveAll(h.Workspace(k)); err != nil {
+		return fmt.Errorf("remove workspace: %w", err)
+	}
+	return nil
+}
+
+// Touch records that key was used now. Its mtime is the key's last use, shared by every process.
+func (h *Home) Touch(k identity.Key, now time.Time) {
+	p := h.usedPath(k)
+	if err := os.Chtimes(p, now, now); err != nil {
+		if f, cerr := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o600); cerr == nil {
+			f.Close()
+			_ = os.Chtimes(p, now, now)
+		}
+	}
+}
+
+// LastUsed is when key last ran a command, or zero when never recorded.
+func (h *Home) LastUsed(k identity.Key) time.Time {
+	fi, err := os.Stat(h.usedPath(k))
+	if err != nil {
+		return time.Time{}
+	}
+	return fi.ModTime()
+}
+
+// ForgetKey drops the key's last-used record (after the sandbox is removed).
+func (h *Home) ForgetKey(k identity.Key) { os.Remove(h.usedPath(k)) }
+
+// InstallAgent copies the agent binary at src into a content-addressed directory of the home and returns that
+// directory. Sandboxes bind it read-only; a new agent gets a new directory, which changes the posture.
+func (h *Home) InstallAgent(src string) (string, error) {
+	const hint = "build it with `make build` (or `CGO_ENABLED=0 go build -o bin/ ./cmd/sandkeep-agent`) and set SANDKEEP_AGENT to its path"
+	f, err := os.Open(src)
+	if err != nil {
+		return "", fault.Wrap(err, fault.AgentMissing, hint, "cannot read the agent binary %s", src)
+	}
+	defer f.Close()
+	sum := sha256.New()
+	if _, err := io.Copy(sum, f); err != nil {
+		return "", fault.Wrap(err, fault.AgentMissing, hint, "cannot read the agent binary %s", src)
+	}
+	dir := filepath.Join(h.Dir, "agent", hex.EncodeToString(sum.Sum(nil))[:16])
+	dst := filepath.Join(dir, "sandkeep-agent")
+	if _, err := os.Stat(dst); err == nil {
+		return dir, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".agent-*")
+	if err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	_, cerr := io.Copy(tmp, f)
+	if err := errors.Join(cerr, tmp.Chmod(0o755), tmp.Close()); err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	return dir, nil
+}

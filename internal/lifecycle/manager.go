@@ -1,0 +1,263 @@
+// Package lifecycle owns sandboxes: one per key, reused across commands and processes. It takes the key's
+// gate, ensures the sandbox (reuse, start, recreate on drift, create, adopt after a name conflict), runs the
+// command through the driver, recycles a sandbox whose channel broke, and sweeps idle ones.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// Bounds on a command's deadline and output.
+const (
+	MinTimeout     = time.Second
+	MaxTimeout     = 24 * time.Hour
+	DefaultTimeout = 120 * time.Second
+)
+
+// Manager runs commands in per-key sandboxes. It is safe for concurrent use.
+type Manager struct {
+	cfg      Config
+	uid, gid int
+	home     *Home
+	drv      driver.Driver
+	gates    *gates
+	agentDir string
+
+	mu    sync.Mutex                 // guards known
+	known map[string]*driver.Sandbox // key hex -> sandbox last ensured by this process; a hint, never trusted alone
+
+	nextID atomic.Uint32
+}
+
+// New validates cfg, prepares the home (installation id, agent copy) and returns a Manager over drv.
+func New(home *Home, drv driver.Driver, cfg Config) (*Manager, error) {
+	cfg.setDefaults()
+	uid, gid, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.AgentPath == "" {
+		return nil, fault.New(fault.AgentMissing, "build it with `make build` and set SANDKEEP_AGENT to its path",
+			"the sandkeep-agent binary was not found")
+	}
+	agentDir, err := home.InstallAgent(cfg.AgentPath)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{
+		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home), agentDir: agentDir,
+		known: map[string]*driver.Sandbox{},
+	}, nil
+}
+
+// Home is the manager's state home.
+func (m *Manager) Home() *Home { return m.home }
+
+// Driver is the driver the manager runs on.
+func (m *Manager) Driver() driver.Driver { return m.drv }
+
+// ExecRequest is one command for one key.
+type ExecRequest struct {
+	Argv        []string
+	Workdir     string   // relative to /workspace, or absolute under it; "" is /workspace
+	Env         []string // "K=V"
+	Timeout     time.Duration
+	StdoutLimit int64
+	StderrLimit int64
+	Stdin       io.Reader // nil: /dev/null
+	Stdout      io.Writer // streamed as produced; nil discards
+	Stderr      io.Writer
+}
+
+// ExecResult is the outcome of one command.
+type ExecResult struct {
+	agentproto.Result
+	Sandbox *driver.Sandbox
+}
+
+// Exec validates req, takes key's gate, ensures the sandbox and runs the command. A caller that cancels ctx
+// gets its answer only once the command's process tree is gone: the gate is held until then.
+func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (*ExecResult, error) {
+	preq, err := m.agentRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	release, err := m.gates.acquire(ctx, key, m.cfg.GateWait)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	out := driver.Output{Stdout: req.Stdout, Stderr: req.Stderr, Stdin: req.Stdin}
+	for attempt := 0; ; attempt++ {
+		sb, err := m.ensure(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		m.home.Touch(key, m.cfg.Now())
+		res, err := m.drv.Exec(ctx, sb, preq, out)
+		m.home.Touch(key, m.cfg.Now())
+		switch {
+		case err == nil:
+			return &ExecResult{Result: res, Sandbox: sb}, nil
+		case attempt == 0 && ctx.Err() == nil && (cerrdefs.IsNotFound(err) || cerrdefs.IsConflict(err)):
+			// Stopped or removed behind our back (the sweeper, another process): the exec never started.
+			m.forget(key)
+			continue
+		case errors.Is(err, agentproto.ErrProtocol):
+			m.recycle(ctx, key, sb, err)
+			return nil, fault.Wrap(err, fault.AgentProtocol,
+				"the sandbox was recycled; run the command again (files in /workspace are kept)",
+				"the agent in sandbox %s stopped answering correctly", sb.Name)
+		case ctx.Err() != nil:
+			return &ExecResult{Result: res, Sandbox: sb}, err
+		default:
+			return nil, err
+		}
+	}
+}
+
+func (m *Manager) agentRequest(req ExecRequest) (agentproto.Request, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return agentproto.Request{}, fault.New(fault.InvalidArgument, "pass the command after --, e.g. -- ls -la", "no command given")
+	}
+	workdir, err := guard.Workdir(req.Workdir)
+	if err != nil {
+		return agentproto.Request{}, err
+	}
+	if err := guard.Env(req.Env); err != nil {
+		return agentproto.Request{}, err
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	if timeout < MinTimeout || timeout > MaxTimeout {
+		return agentproto.Request{}, fault.New(fault.InvalidTimeout, "use a timeout between 1s and 24h",
+			"timeout %s is out of range", timeout)
+	}
+	limits := [2]*int64{&req.StdoutLimit, &req.StderrLimit}
+	for _, l := range limits {
+		if *l == 0 {
+			*l = agentproto.DefaultLimit
+		}
+		if *l < 0 || *l > agentproto.MaxOutputLimit {
+			return agentproto.Request{}, fault.New(fault.InvalidArgument, "use an output limit between 1 byte and 64 MiB",
+				"output limit %d is out of range", *l)
+		}
+	}
+	return agentproto.Request{
+		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: req.Argv, Workdir: workdir, Env: req.Env,
+		TimeoutMS: timeout.Milliseconds(), GraceMS: m.cfg.Grace.Milliseconds(),
+		StdoutLimit: req.StdoutLimit, StderrLimit: req.StderrLimit, Stdin: req.Stdin != nil,
+	}, nil
+}
+
+// recycle removes a sandbox whose channel broke, before the gate is released: whatever ran in it is over.
+func (m *Manager) recycle(ctx context.Context, key identity.Key, sb *driver.Sandbox, cause error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	m.forget(key)
+	m.cfg.Logger.Warn("recycling sandbox after a broken channel", "key", key.Short(), "sandbox", sb.Name, "err", cause)
+	if err := m.drv.Remove(ctx, sb); err != nil {
+		m.cfg.Logger.Error("recycle failed", "sandbox", sb.Name, "err", err)
+	}
+}
+
+func (m *Manager) remember(key identity.Key, sb *driver.Sandbox) {
+	m.mu.Lock()
+	m.known[key.Hex()] = sb
+	m.mu.Unlock()
+}
+
+func (m *Manager) forget(key identity.Key) {
+	m.mu.Lock()
+	delete(m.known, key.Hex())
+	m.mu.Unlock()
+}
+
+func (m *Manager) cached(key identity.Key) *driver.Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.known[key.Hex()]
+}
+
+// Stop stops key's sandbox under its gate. A key without a sandbox is SANDBOX_NOT_FOUND.
+func (m *Manager) Stop(ctx context.Context, key identity.Key) error {
+	release, err := m.gates.acquire(ctx, key, m.cfg.GateWait)
+	if err != nil {
+		return err
+	}
+	defer release()
+	sb, err := m.owned(ctx, key)
+	if err != nil {
+		return err
+	}
+	m.forget(key)
+	return m.drv.Stop(ctx, sb, m.cfg.StopGrace)
+}
+
+// Remove deletes key's sandbox under its gate, and its workspace unless keepWorkspace.
+func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bool) error {
+	release, err := m.gates.acquire(ctx, key, m.cfg.GateWait)
+	if err != nil {
+		return err
+	}
+	defer release()
+	sb, err := m.owned(ctx, key)
+	if err != nil && !(fault.Is(err, fault.NotFound) && !keepWorkspace) {
+		return err
+	}
+	m.forget(key)
+	if sb != nil {
+		if err := m.drv.Remove(ctx, sb); err != nil {
+			return err
+		}
+	}
+	m.home.ForgetKey(key)
+	if !keepWorkspace {
+		return m.home.RemoveWorkspace(key)
+	}
+	return nil
+}
+
+// owned inspects key's container and checks that it is ours.
+func (m *Manager) owned(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
+	sb, err := m.drv.Inspect(ctx, key.ContainerName())
+	if cerrdefs.IsNotFound(err) {
+		return nil, fault.New(fault.NotFound, "`sandkeep ps` lists the sandboxes that exist", "no sandbox for %s", key)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := m.checkOurs(key, sb); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+func (m *Manager) checkOurs(key identity.Key, sb *driver.Sandbox) error {
+	if sb.Labels[driver.LabelInstallation] == m.home.Installation && sb.Labels[driver.LabelKey] == key.Hex() {
+		return nil
+	}
+	return fault.New(fault.ForeignContainer,
+		fmt.Sprintf("sandkeep never adopts or deletes it; rename or remove it yourself (docker rm %s) if it is not needed, or use another SANDKEEP_HOME's sandkeep", sb.Name),
+		"container %s exists but was not created by this sandkeep installation", sb.Name)
+}
+
+// Close releases what the manager holds. Sandboxes keep running; they are persistent by design.
+func (m *Manager) Close() error { return nil }

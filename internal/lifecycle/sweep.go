@@ -1,0 +1,216 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/gofrs/flock"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// Info is what `ps` shows of one sandbox.
+type Info struct {
+	Key       identity.Key
+	Name      string
+	ID        string
+	State     driver.State
+	Image     string
+	CreatedAt time.Time
+	LastUsed  time.Time // zero when never used
+	IdleFor   time.Duration
+}
+
+// List returns every sandbox of this installation, sorted by tenant then user. Containers whose labels do
+// not make a valid key are left out (they are not ours to describe).
+func (m *Manager) List(ctx context.Context) ([]Info, error) {
+	sbs, err := m.drv.List(ctx, m.home.Installation)
+	if err != nil {
+		return nil, err
+	}
+	now := m.cfg.Now()
+	out := make([]Info, 0, len(sbs))
+	for _, sb := range sbs {
+		key, ok := m.keyOf(sb)
+		if !ok {
+			continue
+		}
+		created, _ := time.Parse(time.RFC3339, sb.Labels[driver.LabelCreatedAt])
+		used := m.home.LastUsed(key)
+		idleFrom := used
+		if idleFrom.IsZero() {
+			idleFrom = created
+		}
+		out = append(out, Info{
+			Key: key, Name: sb.Name, ID: sb.ID, State: sb.State, Image: sb.Labels[driver.LabelImage],
+			CreatedAt: created, LastUsed: used, IdleFor: max(0, now.Sub(idleFrom)).Round(time.Second),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key.Tenant != out[j].Key.Tenant {
+			return out[i].Key.Tenant < out[j].Key.Tenant
+		}
+		return out[i].Key.User < out[j].Key.User
+	})
+	return out, nil
+}
+
+// keyOf rebuilds a sandbox's key from its labels and checks it against the key label and the name.
+func (m *Manager) keyOf(sb *driver.Sandbox) (identity.Key, bool) {
+	key, err := identity.New(sb.Labels[driver.LabelTenant], sb.Labels[driver.LabelUser])
+	if err != nil || key.Hex() != sb.Labels[driver.LabelKey] || key.ContainerName() != sb.Name ||
+		sb.Labels[driver.LabelInstallation] != m.home.Installation {
+		return identity.Key{}, false
+	}
+	return key, true
+}
+
+// SweepReport says what one sweep pass did.
+type SweepReport struct {
+	Stopped []string // sandbox names stopped for idleness
+	Removed []string // sandbox names removed past retention
+	Skipped []string // busy keys left alone
+}
+
+// SweepOnce stops sandboxes idle past IdleTimeout and removes stopped ones past Retention. It only
+// try-locks gates: a key with a command running or queued is skipped, never waited for.
+func (m *Manager) SweepOnce(ctx context.Context) (SweepReport, error) {
+	var rep SweepReport
+	sbs, err := m.drv.List(ctx, m.home.Installation)
+	if err != nil {
+		return rep, err
+	}
+	var errs []error
+	for _, sb := range sbs {
+		key, ok := m.keyOf(sb)
+		if !ok {
+			continue
+		}
+		if err := m.sweepOne(ctx, key, sb, &rep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver.Sandbox, rep *SweepReport) error {
+	if !m.sweepable(ctx, key, listed) {
+		return nil
+	}
+	release, ok := m.gates.tryAcquire(key)
+	if !ok {
+		rep.Skipped = append(rep.Skipped, listed.Name)
+		return nil
+	}
+	defer release()
+	// Under the gate, look again: another process may have used or changed the sandbox since the list.
+	sb, err := m.drv.Inspect(ctx, listed.ID)
+	if err != nil || !m.sweepable(ctx, key, sb) {
+		return nil
+	}
+	m.forget(key)
+	switch sb.State {
+	case driver.StateRunning:
+		if err := m.drv.Stop(ctx, sb, m.cfg.StopGrace); err != nil {
+			return fmt.Errorf("sweep: %w", err)
+		}
+		rep.Stopped = append(rep.Stopped, sb.Name)
+		m.cfg.Logger.Info("sweeper stopped idle sandbox", "sandbox", sb.Name, "key", key.Short())
+	default:
+		if err := m.drv.Remove(ctx, sb); err != nil {
+			return fmt.Errorf("sweep: %w", err)
+		}
+		m.home.ForgetKey(key)
+		if m.cfg.RemoveWorkspace {
+			if err := m.home.RemoveWorkspace(key); err != nil {
+				return fmt.Errorf("sweep: %w", err)
+			}
+		}
+		rep.Removed = append(rep.Removed, sb.Name)
+		m.cfg.Logger.Info("sweeper removed sandbox past retention", "sandbox", sb.Name, "key", key.Short())
+	}
+	return nil
+}
+
+// sweepable: running and idle past IdleTimeout, or stopped (and unused) past Retention.
+func (m *Manager) sweepable(ctx context.Context, key identity.Key, sb *driver.Sandbox) bool {
+	now := m.cfg.Now()
+	used := m.home.LastUsed(key)
+	if created, err := time.Parse(time.RFC3339, sb.Labels[driver.LabelCreatedAt]); err == nil && created.After(used) {
+		used = created
+	}
+	switch sb.State {
+	case driver.StateRunning:
+		return now.Sub(used) >= m.cfg.IdleTimeout
+	case driver.StateStopped, driver.StateDead:
+		since := sb.FinishedAt
+		if since.IsZero() { // List does not carry FinishedAt: ask
+			if full, err := m.drv.Inspect(ctx, sb.ID); err == nil {
+				since = full.FinishedAt
+			}
+		}
+		if used.After(since) {
+			since = used
+		}
+		return now.Sub(since) >= m.cfg.Retention
+	}
+	return false
+}
+
+// Sweeper holds a home's sweeper lock: only one process at a time sweeps a home.
+type Sweeper struct {
+	m    *Manager
+	lock *flock.Flock
+}
+
+// TrySweeper takes the home's sweeper lock without waiting; ok is false when another process holds it.
+func (m *Manager) TrySweeper() (s *Sweeper, ok bool, err error) {
+	lock := flock.New(filepath.Join(m.home.Dir, "locks", "sweeper.lock"))
+	ok, err = lock.TryLock()
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return &Sweeper{m: m, lock: lock}, true, nil
+}
+
+// Release gives the sweeper lock back.
+func (s *Sweeper) Release() error { return s.lock.Unlock() }
+
+// RunSweeper sweeps every interval until ctx ends. While another process holds the sweeper lock it only
+// retries the lock, so exactly one process sweeps and a survivor takes over when the sweeper exits.
+func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var s *Sweeper
+	defer func() {
+		if s != nil {
+			_ = s.Release()
+		}
+	}()
+	for {
+		if s == nil {
+			var ok bool
+			var err error
+			if s, ok, err = m.TrySweeper(); err != nil {
+				return err
+			} else if !ok {
+				s = nil
+			}
+		}
+		if s != nil {
+			if _, err := m.SweepOnce(ctx); err != nil && ctx.Err() == nil {
+				m.cfg.Logger.Warn("sweep failed", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,215 @@
+// Package sandkeep runs the shell commands of AI agents inside persistent, hardened, per-user sandboxes.
+//
+// A Manager keeps one sandbox per Key (tenant, user), reused across commands, sessions and processes, and runs
+// each command with an exact deadline, exact exit status and bounded output:
+//
+//	m, err := sandkeep.Open(ctx, sandkeep.ConfigFromEnv())
+//	key, _ := sandkeep.NewKey("acme", "alice")
+//	res, err := m.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo hi"}})
+//
+// Failures that a caller can act on are *Error values with a stable Code and a Hint.
+package sandkeep
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/identity"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+)
+
+// Key identifies one sandbox: the SHA-256 of a length-prefixed framing of (tenant, user).
+type Key = identity.Key
+
+// NewKey validates tenant and user (non-empty, at most 256 bytes, no control characters) and returns their Key.
+func NewKey(tenant, user string) (Key, error) { return identity.New(tenant, user) }
+
+// Error is a failure with a stable Code, a message and a Hint.
+type Error = fault.Error
+
+// Code is a stable failure code such as SANDBOX_BUSY.
+type Code = fault.Code
+
+// CodeOf returns the Code carried by err, or "" when err is not a sandkeep *Error.
+func CodeOf(err error) Code { return fault.CodeOf(err) }
+
+// Manager runs commands in per-key sandboxes. It is safe for concurrent use, and several processes may use
+// managers over the same Home at once.
+type Manager struct {
+	lc  *lifecycle.Manager
+	drv driver.Driver
+}
+
+// Open checks cfg, connects to the Docker engine (a real ping) and prepares the state home.
+func Open(ctx context.Context, cfg Config) (*Manager, error) {
+	lcfg, err := cfg.lifecycle()
+	if err != nil {
+		return nil, err
+	}
+	home, err := lifecycle.OpenHome(cfg.Home)
+	if err != nil {
+		return nil, err
+	}
+	drv, err := docker.New(docker.Options{PullTimeout: cfg.PullTimeout})
+	if err != nil {
+		return nil, fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := drv.Ping(pctx); err != nil {
+		return nil, err
+	}
+	lc, err := lifecycle.New(home, drv, lcfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{lc: lc, drv: drv}, nil
+}
+
+// ExecRequest is one command. Argv runs directly, without a shell: use {"sh", "-c", "..."} for shell syntax.
+type ExecRequest struct {
+	Argv        []string
+	Workdir     string        // relative to /workspace, or absolute under it; created when missing
+	Env         []string      // "K=V", added to the sandbox's environment
+	Timeout     time.Duration // 1s..24h; zero means 120s
+	OutputLimit int64         // per stream, in bytes; zero means 1 MiB, at most 64 MiB
+	Stdin       io.Reader     // nil: the command reads /dev/null
+	// Stdout and Stderr, when set, receive output as it is produced, and the result's Stdout/Stderr stay
+	// empty; when nil, output is collected into the result.
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// ExecResult is the outcome of one command.
+type ExecResult struct {
+	ExitCode        int        `json:"exit_code"` // 0..255; 128+N when killed by signal N
+	TimedOut        bool       `json:"timed_out"` // the deadline passed and the process tree was killed
+	Stdout          string     `json:"stdout"`
+	Stderr          string     `json:"stderr"`
+	StdoutTruncated bool       `json:"stdout_truncated"`
+	StderrTruncated bool       `json:"stderr_truncated"`
+	DurationMS      int64      `json:"duration_ms"`
+	Sandbox         SandboxRef `json:"sandbox"`
+}
+
+// SandboxRef names the sandbox a command ran in.
+type SandboxRef struct {
+	Name   string `json:"name"`
+	ID     string `json:"id"`
+	Driver string `json:"driver"`
+	Tenant string `json:"tenant"`
+	User   string `json:"user"`
+}
+
+// Exec runs req in key's sandbox, creating or starting it when needed. One key's commands run one at a
+// time; a caller that cancels ctx gets its answer only once the command's process tree is gone. When ctx is
+// cancelled, the partial result is returned together with the ctx error.
+func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResult, error) {
+	var outBuf, errBuf bytes.Buffer
+	stdout, stderr := req.Stdout, req.Stderr
+	if stdout == nil {
+		stdout = &outBuf
+	}
+	if stderr == nil {
+		stderr = &errBuf
+	}
+	res, err := m.lc.Exec(ctx, key, lifecycle.ExecRequest{
+		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
+		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
+		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr,
+	})
+	if res == nil {
+		return nil, err
+	}
+	return &ExecResult{
+		ExitCode: res.ExitCode, TimedOut: res.TimedOut,
+		Stdout: outBuf.String(), Stderr: errBuf.String(),
+		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
+		DurationMS: res.DurationMS,
+		Sandbox: SandboxRef{Name: res.Sandbox.Name, ID: res.Sandbox.ID, Driver: m.drv.Name(),
+			Tenant: key.Tenant, User: key.User},
+	}, err
+}
+
+// Sandbox describes one sandbox, as `sandkeep ps` shows it.
+type Sandbox struct {
+	Tenant    string    `json:"tenant"`
+	User      string    `json:"user"`
+	Key       string    `json:"key"`
+	Name      string    `json:"name"`
+	ID        string    `json:"id"`
+	State     string    `json:"state"`
+	Image     string    `json:"image"`
+	CreatedAt time.Time `json:"created_at"`
+	LastUsed  time.Time `json:"last_used,omitzero"`
+	IdleFor   string    `json:"idle_for"`
+}
+
+// List returns every sandbox of this installation (this Home), sorted by tenant and user.
+func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
+	infos, err := m.lc.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Sandbox, 0, len(infos))
+	for _, in := range infos {
+		out = append(out, Sandbox{
+			Tenant: in.Key.Tenant, User: in.Key.User, Key: in.Key.Hex(), Name: in.Name, ID: in.ID,
+			State: string(in.State), Image: in.Image, CreatedAt: in.CreatedAt, LastUsed: in.LastUsed,
+			IdleFor: in.IdleFor.String(),
+		})
+	}
+	return out, nil
+}
+
+// Stop stops key's sandbox (waiting for its gate); the next Exec starts the same container again.
+func (m *Manager) Stop(ctx context.Context, key Key) error { return m.lc.Stop(ctx, key) }
+
+// Remove deletes key's sandbox, and its workspace unless keepWorkspace.
+func (m *Manager) Remove(ctx context.Context, key Key, keepWorkspace bool) error {
+	return m.lc.Remove(ctx, key, keepWorkspace)
+}
+
+// SweepReport says what one sweep pass did.
+type SweepReport = lifecycle.SweepReport
+
+// SweepOnce stops idle sandboxes and removes those past retention, skipping busy keys. It does not take the
+// home's sweeper lock; RunSweeper does.
+func (m *Manager) SweepOnce(ctx context.Context) (SweepReport, error) { return m.lc.SweepOnce(ctx) }
+
+// RunSweeper sweeps every interval until ctx ends, as the home's only sweeper (others wait for the lock).
+func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error {
+	return m.lc.RunSweeper(ctx, interval)
+}
+
+// Close releases the manager. Sandboxes keep running: they are persistent by design.
+func (m *Manager) Close() error { return m.lc.Close() }
+
+// Installation is the id of this manager's state home.
+func (m *Manager) Installation() string { return m.lc.Home().Installation }
+
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
+
+func parseMounts(specs []string) ([]driver.Mount, error) {
+	out := make([]driver.Mount, 0, len(specs))
+	for _, s := range specs {
+		m, err := guard.ParseMount(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# test.sh — THE test command: Docker up, go vet, gofmt, then the whole test suite against the real engine.
+#
+#   scripts/test.sh                          # vet + gofmt + go test ./...
+#   scripts/test.sh -run TestX ./internal/...  # extra args are passed to go test (and the packages to go vet)
+#
+# Arguments that are neither flags nor flag values are packages: they replace the default ./... (for go vet
+# too). SANDKEEP_REQUIRE_DOCKER=1 is set: a missing daemon fails the run, it never skips.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+phase() { printf '\n==> %s\n' "$*"; }
+fail() { printf '\n==> FAIL: %s\n' "$*" >&2; exit 1; }
+
+# go test flags that take a separate value (`-run X`): their value is never a package.
+value_flags=" run skip bench benchtime count cpu parallel timeout shuffle list fuzz fuzztime fuzzminimizetime
+ coverprofile covermode coverpkg cpuprofile memprofile memprofilerate blockprofile blockprofilerate
+ mutexprofile mutexprofilefraction outputdir trace o exec tags ldflags gcflags asmflags p mod modfile vet "
+pkgs=()
+flags=()
+expect_value=0
+for a in "$@"; do
+	if [ "$expect_value" -eq 1 ]; then
+		flags+=("$a")
+		expect_value=0
+		continue
+	fi
+	case "$a" in
+	-*=*) flags+=("$a") ;;
+	-*)
+		flags+=("$a")
+		name=${a#-}
+		name=${name#-}
+		case "$value_flags" in *" $name "*) expect_value=1 ;; esac
+		;;
+	*) pkgs+=("$a") ;;
+	esac
+done
+[ "${#pkgs[@]}" -gt 0 ] || pkgs=(./...)
+
+phase "docker: scripts/docker-up.sh"
+bash scripts/docker-up.sh || fail "Docker engine not available (see above)"
+
+# -race needs cgo and a C compiler.
+if ! command -v gcc >/dev/null 2>&1; then
+	phase "toolchain: installing gcc (needed by go test -race)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev; } \
+		|| fail "could not install gcc"
+fi
+
+phase "go vet ${pkgs[*]}"
+go vet "${pkgs[@]}" || fail "go vet"
+
+phase "gofmt -l ."
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+	printf '%s\n' "$unformatted" >&2
+	fail "gofmt: the files above are not formatted (run gofmt -w)"
+fi
+
+phase "go test -race -count=1 -timeout 45m $(printf "%s " "${flags[@]}")${pkgs[*]}"
+SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 go test -race -count=1 -timeout 45m "${flags[@]}" "${pkgs[@]}" || fail "go test"
+
+phase "OK"
