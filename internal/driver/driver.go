@@ -15,7 +15,17 @@ import (
 // Driver makes and runs sandboxes. It is safe for concurrent use. Every method honours ctx.
 //
 // Errors are classified with github.com/containerd/errdefs: Inspect of an absent sandbox is ErrNotFound; Create
-// of a name that is taken is ErrConflict; Stop and Remove of a sandbox that is already gone return nil.
+// of a name that is taken is ErrConflict; Start of an absent sandbox is ErrNotFound and of a running one nil;
+// Stop and Remove of a sandbox that is already gone return nil.
+//
+// A *Sandbox is addressed by its ID: an old value never reaches a newer sandbox that took the same name.
+// Sandbox.Labels may hold labels the engine added (e.g. the image's); check the ones you need, never the map.
+//
+// Exec errors: a sandbox that is not running is ErrConflict, an absent one ErrNotFound (in both cases nothing
+// ran, so the caller may ensure and retry); a cancelled ctx returns the partial Result with Cancelled set and
+// an error wrapping ctx's cause, only once the command's process tree is gone; a channel that broke (garbage,
+// a cut stream, the sandbox stopped or removed mid-command) is an error wrapping agentproto.ErrProtocol.
+// No descendant of a command outlives it: the agent kills what is left when the command exits.
 type Driver interface {
 	// Name is the driver's name: "docker", "kubernetes", "host", "fake".
 	Name() string
@@ -53,7 +63,7 @@ type Capabilities struct {
 type Output struct {
 	Stdout io.Writer
 	Stderr io.Writer
-	Stdin  io.Reader // nil: the command's stdin is /dev/null
+	Stdin  io.Reader // nil: the command's stdin is /dev/null. Exec may return before a blocked Read does.
 }
 
 // State is a sandbox's engine state, normalised across drivers.

@@ -3,6 +3,8 @@ package lifecycle
 import (
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -98,10 +100,18 @@ func (c *Config) validate() (uid, gid int, err error) {
 		return 0, 0, fault.New(fault.PostureRefused, "use a non-root uid:gid such as 1000:1000, or allow root explicitly",
 			"sandbox user %q is root", c.User)
 	}
-	for _, m := range c.Mounts {
+	c.Mounts = slices.Clone(c.Mounts) // resolved below; the caller's slice stays as given
+	for i, m := range c.Mounts {
 		if err := guard.CheckMount(m); err != nil {
 			return 0, 0, err
 		}
+		// Bind what was checked: the engine resolves the source again at create time, so a symlink swapped
+		// in after the check must not redirect the bind.
+		resolved, err := filepath.EvalSymlinks(m.Source)
+		if err != nil {
+			return 0, 0, fault.Wrap(err, fault.InvalidMount, "check that the mount source exists", "mount source %q", m.Source)
+		}
+		c.Mounts[i].Source = resolved
 	}
 	if err := guard.Env(c.Env); err != nil {
 		return 0, 0, err
