@@ -92,8 +92,9 @@ func signalTree(sig syscall.Signal) int {
 // for them to exit, then SIGKILL until none is left. It returns when reaped is closed, that is when the agent
 // has no child left: wait4 then found nothing, so no descendant exists (orphans reparent to the agent).
 func killTree(grace time.Duration, reaped <-chan struct{}) {
-	signalTree(syscall.SIGTERM)
-	signalTree(syscall.SIGCONT)
+	if signalTree(syscall.SIGTERM) > 0 {
+		signalTree(syscall.SIGCONT)
+	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
