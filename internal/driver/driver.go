@@ -6,6 +6,7 @@ package driver
 import (
 	"context"
 	"io"
+	"maps"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -101,6 +102,13 @@ type Sandbox struct {
 	ImageID    string    // the image the container actually runs
 	StartedAt  time.Time // zero when never started
 	FinishedAt time.Time // zero when never stopped
+}
+
+// Clone returns a copy that shares nothing with sb.
+func (sb *Sandbox) Clone() *Sandbox {
+	c := *sb
+	c.Labels = maps.Clone(sb.Labels)
+	return &c
 }
 
 // CreateSpec is everything a driver needs to create one sandbox. The lifecycle builds it; the posture is hashed

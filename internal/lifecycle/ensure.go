@@ -70,6 +70,8 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 			}
 			if err := m.drv.Start(ctx, sb); err == nil {
 				return m.started(ctx, key, sb)
+			} else if ctx.Err() != nil {
+				return nil, err // the caller gave up: a start cut short says nothing about the sandbox
 			}
 			// A stopped container that will not start is recreated, like a dead one.
 		}
@@ -116,9 +118,12 @@ func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Post
 
 // started records a sandbox that was just started as running.
 func (m *Manager) started(ctx context.Context, key identity.Key, sb *driver.Sandbox) (*driver.Sandbox, error) {
-	now, err := m.drv.Inspect(ctx, sb.ID)
+	now, err := m.drv.Inspect(ctx, sb.Name) // the contract looks sandboxes up by name, not ID
 	if err != nil {
 		return nil, err
+	}
+	if now.ID != sb.ID {
+		return nil, fmt.Errorf("sandbox %s was replaced right after start: %w", sb.Name, cerrdefs.ErrConflict)
 	}
 	if now.State != driver.StateRunning {
 		return nil, fmt.Errorf("sandbox %s is %s right after start: %w", sb.Name, now.State, cerrdefs.ErrUnavailable)

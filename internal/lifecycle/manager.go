@@ -106,14 +106,14 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	for attempt := 0; ; attempt++ {
 		sb, err := m.ensure(ctx, key)
 		if err != nil {
-			return nil, err
+			return nil, coded(ctx, err, key)
 		}
 		m.home.Touch(key, m.cfg.Now())
 		res, err := m.drv.Exec(ctx, sb, preq, out)
 		m.home.Touch(key, m.cfg.Now())
 		switch {
 		case err == nil:
-			return &ExecResult{Result: res, Sandbox: sb}, nil
+			return &ExecResult{Result: res, Sandbox: sb.Clone()}, nil
 		case attempt == 0 && ctx.Err() == nil && (cerrdefs.IsNotFound(err) || cerrdefs.IsConflict(err)):
 			// Stopped or removed behind our back (the sweeper, another process): the exec never started.
 			m.forget(key)
@@ -124,11 +124,21 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 				"the sandbox was recycled; run the command again (files in /workspace are kept)",
 				"the agent in sandbox %s stopped answering correctly", sb.Name)
 		case ctx.Err() != nil:
-			return &ExecResult{Result: res, Sandbox: sb}, err
+			return &ExecResult{Result: res, Sandbox: sb.Clone()}, err
 		default:
-			return nil, err
+			return nil, coded(ctx, err, key)
 		}
 	}
+}
+
+// coded gives an engine error that carries no failure code one (SANDBOX_FAILED), so that every failure a
+// caller sees has a code and a hint. Cancellation stays what it is.
+func coded(ctx context.Context, err error, key identity.Key) error {
+	if fault.CodeOf(err) != "" || ctx.Err() != nil {
+		return err
+	}
+	return fault.Wrap(err, fault.SandboxFailed, "check `docker info` and the daemon log; the command did not run",
+		"the sandbox for %s could not be provided: %v", key, err)
 }
 
 func (m *Manager) agentRequest(req ExecRequest) (agentproto.Request, error) {

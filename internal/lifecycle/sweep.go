@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/gofrs/flock"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
@@ -109,8 +110,14 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 	}
 	defer release()
 	// Under the gate, look again: another process may have used or changed the sandbox since the list.
-	sb, err := m.drv.Inspect(ctx, listed.ID)
-	if err != nil || !m.sweepable(ctx, key, sb) {
+	sb, err := m.drv.Inspect(ctx, listed.Name) // by name, as the contract says; then make sure it is the same one
+	if cerrdefs.IsNotFound(err) {
+		return nil // removed since the list
+	}
+	if err != nil {
+		return fmt.Errorf("sweep %s: %w", listed.Name, err)
+	}
+	if sb.ID != listed.ID || !m.sweepable(ctx, key, sb) {
 		return nil
 	}
 	m.forget(key)
@@ -150,7 +157,7 @@ func (m *Manager) sweepable(ctx context.Context, key identity.Key, sb *driver.Sa
 	case driver.StateStopped, driver.StateDead:
 		since := sb.FinishedAt
 		if since.IsZero() { // List does not carry FinishedAt: ask
-			if full, err := m.drv.Inspect(ctx, sb.ID); err == nil {
+			if full, err := m.drv.Inspect(ctx, sb.Name); err == nil && full.ID == sb.ID {
 				since = full.FinishedAt
 			}
 		}
