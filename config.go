@@ -41,13 +41,20 @@ type Config struct {
 	PullTimeout                time.Duration // bound on an image pull; default 5m
 
 	Logger *slog.Logger
+
+	envErr error // a malformed SANDKEEP_* variable, reported by Open
 }
 
 // ConfigFromEnv returns a Config filled from SANDKEEP_HOME, SANDKEEP_IMAGE, SANDKEEP_AGENT and
-// SANDKEEP_GATE_WAIT; everything else is left to the defaults.
+// SANDKEEP_GATE_WAIT; everything else is left to the defaults. A malformed variable is reported by Open.
 func ConfigFromEnv() Config {
 	c := Config{Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT")}
-	if d, err := time.ParseDuration(os.Getenv("SANDKEEP_GATE_WAIT")); err == nil {
+	if v := os.Getenv("SANDKEEP_GATE_WAIT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			c.envErr = fault.New(fault.InvalidArgument, "write a positive duration with a unit, e.g. SANDKEEP_GATE_WAIT=30s",
+				"SANDKEEP_GATE_WAIT=%q is not a duration", v)
+		}
 		c.GateWait = d
 	}
 	return c
@@ -68,6 +75,9 @@ func DefaultHome() string {
 }
 
 func (c *Config) lifecycle() (lifecycle.Config, error) {
+	if c.envErr != nil {
+		return lifecycle.Config{}, c.envErr
+	}
 	if c.Home == "" {
 		c.Home = DefaultHome()
 	}

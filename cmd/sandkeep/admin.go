@@ -4,20 +4,25 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
 func newPs(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "ps",
+		Use:   "ps [--json]",
 		Short: "List every sandbox of this state home",
-		Args:  cobra.NoArgs,
+		Long: "List every sandbox of this state home (running or stopped): tenant, user, key, state, image,\n" +
+			"when it was created, when it last ran a command and how long it has been idle.",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m, err := g.open(cmd.Context())
 			if err != nil {
@@ -36,12 +41,8 @@ func newPs(g *globals) *cobra.Command {
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TENANT\tUSER\tKEY\tSTATE\tIMAGE\tCREATED\tLAST USED\tIDLE FOR")
 			for _, s := range list {
-				used := "never"
-				if !s.LastUsed.IsZero() {
-					used = s.LastUsed.Local().Format(time.DateTime)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Tenant, s.User, s.Key[:24], s.State, s.Image,
-					s.CreatedAt.Local().Format(time.DateTime), used, s.IdleFor)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(s.Tenant), cell(s.User), shortKey(s.Key),
+					s.State, cell(s.Image), when(s.CreatedAt, "-"), when(s.LastUsed, "never"), s.IdleFor)
 			}
 			return tw.Flush()
 		},
@@ -50,14 +51,36 @@ func newPs(g *globals) *cobra.Command {
 	return cmd
 }
 
+// cell keeps a table cell on one line and its columns aligned: tenant and user may hold any printable
+// character, tabs and newlines excluded by validation, but spaces are shown quoted.
+func cell(s string) string {
+	if s == "" || strings.ContainsAny(s, " \t\n") {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// shortKey is the key as the container name shows it (sandkeep-u-<24 hex>).
+func shortKey(k string) string { return k[:min(len(k), 24)] }
+
+func when(t time.Time, zero string) string {
+	if t.IsZero() {
+		return zero
+	}
+	return t.Local().Format(time.DateTime)
+}
+
 func newStop(g *globals) *cobra.Command {
 	var w who
 	cmd := &cobra.Command{
 		Use:   "stop --user U [--tenant T]",
 		Short: "Stop the user's sandbox; the next exec starts the same container again",
-		Args:  cobra.NoArgs,
+		Long: "Stop the user's sandbox, after the command it runs (if any) is over. Its container, /workspace and\n" +
+			"installed state are kept: the next exec starts the same container again. Prints the sandbox's name.",
+		Example: "  sandkeep stop --tenant acme --user alice",
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			key, err := w.key()
+			key, err := w.key(cmd)
 			if err != nil {
 				return err
 			}
@@ -66,7 +89,11 @@ func newStop(g *globals) *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			return m.Stop(cmd.Context(), key)
+			if err := m.Stop(cmd.Context(), key); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, key.ContainerName())
+			return nil
 		},
 	}
 	w.bind(cmd)
@@ -81,9 +108,13 @@ func newRm(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rm --user U [--tenant T] [--keep-workspace]",
 		Short: "Remove the user's sandbox and, unless --keep-workspace, its workspace",
-		Args:  cobra.NoArgs,
+		Long: "Remove the user's sandbox, after the command it runs (if any) is over, and delete its /workspace\n" +
+			"files on the host unless --keep-workspace. The next exec creates a fresh sandbox. Prints the sandbox's name.",
+		Example: "  sandkeep rm --tenant acme --user alice\n" +
+			"  sandkeep rm --tenant acme --user alice --keep-workspace",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			key, err := w.key()
+			key, err := w.key(cmd)
 			if err != nil {
 				return err
 			}
@@ -92,7 +123,11 @@ func newRm(g *globals) *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			return m.Remove(cmd.Context(), key, keep)
+			if err := m.Remove(cmd.Context(), key, keep); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, key.ContainerName())
+			return nil
 		},
 	}
 	w.bind(cmd)
@@ -108,10 +143,22 @@ func newSweep(g *globals) *cobra.Command {
 		rmWs      bool
 	)
 	cmd := &cobra.Command{
-		Use:   "sweep [--once]",
+		Use:   "sweep [--once] [--interval D] [--idle-timeout D] [--retention D]",
 		Short: "Stop idle sandboxes and remove those past retention (one sweeper per state home)",
-		Args:  cobra.NoArgs,
+		Long: "Stop sandboxes idle past --idle-timeout and remove stopped ones past --retention, every --interval,\n" +
+			"until interrupted (exit 0). Only one sweeper per state home acts at a time; others wait for its lock.\n" +
+			"A sandbox with a command running or queued is never touched. With --once, sweep once and exit.",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, d := range []struct {
+				flag string
+				v    time.Duration
+			}{{"interval", interval}, {"idle-timeout", idle}, {"retention", ret}} {
+				if d.v <= 0 {
+					return fault.New(fault.InvalidArgument, fmt.Sprintf("use a positive --%s, e.g. --%s 1m", d.flag, d.flag),
+						"--%s %s is not positive", d.flag, d.v)
+				}
+			}
 			m, err := g.open(cmd.Context(), func(c *sandkeep.Config) {
 				c.IdleTimeout, c.Retention, c.RemoveWorkspaceOnRetention = idle, ret, rmWs
 			})
@@ -120,7 +167,11 @@ func newSweep(g *globals) *cobra.Command {
 			}
 			defer m.Close()
 			if !once {
-				return m.RunSweeper(cmd.Context(), interval)
+				err := m.RunSweeper(cmd.Context(), interval)
+				if _, ok := interruptedBy(cmd.Context()); ok {
+					return nil // the way to stop a sweeper
+				}
+				return err
 			}
 			rep, err := m.SweepOnce(cmd.Context())
 			for _, n := range rep.Stopped {

@@ -3,15 +3,42 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
+
+const execLong = `Run a command in the (tenant, user) sandbox, creating or starting the sandbox when needed.
+
+The command runs directly, without a shell: use sh -c '...' for pipes, redirections and globs. Everything
+after the command's name belongs to the command, so put sandkeep's flags before it; a '--' before the
+command is optional but keeps it readable.
+
+stdout and stderr stream as they are produced, to sandkeep's stdout and stderr. The command's stdin is
+/dev/null unless -i is given. One user's commands run one at a time (a second one waits for the first, at
+most --gate-wait); different users run in parallel.
+
+Exit status: the command's own (128+N when a signal N killed it); 124 when it ran past --timeout, after its
+whole process tree was killed; 125 when sandkeep itself failed ("sandkeep: CODE: message" and a hint on
+stderr, or {"error": {...}} on stdout with --json); 130/143 when sandkeep was interrupted (the command's
+tree is killed before sandkeep exits).`
+
+const execExample = `  sandkeep exec --tenant acme --user alice -- sh -c 'echo hi > /workspace/f; id -u'
+  sandkeep exec --user bob --timeout 5s --workdir src -- make test
+  sandkeep exec --user bob -e GOFLAGS=-mod=mod -e CI=1 -- go test ./...
+  echo data | sandkeep exec --user bob -i -- cat
+  sandkeep exec --user bob --json -- ls /workspace`
 
 func newExec(g *globals) *cobra.Command {
 	var (
@@ -20,58 +47,91 @@ func newExec(g *globals) *cobra.Command {
 		workdir     string
 		env         []string
 		asJSON      bool
-		outputLimit int64
+		outputLimit = byteSize(agentproto.DefaultLimit)
 		interactive bool
 		gateWait    time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "exec --user U [--tenant T] [flags] -- COMMAND [ARG...]",
-		Short: "Run a command in the user's sandbox",
-		Long: "Run a command in the (tenant, user) sandbox, creating or starting it when needed. stdout and stderr\n" +
-			"stream as they are produced; sandkeep exits with the command's own status, 124 when it timed out\n" +
-			"(its whole process tree is killed), 125 when sandkeep itself failed.",
-		Example: "  sandkeep exec --tenant acme --user alice -- sh -c 'echo hi > /workspace/f; id -u'\n" +
-			"  sandkeep exec --user bob --timeout 5s --workdir src -- make test\n" +
-			"  sandkeep exec --user bob --json -- ls /workspace",
-		Args: cobra.MinimumNArgs(1),
+		Use:     "exec --user U [--tenant T] [flags] [--] COMMAND [ARG...]",
+		Short:   "Run a command in the user's sandbox",
+		Long:    execLong,
+		Example: execExample,
+		Args:    cobra.ArbitraryArgs, // checked in RunE, so that --json reports it too
 		RunE: func(cmd *cobra.Command, args []string) error {
+			fail := func(err error) error {
+				if asJSON {
+					jsonError(g.stdout, err)
+					return exitError{exitFailure}
+				}
+				return err
+			}
+			key, err := w.key(cmd)
+			if err != nil {
+				return fail(err)
+			}
 			req := sandkeep.ExecRequest{
-				Argv: args, Workdir: workdir, Env: env, Timeout: timeout, OutputLimit: outputLimit,
+				Argv: args, Workdir: workdir, Env: env, Timeout: timeout, OutputLimit: int64(outputLimit),
+			}
+			if err := checkExec(cmd, req, gateWait); err != nil {
+				return fail(err)
 			}
 			if interactive {
 				req.Stdin = g.stdin
 			}
+			ctx := cmd.Context()
 			if !asJSON {
-				req.Stdout, req.Stderr = g.stdout, g.stderr
+				// A reader that goes away (`sandkeep exec ... | head -1`) stops the command like a signal
+				// would: its tree is killed before sandkeep exits 141, instead of running on unread.
+				var cancel context.CancelCauseFunc
+				ctx, cancel = context.WithCancelCause(ctx)
+				defer cancel(nil)
+				req.Stdout = &stopOnError{w: g.stdout, cancel: cancel}
+				req.Stderr = &stopOnError{w: g.stderr, cancel: cancel}
 			}
-			return runExec(cmd.Context(), g, &w, req, asJSON, gateWait)
+			return runExec(ctx, g, key, req, asJSON, gateWait, fail)
 		},
 	}
-	cmd.Flags().SetInterspersed(false) // everything after the command belongs to it
+	cmd.Flags().SetInterspersed(false) // everything after the command's name belongs to it
 	w.bind(cmd)
 	f := cmd.Flags()
-	f.DurationVar(&timeout, "timeout", 120*time.Second, "deadline for the command, 1s to 24h")
-	f.StringVarP(&workdir, "workdir", "w", "", "working directory, relative to /workspace or absolute under it")
-	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
-	f.BoolVar(&asJSON, "json", false, "print one JSON object with the result instead of streaming")
-	f.Int64Var(&outputLimit, "output-limit", 1<<20, "bytes kept per stream (stdout, stderr), at most 64 MiB")
-	f.BoolVarP(&interactive, "interactive", "i", false, "pass sandkeep's stdin to the command (default /dev/null)")
-	f.DurationVar(&gateWait, "gate-wait", 0, "how long to wait for the user's previous command (default 10m)")
+	f.DurationVar(&timeout, "timeout", lifecycle.DefaultTimeout, "deadline for the command, 1s to 24h; past it the whole process tree is killed")
+	f.StringVarP(&workdir, "workdir", "w", "", "working directory, relative to /workspace or absolute under it; created when missing")
+	f.StringArrayVarP(&env, "env", "e", nil, "set an environment variable, NAME=VALUE (repeatable)")
+	f.BoolVar(&asJSON, "json", false, "collect the output and print one JSON object with the result instead of streaming")
+	f.Var(&outputLimit, "output-limit", "output kept per stream (stdout, stderr), e.g. 65536, 512KiB, 4MiB; at most 64MiB")
+	f.BoolVarP(&interactive, "interactive", "i", false, "pass sandkeep's stdin to the command (default: /dev/null)")
+	f.DurationVar(&gateWait, "gate-wait", 0, "how long to wait while the user's previous command runs (default $SANDKEEP_GATE_WAIT, else 10m)")
 	return cmd
 }
 
-func runExec(ctx context.Context, g *globals, w *who, req sandkeep.ExecRequest, asJSON bool, gateWait time.Duration) error {
-	fail := func(err error) error {
-		if asJSON {
-			jsonError(g.stdout, err)
-			return exitError{exitFailure}
-		}
+// checkExec refuses a malformed request before anything touches the state home or the Docker engine. The
+// lifecycle checks the same things with the same functions; this only makes the answer immediate.
+func checkExec(cmd *cobra.Command, req sandkeep.ExecRequest, gateWait time.Duration) error {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return fault.New(fault.InvalidArgument,
+			fmt.Sprintf("pass the command after the flags, e.g. %s --user alice -- ls -la", cmd.CommandPath()),
+			"no command given")
+	}
+	if req.Timeout < lifecycle.MinTimeout || req.Timeout > lifecycle.MaxTimeout {
+		return fault.New(fault.InvalidTimeout, "use a --timeout between 1s and 24h, e.g. --timeout 30s or --timeout 2h",
+			"timeout %s is out of range", req.Timeout)
+	}
+	if req.OutputLimit < 1 || req.OutputLimit > agentproto.MaxOutputLimit {
+		return fault.New(fault.InvalidArgument, "use an --output-limit between 1 byte and 64MiB",
+			"output limit %s is out of range", byteSize(req.OutputLimit))
+	}
+	if cmd.Flags().Changed("gate-wait") && gateWait <= 0 {
+		return fault.New(fault.InvalidArgument, "use a positive --gate-wait, e.g. --gate-wait 30s",
+			"gate wait %s is not positive", gateWait)
+	}
+	if _, err := guard.Workdir(req.Workdir); err != nil {
 		return err
 	}
-	key, err := w.key()
-	if err != nil {
-		return fail(err)
-	}
+	return guard.Env(req.Env)
+}
+
+func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.ExecRequest, asJSON bool,
+	gateWait time.Duration, fail func(error) error) error {
 	m, err := g.open(ctx, func(c *sandkeep.Config) {
 		if gateWait > 0 {
 			c.GateWait = gateWait
@@ -82,28 +142,94 @@ func runExec(ctx context.Context, g *globals, w *who, req sandkeep.ExecRequest, 
 	}
 	defer m.Close()
 	res, err := m.Exec(ctx, key, req)
-	if err != nil && (res == nil || !errors.Is(err, context.Canceled)) {
+	in, stopped := interruptedBy(ctx)
+	if err != nil && (res == nil || !stopped) {
+		if stopped { // interrupted before the command started: nothing ran
+			return err // run() reports the interruption
+		}
 		return fail(err)
 	}
 	if asJSON {
 		enc := json.NewEncoder(g.stdout)
 		enc.SetEscapeHTML(false)
 		if jerr := enc.Encode(res); jerr != nil {
-			return fail(fault.Wrap(jerr, fault.Internal, "", "cannot write the result"))
+			return fault.Wrap(jerr, fault.Internal, "", "cannot write the result: %v", jerr)
 		}
 	}
 	if res.StdoutTruncated || res.StderrTruncated {
-		fmt.Fprintf(g.stderr, "sandkeep: output was truncated at %d bytes per stream (--output-limit)\n", req.OutputLimit)
+		fmt.Fprintf(g.stderr, "sandkeep: output was truncated at %s per stream (--output-limit)\n", byteSize(req.OutputLimit))
 	}
 	switch {
-	case err != nil: // interrupted: the tree is gone, say so
-		fmt.Fprintf(g.stderr, "sandkeep: interrupted; the command's process tree was killed\n")
-		return exitError{130}
+	case err != nil: // interrupted while the command ran: its tree is gone now, say so
+		if in.sig != syscall.SIGPIPE {
+			fmt.Fprintf(g.stderr, "sandkeep: %v; the command's process tree was killed\n", in)
+		}
+		return exitError{in.exitCode()}
 	case res.TimedOut:
-		fmt.Fprintf(g.stderr, "sandkeep: command timed out after %s; its process tree was killed (exit 124)\n", req.Timeout)
+		fmt.Fprintf(g.stderr, "sandkeep: command timed out after %s; its process tree was killed (exit %d)\n", req.Timeout, exitTimeout)
 		return exitError{exitTimeout}
 	case res.ExitCode != 0:
 		return exitError{res.ExitCode}
 	}
 	return nil
 }
+
+// stopOnError passes writes to w; the first failed write (a closed pipe) cancels the command with SIGPIPE
+// as the cause. Whether w's error is EPIPE or another, the output has nowhere to go.
+type stopOnError struct {
+	w      io.Writer
+	cancel context.CancelCauseFunc
+}
+
+func (s *stopOnError) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	if err != nil {
+		s.cancel(interrupted{syscall.SIGPIPE})
+	}
+	return n, err
+}
+
+// byteSize is a flag value in bytes that also takes binary suffixes, as docker's --memory does:
+// 1048576, 1048576B, 1024k, 1024KiB, 1m, 1MiB (k, m, g are all powers of 1024).
+type byteSize int64
+
+func (b byteSize) String() string {
+	v := int64(b)
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if v != 0 && v%u.n == 0 {
+			return strconv.FormatInt(v/u.n, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(v, 10) + "B"
+}
+
+func (b *byteSize) Set(s string) error {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, u := range []struct {
+		suffixes []string
+		n        int64
+	}{{[]string{"gib", "gb", "g"}, 1 << 30}, {[]string{"mib", "mb", "m"}, 1 << 20}, {[]string{"kib", "kb", "k"}, 1 << 10}, {[]string{"b"}, 1}} {
+		found := false
+		for _, suf := range u.suffixes {
+			if rest, ok := strings.CutSuffix(t, suf); ok {
+				t, mult, found = rest, u.n, true
+				break
+			}
+		}
+		if found {
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return fmt.Errorf("%q is not a size: use bytes or a number with KiB, MiB or GiB", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
+}
+
+func (b *byteSize) Type() string { return "size" }

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -30,15 +32,76 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
+// interrupted is the cancel cause when sandkeep receives SIGINT or SIGTERM: the command is stopped (its tree
+// killed, the gate held until it is gone) and sandkeep exits 128+signal, as a shell would.
+type interrupted struct{ sig syscall.Signal }
+
+func (e interrupted) Error() string {
+	switch e.sig {
+	case syscall.SIGINT:
+		return "interrupted (SIGINT)"
+	case syscall.SIGTERM:
+		return "interrupted (SIGTERM)"
+	case syscall.SIGPIPE:
+		return "output pipe closed (SIGPIPE)"
+	}
+	return "interrupted (" + e.sig.String() + ")"
+}
+
+func (e interrupted) exitCode() int { return 128 + int(e.sig) }
+
+// interruptedBy returns the signal that cancelled ctx, if one did.
+func interruptedBy(ctx context.Context) (interrupted, bool) {
+	var in interrupted
+	if ctx.Err() == nil || !errors.As(context.Cause(ctx), &in) {
+		return interrupted{}, false
+	}
+	return in, true
+}
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	// A closed stdout is seen as EPIPE, not as a fatal SIGPIPE: exec then stops its command before exiting.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { watchSignals(sigs, done, cancel, os.Stderr) })
+
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+
+	signal.Stop(sigs)
+	close(done)
+	wg.Wait()
+	cancel(nil)
+	os.Exit(code)
+}
+
+// watchSignals cancels the run on the first signal. Later signals are swallowed with a note: sandkeep is
+// already stopping the command, which is bounded by the kill grace plus a few seconds, and exiting earlier
+// would give up the key's gate while the command's processes may still be alive.
+func watchSignals(sigs <-chan os.Signal, done <-chan struct{}, cancel context.CancelCauseFunc, stderr io.Writer) {
+	first := true
+	for {
+		select {
+		case s := <-sigs:
+			sig, _ := s.(syscall.Signal)
+			if first {
+				first = false
+				cancel(interrupted{sig})
+				continue
+			}
+			fmt.Fprintln(stderr, "sandkeep: already stopping the command; waiting for its process tree to be gone")
+		case <-done:
+			return
+		}
+	}
 }
 
 // run executes the CLI and returns the process exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	root := newRoot(stdin, stdout, stderr)
+	root, g := newRoot(stdin, stdout, stderr)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	var ee exitError
@@ -47,10 +110,28 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 0
 	case errors.As(err, &ee):
 		return ee.code
-	default:
-		printError(stderr, err)
-		return exitFailure
 	}
+	if in, ok := interruptedBy(ctx); ok {
+		// Whatever failed after the signal failed because of it: report the interruption, not the symptom.
+		fmt.Fprintf(stderr, "sandkeep: %v\n", in)
+		return in.exitCode()
+	}
+	if !g.started && fault.CodeOf(err) == "" {
+		// cobra refused the command line before any subcommand ran: unknown command or flag, bad value.
+		err = usageError(root, args, err)
+	}
+	printError(stderr, err)
+	return exitFailure
+}
+
+// usageError turns a command-line error from cobra into an INVALID_ARGUMENT with a pointer to the help of the
+// subcommand that was meant.
+func usageError(root *cobra.Command, args []string, err error) error {
+	cmd, _, ferr := root.Find(args)
+	if ferr != nil || cmd == nil {
+		cmd = root
+	}
+	return fault.Wrap(err, fault.InvalidArgument, fmt.Sprintf("see '%s --help'", cmd.CommandPath()), "%v", err)
 }
 
 // globals are the flags every subcommand shares.
@@ -59,18 +140,38 @@ type globals struct {
 	logLevel           string
 	stdin              io.Reader
 	stdout, stderr     io.Writer
+	started            bool // cobra accepted the command line and a subcommand began to run
 }
 
-func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
+const rootLong = `sandkeep keeps one warm, hardened sandbox per (tenant, user) and runs each command in it with an exact
+deadline, exact exit status and bounded output. Files in /workspace persist across commands and sessions.
+
+Exit status of 'sandkeep exec': the command's own; 124 when it ran past --timeout (its whole process tree
+was killed); 125 when sandkeep itself failed, with a stable error code and a hint on stderr
+("sandkeep: CODE: message" then "hint: ..."); 130 or 143 when sandkeep was interrupted by SIGINT or SIGTERM.
+
+Environment:
+  SANDKEEP_HOME       state home (sandbox workspaces, locks, installation id)
+  SANDKEEP_IMAGE      sandbox image when --image is not given
+  SANDKEEP_AGENT      path of the static sandkeep-agent binary
+  SANDKEEP_GATE_WAIT  how long a command waits for the same user's running command (default 10m)
+  DOCKER_HOST         the Docker engine to use`
+
+func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
 		Use:   "sandkeep",
 		Short: "Run commands in persistent, hardened, per-user sandboxes",
-		Long: "sandkeep keeps one warm, hardened sandbox per (tenant, user) and runs each command in it with an exact\n" +
-			"deadline, exact exit status and bounded output. Exit status: the command's own; 124 when it timed out;\n" +
-			"125 when sandkeep itself failed (a stable error code and a hint are printed).",
+		Long:  rootLong,
+		Example: "  sandkeep exec --tenant acme --user alice -- sh -c 'echo hi > /workspace/f; id -u'\n" +
+			"  sandkeep ps\n" +
+			"  sandkeep stop --tenant acme --user alice\n" +
+			"  sandkeep rm --tenant acme --user alice --keep-workspace",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRun: func(*cobra.Command, []string) {
+			g.started = true
+		},
 	}
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -78,10 +179,10 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.home, "home", "", "state home (default $SANDKEEP_HOME, else /var/lib/sandkeep for root or ~/.local/state/sandkeep)")
 	pf.StringVar(&g.image, "image", "", "sandbox image (default $SANDKEEP_IMAGE, else "+sandkeep.DefaultImage+")")
-	pf.StringVar(&g.agent, "agent", "", "path of the static sandkeep-agent binary (default $SANDKEEP_AGENT, else next to sandkeep)")
+	pf.StringVar(&g.agent, "agent", "", "path of the static sandkeep-agent binary (default $SANDKEEP_AGENT, else next to sandkeep, else on PATH)")
 	pf.StringVar(&g.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
 	root.AddCommand(newExec(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g))
-	return root
+	return root, g
 }
 
 // config merges flags over the environment.
@@ -115,49 +216,77 @@ func (g *globals) open(ctx context.Context, mutate ...func(*sandkeep.Config)) (*
 	return sandkeep.Open(ctx, c)
 }
 
-// identity flags shared by exec, stop and rm.
+// who holds the identity flags shared by exec, stop and rm.
 type who struct{ tenant, user string }
 
 func (w *who) bind(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&w.tenant, "tenant", "default", "tenant the user belongs to")
 	cmd.Flags().StringVar(&w.user, "user", "", "user whose sandbox to use (required)")
-	_ = cmd.MarkFlagRequired("user")
 }
 
-func (w *who) key() (sandkeep.Key, error) { return sandkeep.NewKey(w.tenant, w.user) }
-
-// printError writes "sandkeep: CODE: message" and the hint on its own line.
-func printError(w io.Writer, err error) {
-	var fe *fault.Error
-	if errors.As(err, &fe) {
-		fmt.Fprintf(w, "sandkeep: %s: %s\n", fe.Code, fe.Message)
-		if fe.Hint != "" {
-			fmt.Fprintf(w, "hint: %s\n", fe.Hint)
-		}
-		return
+// key validates the identity. A missing --user is checked here rather than with cobra's required-flag
+// annotation, so that it is reported like every other failure (a code, a hint, and JSON under --json).
+func (w *who) key(cmd *cobra.Command) (sandkeep.Key, error) {
+	if w.user == "" {
+		return sandkeep.Key{}, fault.New(fault.InvalidArgument,
+			fmt.Sprintf("pass the user whose sandbox to use, e.g. %s --user alice (see '%s --help')",
+				cmd.CommandPath(), cmd.CommandPath()),
+			"--user is required")
 	}
-	fmt.Fprintf(w, "sandkeep: %v\n", err)
+	return sandkeep.NewKey(w.tenant, w.user)
+}
+
+// printError writes "sandkeep: CODE: message" and the hint on its own line. An error without a code is a
+// failure sandkeep did not classify: it is reported as INTERNAL with its whole chain.
+func printError(w io.Writer, err error) {
+	fe := asFault(err)
+	fmt.Fprintf(w, "sandkeep: %s: %s\n", fe.Code, oneLine(fe.Message))
+	if fe.Hint != "" {
+		fmt.Fprintf(w, "hint: %s\n", oneLine(fe.Hint))
+	}
 }
 
 // jsonError is how --json reports sandkeep's own failures on stdout.
 func jsonError(w io.Writer, err error) {
-	out := map[string]string{"code": string(fault.Internal), "message": err.Error()}
+	fe := asFault(err)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(map[string]any{"error": map[string]string{
+		"code": string(fe.Code), "message": fe.Message, "hint": fe.Hint,
+	}})
+}
+
+func asFault(err error) *fault.Error {
 	var fe *fault.Error
 	if errors.As(err, &fe) {
-		out = map[string]string{"code": string(fe.Code), "message": fe.Message, "hint": fe.Hint}
+		return fe
 	}
-	enc := json.NewEncoder(w)
-	_ = enc.Encode(map[string]any{"error": out})
+	return fault.Wrap(err, fault.Internal,
+		"run again with --log-level debug for details; if it persists, report it", "%v", err)
+}
+
+// oneLine keeps a message on one line so that "sandkeep: CODE: message" stays greppable.
+func oneLine(s string) string {
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
 }
 
 func newVersion(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print sandkeep's version",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintln(g.stdout, "sandkeep", version())
 			return nil
 		},
 	}
+}
+
+// noArgs is cobra.NoArgs with sandkeep's error shape.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	return fault.New(fault.InvalidArgument, fmt.Sprintf("see '%s --help'", cmd.CommandPath()),
+		"%s takes no arguments, got %q", cmd.CommandPath(), args)
 }

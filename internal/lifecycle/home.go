@@ -115,6 +115,12 @@ func (h *Home) EnsureWorkspace(k identity.Key, uid, gid int) (string, error) {
 	return dir, nil
 }
 
+// HasWorkspace reports whether key's workspace directory exists.
+func (h *Home) HasWorkspace(k identity.Key) bool {
+	_, err := os.Lstat(h.Workspace(k))
+	return err == nil
+}
+
 // RemoveWorkspace deletes the key's workspace. RemoveAll does not follow symlinks planted inside it.
 func (h *Home) RemoveWorkspace(k identity.Key) error {
 	if err := os.RemoveAll(h.Workspace(k)); err != nil {

@@ -229,7 +229,12 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 	}
 	defer release()
 	sb, err := m.owned(ctx, key)
-	if err != nil && !(fault.Is(err, fault.NotFound) && !keepWorkspace) {
+	notFound := fault.Is(err, fault.NotFound)
+	if err != nil && !notFound {
+		return err
+	}
+	// No container: still remove a workspace kept by an earlier rm, but a key with neither is not found.
+	if notFound && (keepWorkspace || !m.home.HasWorkspace(key)) {
 		return err
 	}
 	m.forget(key)
