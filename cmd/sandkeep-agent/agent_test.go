@@ -30,6 +30,9 @@ import (
 var agentBin string
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv(dialHelperEnv); path != "" {
+		os.Exit(runDialHelper(path))
+	}
 	dir, err := os.MkdirTemp("", "sandkeep-agent-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -8,13 +8,12 @@ import (
 
 // runInit is PID 1 of a sandbox. Orphans of the whole PID namespace reparent to it, so it reaps every zombie;
 // on SIGTERM or SIGINT it exits 0 and the kernel kills the rest of the namespace. It blocks on signals and
-// never polls.
-func runInit() int {
-	sigs := make(chan os.Signal, 16)
-	// Go handles every signal; without Notify some (SIGHUP, SIGUSR1...) would end PID 1, which a command
-	// can send. Listening to them here makes them harmless.
-	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT,
-		syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+// never polls. With a channel path it also keeps the persistent channel to the host up (see runChannel).
+func runInit(channel string) int {
+	if channel != "" {
+		return runChannel(channel)
+	}
+	sigs := notifyInit()
 	reapZombies() // children that died before Notify
 	for sig := range sigs {
 		switch sig {
@@ -25,6 +24,16 @@ func runInit() int {
 		}
 	}
 	return 0
+}
+
+// notifyInit routes the signals PID 1 cares about, and those a command may send it, to the returned channel.
+// Go handles every signal; without Notify some (SIGHUP, SIGUSR1...) would end PID 1, which a command can send.
+// Listening to them here makes them harmless.
+func notifyInit() <-chan os.Signal {
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT,
+		syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	return sigs
 }
 
 // reapZombies collects every child that has exited, without blocking.

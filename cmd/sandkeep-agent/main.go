@@ -8,6 +8,9 @@
 // Modes:
 //
 //	sandkeep-agent init     PID 1 of the sandbox: reaps zombies, exits 0 on SIGTERM or SIGINT
+//	sandkeep-agent init --channel PATH
+//	                        the same, and keeps the persistent channel up: dials the host's Unix socket at PATH
+//	                        and serves commands on it (one `serve` child per connection)
 //	sandkeep-agent serve    speaks the agentproto wire on stdin/stdout, one command after another
 //	sandkeep-agent version  prints the agent and protocol versions
 //
@@ -16,7 +19,9 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -26,12 +31,21 @@ import (
 var version = "dev"
 
 func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	if os.Args[1] == "init" {
+		channel, err := parseInitArgs(os.Args[2:])
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "sandkeep-agent init: %v\n", err)
+			usage()
+		}
+		os.Exit(runInit(channel))
+	}
 	if len(os.Args) != 2 {
 		usage()
 	}
 	switch os.Args[1] {
-	case "init":
-		os.Exit(runInit())
 	case "serve":
 		os.Exit(serve(os.Stdin, os.Stdout))
 	case "version", "-version", "--version":
@@ -41,7 +55,24 @@ func main() {
 	}
 }
 
+// parseInitArgs reads init's flags: --channel PATH (or -channel, =PATH), optional. It returns "" without it.
+func parseInitArgs(args []string) (channel string, err error) {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Func("channel", "the host's Unix socket to dial", func(v string) error {
+		channel = v
+		return checkChannelPath(v)
+	})
+	if err := fs.Parse(args); err != nil {
+		return "", err
+	}
+	if fs.NArg() != 0 {
+		return "", fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return channel, nil
+}
+
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init|serve|version")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH] | serve | version")
 	os.Exit(2)
 }

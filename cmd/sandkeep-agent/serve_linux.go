@@ -92,6 +92,9 @@ func (s *server) stop() {
 // start decodes a request and starts its command, or reports why it cannot.
 func (s *server) start(f agentproto.Frame) {
 	received := time.Now()
+	// Say at once that the request was read: a host that hears nothing knows the command never started (the
+	// sandbox is frozen or the agent stuck) and may safely run it elsewhere after recycling this sandbox.
+	_ = s.fw.WriteFrame(agentproto.FrameAccepted, f.ID, nil) // a failure shows up on the read side
 	var req agentproto.Request
 	err := json.Unmarshal(f.Payload, &req)
 	switch {

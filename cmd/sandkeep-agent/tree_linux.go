@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// reapSettle is how long killTree lets the reaper prove that no descendant is left before it walks /proc.
+const reapSettle = 2 * time.Millisecond
+
 // prSetChildSubreaper is PR_SET_CHILD_SUBREAPER from <linux/prctl.h>.
 const prSetChildSubreaper = 36
 
@@ -92,6 +95,15 @@ func signalTree(sig syscall.Signal) int {
 // for them to exit, then SIGKILL until none is left. It returns when reaped is closed, that is when the agent
 // has no child left: wait4 then found nothing, so no descendant exists (orphans reparent to the agent).
 func killTree(grace time.Duration, reaped <-chan struct{}) {
+	// Most commands leave nothing behind: the reaper then finds no child right after the foreground one, which
+	// proves there is no descendant, and the /proc walk (its cost grows with every process visible) is skipped.
+	settle := time.NewTimer(reapSettle)
+	select {
+	case <-reaped:
+		settle.Stop()
+		return
+	case <-settle.C:
+	}
 	if signalTree(syscall.SIGTERM) > 0 {
 		signalTree(syscall.SIGCONT)
 	}

@@ -13,12 +13,13 @@ import (
 type FrameType byte
 
 // Frame types. Host to agent (the agent's stdin): FrameRequest, FrameStdin, FrameStdinEOF, FrameCancel.
-// Agent to host (the agent's stdout): FrameStdout, FrameStderr, FrameResult.
+// Agent to host (the agent's stdout): FrameAccepted, FrameStdout, FrameStderr, FrameResult.
 const (
 	FrameRequest  FrameType = 'Q' // JSON Request; payload ≤ MaxRequest
 	FrameStdin    FrameType = 'I' // bytes for the command's stdin
 	FrameStdinEOF FrameType = 'i' // the command's stdin ends; no payload
 	FrameCancel   FrameType = 'C' // stop the command (kill its tree); no payload
+	FrameAccepted FrameType = 'A' // the request was read (sent before anything else of the command); no payload
 	FrameStdout   FrameType = 'O' // bytes the command wrote to stdout
 	FrameStderr   FrameType = 'E' // bytes the command wrote to stderr
 	FrameResult   FrameType = 'R' // JSON Result; the last frame of a command
@@ -40,7 +41,7 @@ func maxPayload(t FrameType) (int, bool) {
 	switch t {
 	case FrameRequest:
 		return MaxRequest, true
-	case FrameStdinEOF, FrameCancel:
+	case FrameStdinEOF, FrameCancel, FrameAccepted:
 		return 0, true // control frames carry nothing; a payload there is garbage
 	case FrameStdin, FrameStdout, FrameStderr, FrameResult:
 		return MaxFrame, true

@@ -52,6 +52,23 @@ const stdinChunk = 32 << 10
 // pump may stay blocked in stdin.Read after Run returns (an io.Reader cannot be interrupted); when that Read
 // returns, the pump exits without writing.
 func Run(ctx context.Context, conn Conn, req Request, stdout, stderr io.Writer, stdin io.Reader) (Result, error) {
+	return RunWith(ctx, conn, req, stdout, stderr, stdin, RunOptions{})
+}
+
+// ErrNotAccepted means the agent did not acknowledge the request within RunOptions.AcceptWait: the command
+// never started there. The channel is broken (it wraps ErrProtocol), and the request may still sit unread in a
+// frozen agent, so the sandbox must be recycled before the command is run anywhere else.
+var ErrNotAccepted = fmt.Errorf("%w: the agent did not accept the request", ErrProtocol)
+
+// RunOptions tune Run.
+type RunOptions struct {
+	// AcceptWait, when positive, bounds the wait for the agent's FrameAccepted; past it Run returns
+	// ErrNotAccepted. Zero waits as long as the command's own bounds allow.
+	AcceptWait time.Duration
+}
+
+// RunWith is Run with options.
+func RunWith(ctx context.Context, conn Conn, req Request, stdout, stderr io.Writer, stdin io.Reader, opts RunOptions) (Result, error) {
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -84,7 +101,7 @@ func Run(ctx context.Context, conn Conn, req Request, stdout, stderr io.Writer, 
 	if req.Stdin {
 		go pumpStdin(r.fw, req.ID, stdin) // not waited for: see the doc comment
 	}
-	res, end, err := r.loop(ctx)
+	res, end, err := r.loop(ctx, opts.AcceptWait)
 	r.finish(end)
 	return res, err
 }
@@ -102,6 +119,7 @@ type run struct {
 	exited chan struct{}  // closed when the reader has returned
 	cancel sync.WaitGroup // the goroutine sending the cancel frame
 	sentC  bool           // a cancel frame was sent (or is being sent)
+	acked  bool           // FrameAccepted arrived
 }
 
 type readItem struct {
@@ -135,10 +153,16 @@ const (
 )
 
 // loop handles frames until the Result, a protocol error or a timeout.
-func (r *run) loop(ctx context.Context) (res Result, end ending, err error) {
+func (r *run) loop(ctx context.Context, acceptWait time.Duration) (res Result, end ending, err error) {
 	id := r.req.ID
 	backstop := time.NewTimer(r.req.Timeout() + r.req.Grace() + ReportSlack)
 	defer backstop.Stop()
+	var acceptBound <-chan time.Time
+	if acceptWait > 0 {
+		t := time.NewTimer(acceptWait)
+		defer t.Stop()
+		acceptBound = t.C
+	}
 	var stopBound <-chan time.Time
 	ctxDone := ctx.Done()
 	for {
@@ -157,6 +181,9 @@ func (r *run) loop(ctx context.Context) (res Result, end ending, err error) {
 				}
 				return res, endResult, err
 			}
+			if r.acked {
+				acceptBound = nil
+			}
 			r.next <- struct{}{} // the reader is waiting for this (it only returns after an error or 'R')
 		case <-ctxDone:
 			ctxDone = nil
@@ -164,6 +191,8 @@ func (r *run) loop(ctx context.Context) (res Result, end ending, err error) {
 			t := time.NewTimer(r.req.Grace() + ReportSlack)
 			defer t.Stop()
 			stopBound = t.C
+		case <-acceptBound:
+			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w within %v", id, ErrNotAccepted, acceptWait)
 		case <-stopBound:
 			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w: agent did not stop within %v of the cancel: %w",
 				id, ErrProtocol, r.req.Grace()+ReportSlack, context.Cause(ctx))
@@ -192,6 +221,11 @@ func (r *run) handle(f Frame) (res Result, final bool, err error) {
 		return Result{}, false, fmt.Errorf("%w: frame %v for command %d during command %d", ErrProtocol, f.Type, f.ID, r.req.ID)
 	}
 	switch f.Type {
+	case FrameAccepted:
+		if r.acked {
+			return Result{}, false, fmt.Errorf("%w: command %d accepted twice", ErrProtocol, r.req.ID)
+		}
+		r.acked = true
 	case FrameStdout:
 		r.out.write(r.out.lim.Write(f.Payload))
 	case FrameStderr:

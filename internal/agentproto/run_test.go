@@ -49,6 +49,12 @@ type fakeResult struct {
 // runFake runs Run against a fake agent on the other end of a net.Pipe. agent gets the decoded request.
 func runFake(t *testing.T, ctx context.Context, req Request, stdin io.Reader, agent func(c net.Conn, req Request)) fakeResult {
 	t.Helper()
+	return runFakeWith(t, ctx, req, stdin, RunOptions{}, agent)
+}
+
+// runFakeWith is runFake with RunOptions.
+func runFakeWith(t *testing.T, ctx context.Context, req Request, stdin io.Reader, opts RunOptions, agent func(c net.Conn, req Request)) fakeResult {
+	t.Helper()
 	host, ag := net.Pipe()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -69,7 +75,7 @@ func runFake(t *testing.T, ctx context.Context, req Request, stdin io.Reader, ag
 		agent(ag, got)
 	}()
 	var out, errb bytes.Buffer
-	res, err := Run(ctx, host, req, &out, &errb, stdin)
+	res, err := RunWith(ctx, host, req, &out, &errb, stdin, opts)
 	host.Close()
 	wg.Wait()
 	return fakeResult{res, err, out.String(), errb.String()}
@@ -434,3 +440,49 @@ func TestRunFloodBoundedMemory(t *testing.T) {
 type countWriter struct{ n int64 }
 
 func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
+
+// TestRunAcceptWait: with AcceptWait, an agent that never acknowledges the request (a frozen sandbox) ends Run
+// with ErrNotAccepted after that wait, long before the command's own bounds; an agent that acknowledges is
+// then free to take as long as its deadline allows.
+func TestRunAcceptWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		req := testRequest(7)
+		req.TimeoutMS = 60_000
+		var start time.Time
+		got := runFakeWith(t, t.Context(), req, nil, RunOptions{AcceptWait: 2 * time.Second}, func(c net.Conn, _ Request) {
+			start = time.Now()
+			drainFrames(c, nil)
+		})
+		if !errors.Is(got.err, ErrNotAccepted) || !errors.Is(got.err, ErrProtocol) {
+			t.Fatalf("err = %v, want ErrNotAccepted (an ErrProtocol)", got.err)
+		}
+		if waited := time.Since(start); waited != 2*time.Second {
+			t.Fatalf("gave up after %v, want 2s", waited)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		req := testRequest(8)
+		req.TimeoutMS = 60_000
+		got := runFakeWith(t, t.Context(), req, nil, RunOptions{AcceptWait: time.Second}, func(c net.Conn, req Request) {
+			c.Write(frame(FrameAccepted, req.ID, nil))
+			time.Sleep(30 * time.Second) // slow, but accepted: fine
+			c.Write(frame(FrameStdout, req.ID, []byte("late\n")))
+			c.Write(resultFrame(t, Result{ID: req.ID}))
+			drainFrames(c, nil)
+		})
+		if got.err != nil || got.stdout != "late\n" {
+			t.Fatalf("got %+v", got)
+		}
+	})
+}
+
+func TestRunAcceptedTwice(t *testing.T) {
+	got := runFake(t, t.Context(), testRequest(9), nil, func(c net.Conn, req Request) {
+		c.Write(frame(FrameAccepted, req.ID, nil))
+		c.Write(frame(FrameAccepted, req.ID, nil))
+		drainFrames(c, nil)
+	})
+	if !errors.Is(got.err, ErrProtocol) {
+		t.Fatalf("err = %v, want ErrProtocol", got.err)
+	}
+}
