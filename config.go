@@ -40,6 +40,10 @@ type Config struct {
 	Grace                      time.Duration // SIGTERM-to-SIGKILL grace for a command's tree; default 2s
 	PullTimeout                time.Duration // bound on an image pull; default 5m
 
+	// Transport is how commands reach the in-sandbox agent: "auto" (the persistent channel when it is up, else
+	// Docker exec), "agent" (the channel only) or "exec" (Docker exec only). Default $SANDKEEP_TRANSPORT, else auto.
+	Transport string
+
 	Logger *slog.Logger
 
 	envErr error // a malformed SANDKEEP_* variable, reported by Open
@@ -84,6 +88,13 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if c.Image == "" {
 		c.Image = DefaultImage
 	}
+	if c.Transport == "" {
+		c.Transport = os.Getenv("SANDKEEP_TRANSPORT")
+	}
+	transport, err := lifecycle.ParseTransport(c.Transport)
+	if err != nil {
+		return lifecycle.Config{}, err
+	}
 	agent, err := findAgent(c.AgentPath)
 	if err != nil {
 		return lifecycle.Config{}, err
@@ -98,6 +109,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		Env: c.Env, Mounts: mounts,
 		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
+		Transport: transport,
 	}, nil
 }
 

@@ -89,15 +89,19 @@ type ExecRequest struct {
 
 // ExecResult is the outcome of one command.
 type ExecResult struct {
-	ExitCode        int        `json:"exit_code"` // 0..255; 128+N when killed by signal N
+	ExitCode        int        `json:"exit_code"` // 0..255; 128+N when killed by signal N; 124 when TimedOut
 	TimedOut        bool       `json:"timed_out"` // the deadline passed and the process tree was killed
 	Stdout          string     `json:"stdout"`
 	Stderr          string     `json:"stderr"`
 	StdoutTruncated bool       `json:"stdout_truncated"`
 	StderrTruncated bool       `json:"stderr_truncated"`
 	DurationMS      int64      `json:"duration_ms"`
+	Transport       string     `json:"transport"` // how the command reached the agent: "agent" (channel) or "exec"
 	Sandbox         SandboxRef `json:"sandbox"`
 }
+
+// exitTimeout is ExecResult.ExitCode of a command killed at its deadline, as timeout(1) reports it.
+const exitTimeout = 124
 
 // SandboxRef names the sandbox a command ran in.
 type SandboxRef struct {
@@ -128,11 +132,17 @@ func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResu
 	if res == nil {
 		return nil, err
 	}
+	code := res.ExitCode
+	if res.TimedOut {
+		// The agent reports how the killed tree died (143, 137); callers, the CLI's exit status and its
+		// --json see 124 as timeout(1) does, and TimedOut tells it apart from a real exit 124.
+		code = exitTimeout
+	}
 	return &ExecResult{
-		ExitCode: res.ExitCode, TimedOut: res.TimedOut,
+		ExitCode: code, TimedOut: res.TimedOut,
 		Stdout: outBuf.String(), Stderr: errBuf.String(),
 		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
-		DurationMS: res.DurationMS,
+		DurationMS: res.DurationMS, Transport: string(res.Transport),
 		Sandbox: SandboxRef{Name: res.Sandbox.Name, ID: res.Sandbox.ID, Driver: m.drv.Name(),
 			Tenant: key.Tenant, User: key.User},
 	}, err

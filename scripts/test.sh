@@ -59,7 +59,22 @@ if [ -n "$unformatted" ]; then
 	fail "gofmt: the files above are not formatted (run gofmt -w)"
 fi
 
-phase "go test -race -count=1 -timeout 45m $(printf "%s " "${flags[@]}")${pkgs[*]}"
-SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 go test -race -count=1 -timeout 45m "${flags[@]}" "${pkgs[@]}" || fail "go test"
+# Every core guarantee must hold on both transports (the agent channel and Docker exec), so the suites that
+# drive whole commands run twice: first everything with the channel forced, then the library and the CLI over
+# Docker exec. SANDKEEP_TRANSPORT set by the caller picks a single pass instead.
+if [ -n "${SANDKEEP_TRANSPORT:-}" ]; then
+	passes=("$SANDKEEP_TRANSPORT")
+else
+	passes=(agent exec)
+fi
+for transport in "${passes[@]}"; do
+	run_pkgs=("${pkgs[@]}")
+	if [ "$transport" = exec ] && [ "${#passes[@]}" -gt 1 ] && [ "${pkgs[*]}" = "./..." ]; then
+		run_pkgs=(. ./cmd/sandkeep)
+	fi
+	phase "go test -race (transport $transport) $(printf "%s " "${flags[@]}")${run_pkgs[*]}"
+	SANDKEEP_TRANSPORT=$transport SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
+		go test -race -count=1 -timeout 45m "${flags[@]}" "${run_pkgs[@]}" || fail "go test (transport $transport)"
+done
 
 phase "OK"

@@ -188,6 +188,7 @@ type jsonResult struct {
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
 	DurationMS      int64  `json:"duration_ms"`
+	Transport       string `json:"transport"`
 	Sandbox         struct {
 		Name   string `json:"name"`
 		ID     string `json:"id"`
@@ -198,7 +199,7 @@ type jsonResult struct {
 }
 
 var jsonResultFields = []string{"exit_code", "timed_out", "stdout", "stderr", "stdout_truncated",
-	"stderr_truncated", "duration_ms", "sandbox"}
+	"stderr_truncated", "duration_ms", "transport", "sandbox"}
 
 // decodeOne decodes s as exactly one JSON object into v, refusing unknown fields, and checks that the
 // object has exactly the top-level fields want.

@@ -137,6 +137,7 @@ func usageError(root *cobra.Command, args []string, err error) error {
 // globals are the flags every subcommand shares.
 type globals struct {
 	home, image, agent string
+	transport          string
 	logLevel           string
 	stdin              io.Reader
 	stdout, stderr     io.Writer
@@ -155,6 +156,7 @@ Environment:
   SANDKEEP_IMAGE      sandbox image when --image is not given
   SANDKEEP_AGENT      path of the static sandkeep-agent binary
   SANDKEEP_GATE_WAIT  how long a command waits for the same user's running command (default 10m)
+  SANDKEEP_TRANSPORT  how commands reach the agent: auto (default), agent or exec
   DOCKER_HOST         the Docker engine to use`
 
 func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *globals) {
@@ -181,6 +183,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 	pf.StringVar(&g.image, "image", "", "sandbox image (default $SANDKEEP_IMAGE, else "+sandkeep.DefaultImage+")")
 	pf.StringVar(&g.agent, "agent", "", "path of the static sandkeep-agent binary (default $SANDKEEP_AGENT, else next to sandkeep, else on PATH)")
 	pf.StringVar(&g.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
+	pf.StringVar(&g.transport, "transport", "", "how commands reach the agent: auto (the persistent channel when up, else Docker exec), agent, exec (default $SANDKEEP_TRANSPORT, else auto)")
 	root.AddCommand(newExec(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g))
 	return root, g
 }
@@ -196,6 +199,9 @@ func (g *globals) config() (sandkeep.Config, error) {
 	}
 	if g.agent != "" {
 		c.AgentPath = g.agent
+	}
+	if g.transport != "" {
+		c.Transport = g.transport
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {

@@ -52,12 +52,23 @@ type Driver interface {
 	Exec(ctx context.Context, sb *Sandbox, req agentproto.Request, out Output) (agentproto.Result, error)
 }
 
+// ImageWatcher is optional: a driver that reports image changes lets the lifecycle keep resolved image IDs
+// instead of asking the engine before every command.
+type ImageWatcher interface {
+	// WatchImages calls changed for every image event (tag, untag, delete, pull, load, ...) from since on,
+	// until ctx ends (it then returns nil) or the stream fails (it returns why).
+	WatchImages(ctx context.Context, since time.Time, changed func()) error
+}
+
 // Capabilities are the optional things a driver can do; the policy layer reads them.
 type Capabilities struct {
 	Build         bool // can build images from a Dockerfile
 	HostBinds     bool // can bind host paths into a sandbox
 	NetworkPolicy bool // can enforce per-sandbox network policy
 	Persistent    bool // sandboxes survive between commands
+	// Channel: sandboxes see a host directory bound into them, so the agent can dial a host socket and
+	// commands can skip the engine's exec (internal/channel).
+	Channel bool
 }
 
 // Output receives a command's streams as they are produced. Either may be nil (discard).
@@ -100,6 +111,7 @@ type Sandbox struct {
 	State      State
 	Labels     map[string]string
 	ImageID    string    // the image the container actually runs
+	Pid        int       // the sandbox's init process as the host sees it; 0 when not running or unknown
 	StartedAt  time.Time // zero when never started
 	FinishedAt time.Time // zero when never stopped
 }

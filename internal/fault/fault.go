@@ -29,6 +29,8 @@ const (
 	PostureRefused    Code = "POSTURE_REFUSED"    // the configured posture is not allowed (e.g. root)
 	SandboxBusy       Code = "SANDBOX_BUSY"       // the key's gate was not free within the wait bound
 	SandboxFailed     Code = "SANDBOX_FAILED"     // the engine failed to create, start or run the sandbox
+
+	TransportUnavailable Code = "TRANSPORT_UNAVAILABLE" // --transport agent, but the agent channel is not up
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
@@ -51,8 +52,33 @@ type Config struct {
 	StopGrace       time.Duration // what a stopping sandbox's processes get before SIGKILL
 	Grace           time.Duration // what a command's tree gets between SIGTERM and SIGKILL
 
+	// Transport is how commands reach the agent: TransportAuto (the persistent channel when it is up, else the
+	// engine's exec), TransportAgent (the channel only) or TransportExec (the engine's exec only).
+	Transport Transport
+
 	Logger *slog.Logger
 	Now    func() time.Time // for tests; time.Now when nil
+}
+
+// Transport names how a command reaches the agent.
+type Transport string
+
+// Transports.
+const (
+	TransportAuto  Transport = "auto"
+	TransportAgent Transport = "agent"
+	TransportExec  Transport = "exec"
+)
+
+// ParseTransport checks a transport name; "" is auto.
+func ParseTransport(s string) (Transport, error) {
+	switch t := Transport(s); t {
+	case "":
+		return TransportAuto, nil
+	case TransportAuto, TransportAgent, TransportExec:
+		return t, nil
+	}
+	return "", fault.New(fault.InvalidArgument, "use auto, agent or exec", "unknown transport %q", s)
 }
 
 func (c *Config) setDefaults() {
@@ -85,6 +111,9 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.Transport == "" {
+		c.Transport = TransportAuto
+	}
 }
 
 // validate checks what Config cannot default: the image, the user, the extra mounts and env.
@@ -116,6 +145,9 @@ func (c *Config) validate() (uid, gid int, err error) {
 	if err := guard.Env(c.Env); err != nil {
 		return 0, 0, err
 	}
+	if _, err := ParseTransport(string(c.Transport)); err != nil {
+		return 0, 0, err
+	}
 	return uid, gid, nil
 }
 
@@ -130,11 +162,18 @@ func parseUser(s string) (uid, gid int, err error) {
 	return uid, gid, nil
 }
 
-// posture builds the key's posture: the single place where the sandbox's security shape is decided.
-func (c *Config) posture(workspace, agentDir string, uid, gid int) driver.Posture {
+// posture builds the key's posture: the single place where the sandbox's security shape is decided. chanDir,
+// when set, is the key's channel directory: bound read-only, with the agent's init told to dial the socket in
+// it. It does not depend on this process's Transport, so processes with different transports agree.
+func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driver.Posture {
 	mounts := []driver.Mount{
 		{Source: workspace, Target: driver.WorkspaceDir},
 		{Source: agentDir, Target: driver.AgentDir, ReadOnly: true},
+	}
+	initArgv := []string{driver.AgentPath, "init"}
+	if chanDir != "" {
+		mounts = append(mounts, driver.Mount{Source: chanDir, Target: channel.MountPoint, ReadOnly: true})
+		initArgv = append(initArgv, "--channel", channel.SocketPath)
 	}
 	mounts = append(mounts, c.Mounts...)
 	env := append([]string{"HOME=" + driver.HomeDir, "TMPDIR=/tmp"}, c.Env...)
@@ -156,6 +195,6 @@ func (c *Config) posture(workspace, agentDir string, uid, gid int) driver.Postur
 		Mounts:      mounts,
 		LogMaxSize:  "1m",
 		LogMaxFiles: "2",
-		Init:        []string{driver.AgentPath, "init"},
+		Init:        initArgv,
 	}
 }

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -23,18 +24,24 @@ const (
 	DecisionAdopt    Decision = "adopt"    // another process created it first
 )
 
-// ensure returns key's running, compatible sandbox. The caller holds key's gate.
-func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
-	imageID, err := m.drv.ResolveImage(ctx, m.cfg.Image)
+// ensure returns key's running, compatible sandbox and what it did to get it. The caller holds key's gate.
+func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox, Decision, error) {
+	imageID, err := m.images.resolve(ctx, m.cfg.Image)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	want := m.cfg.posture(m.home.Workspace(key), m.agentDir, m.uid, m.gid)
+	chanDir := m.channelDir(key)
+	want := m.cfg.posture(m.home.Workspace(key), m.agentDir, chanDir, m.uid, m.gid)
 	hash := want.Hash()
 	if sb := m.cached(key); sb != nil && compatible(sb, imageID, hash) {
 		// Trust this process's last ensure: if the sandbox was stopped or removed since, Exec fails before
 		// running anything and the caller ensures again.
-		return sb, nil
+		return sb, DecisionReuse, nil
+	}
+	if chanDir != "" { // a bind source must exist when the sandbox is created and each time it starts
+		if err := os.MkdirAll(chanDir, 0o755); err != nil {
+			return nil, "", fmt.Errorf("channel dir: %w", err)
+		}
 	}
 	adopted := false
 	for range 3 {
@@ -47,41 +54,43 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 				continue
 			}
 			if err != nil {
-				return nil, err
+				return nil, "", err
 			}
 			m.decided(key, sb, DecisionCreate)
-			return m.started(ctx, key, sb)
+			return m.started(ctx, key, sb, DecisionCreate)
 		case err != nil:
-			return nil, err
+			return nil, "", err
 		}
 		if err := m.checkOurs(key, sb); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		ok := compatible(sb, imageID, hash)
 		switch {
 		case ok && sb.State == driver.StateRunning:
-			m.decided(key, sb, pick(adopted, DecisionAdopt, DecisionReuse))
+			d := pick(adopted, DecisionAdopt, DecisionReuse)
+			m.decided(key, sb, d)
 			m.remember(key, sb)
-			return sb, nil
+			return sb, d, nil
 		case ok && sb.State == driver.StateStopped:
-			m.decided(key, sb, pick(adopted, DecisionAdopt, DecisionStart))
+			d := pick(adopted, DecisionAdopt, DecisionStart)
+			m.decided(key, sb, d)
 			if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
-				return nil, err
+				return nil, "", err
 			}
 			if err := m.drv.Start(ctx, sb); err == nil {
-				return m.started(ctx, key, sb)
+				return m.started(ctx, key, sb, d)
 			} else if ctx.Err() != nil {
-				return nil, err // the caller gave up: a start cut short says nothing about the sandbox
+				return nil, "", err // the caller gave up: a start cut short says nothing about the sandbox
 			}
 			// A stopped container that will not start is recreated, like a dead one.
 		}
 		m.decided(key, sb, DecisionRecreate)
 		m.forget(key)
 		if err := m.drv.Remove(ctx, sb); err != nil {
-			return nil, fmt.Errorf("recreate %s: %w", sb.Name, err)
+			return nil, "", fmt.Errorf("recreate %s: %w", sb.Name, err)
 		}
 	}
-	return nil, fmt.Errorf("ensure sandbox %s: the container kept changing under us: %w", key.Short(), cerrdefs.ErrConflict)
+	return nil, "", fmt.Errorf("ensure sandbox %s: the container kept changing under us: %w", key.Short(), cerrdefs.ErrConflict)
 }
 
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
@@ -117,19 +126,19 @@ func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Post
 }
 
 // started records a sandbox that was just started as running.
-func (m *Manager) started(ctx context.Context, key identity.Key, sb *driver.Sandbox) (*driver.Sandbox, error) {
+func (m *Manager) started(ctx context.Context, key identity.Key, sb *driver.Sandbox, d Decision) (*driver.Sandbox, Decision, error) {
 	now, err := m.drv.Inspect(ctx, sb.Name) // the contract looks sandboxes up by name, not ID
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if now.ID != sb.ID {
-		return nil, fmt.Errorf("sandbox %s was replaced right after start: %w", sb.Name, cerrdefs.ErrConflict)
+		return nil, "", fmt.Errorf("sandbox %s was replaced right after start: %w", sb.Name, cerrdefs.ErrConflict)
 	}
 	if now.State != driver.StateRunning {
-		return nil, fmt.Errorf("sandbox %s is %s right after start: %w", sb.Name, now.State, cerrdefs.ErrUnavailable)
+		return nil, "", fmt.Errorf("sandbox %s is %s right after start: %w", sb.Name, now.State, cerrdefs.ErrUnavailable)
 	}
 	m.remember(key, now)
-	return now, nil
+	return now, d, nil
 }
 
 func compatible(sb *driver.Sandbox, imageID, postureHash string) bool {

@@ -34,7 +34,7 @@ func OpenHome(dir string) (*Home, error) {
 		}
 		dir = abs
 	}
-	for _, sub := range []string{"", "workspaces", "locks", "keys", "agent"} {
+	for _, sub := range []string{"", "workspaces", "locks", "keys", "agent", "chan"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
 			return nil, fault.Wrap(err, fault.InvalidArgument, "set SANDKEEP_HOME to a directory you can write",
 				"cannot create state home %s", dir)
@@ -84,6 +84,10 @@ func installationID(dir string) (string, error) {
 
 // Workspace is the host directory bound at /workspace for key.
 func (h *Home) Workspace(k identity.Key) string { return filepath.Join(h.Dir, "workspaces", k.Hex()) }
+
+// ChannelDir is the key's channel directory: the host's socket for the agent, bound read-only into the
+// sandbox. The short key keeps socket paths well under the 108 bytes of sockaddr_un.
+func (h *Home) ChannelDir(k identity.Key) string { return filepath.Join(h.Dir, "chan", k.Short()) }
 
 func (h *Home) lockPath(k identity.Key) string { return filepath.Join(h.Dir, "locks", k.Hex()+".lock") }
 

@@ -15,6 +15,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
@@ -36,9 +37,11 @@ type Manager struct {
 	drv      driver.Driver
 	gates    *gates
 	agentDir string
+	images   *images
 
-	mu    sync.Mutex                 // guards known
-	known map[string]*driver.Sandbox // key hex -> sandbox last ensured by this process; a hint, never trusted alone
+	mu        sync.Mutex                   // guards known and listeners
+	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
+	listeners map[string]*channel.Listener // key hex -> this process's agent channel listener for that key
 
 	nextID atomic.Uint32
 }
@@ -60,7 +63,8 @@ func New(home *Home, drv driver.Driver, cfg Config) (*Manager, error) {
 	}
 	return &Manager{
 		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home), agentDir: agentDir,
-		known: map[string]*driver.Sandbox{},
+		known: map[string]*driver.Sandbox{}, listeners: map[string]*channel.Listener{},
+		images: newImages(drv, cfg.Logger),
 	}, nil
 }
 
@@ -86,7 +90,8 @@ type ExecRequest struct {
 // ExecResult is the outcome of one command.
 type ExecResult struct {
 	agentproto.Result
-	Sandbox *driver.Sandbox
+	Sandbox   *driver.Sandbox
+	Transport Transport // how the command reached the agent: TransportAgent or TransportExec
 }
 
 // Exec validates req, takes key's gate, ensures the sandbox and runs the command. A caller that cancels ctx
@@ -103,17 +108,35 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	defer release()
 
 	out := driver.Output{Stdout: req.Stdout, Stderr: req.Stderr, Stdin: req.Stdin}
+	// The listener exists before the sandbox starts, so a starting agent finds it at once.
+	l, fresh := m.listenerFor(key)
 	for attempt := 0; ; attempt++ {
-		sb, err := m.ensure(ctx, key)
+		sb, decision, err := m.ensure(ctx, key)
 		if err != nil {
 			return nil, coded(ctx, err, key)
 		}
 		m.home.Touch(key, m.cfg.Now())
+		conn, err := m.takeChannel(ctx, l, fresh || decision != DecisionReuse)
+		if err != nil {
+			return nil, err
+		}
+		if conn != nil {
+			res, err := m.execChannel(ctx, key, sb, l, conn, preq, out)
+			m.home.Touch(key, m.cfg.Now())
+			if errors.Is(err, errNotStarted) && attempt == 0 {
+				continue
+			}
+			if errors.Is(err, errNotStarted) {
+				return nil, fault.New(fault.SandboxFailed, "check `docker ps` and the daemon; the command did not run",
+					"the agent of sandbox %s did not accept the command twice in a row", sb.Name)
+			}
+			return res, err
+		}
 		res, err := m.drv.Exec(ctx, sb, preq, out)
 		m.home.Touch(key, m.cfg.Now())
 		switch {
 		case err == nil:
-			return &ExecResult{Result: res, Sandbox: sb.Clone()}, nil
+			return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportExec}, nil
 		case attempt == 0 && ctx.Err() == nil && (cerrdefs.IsNotFound(err) || cerrdefs.IsConflict(err)):
 			// Stopped or removed behind our back (the sweeper, another process): the exec never started.
 			m.forget(key)
@@ -124,7 +147,7 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 				"the sandbox was recycled; run the command again (files in /workspace are kept)",
 				"the agent in sandbox %s stopped answering correctly", sb.Name)
 		case ctx.Err() != nil:
-			return &ExecResult{Result: res, Sandbox: sb.Clone()}, err
+			return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportExec}, err
 		default:
 			return nil, coded(ctx, err, key)
 		}
@@ -244,6 +267,7 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 		}
 	}
 	m.home.ForgetKey(key)
+	m.dropListener(key)
 	if !keepWorkspace {
 		return m.home.RemoveWorkspace(key)
 	}
@@ -274,5 +298,16 @@ func (m *Manager) checkOurs(key identity.Key, sb *driver.Sandbox) error {
 		"container %s exists but was not created by this sandkeep installation", sb.Name)
 }
 
-// Close releases what the manager holds. Sandboxes keep running; they are persistent by design.
-func (m *Manager) Close() error { return nil }
+// Close closes the agent channel listeners. Sandboxes keep running; they are persistent by design, and their
+// agents reconnect to the next process that serves them.
+func (m *Manager) Close() error {
+	m.images.close()
+	m.mu.Lock()
+	ls := m.listeners
+	m.listeners = map[string]*channel.Listener{}
+	m.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	return nil
+}

@@ -2,13 +2,14 @@ package lifecycle
 
 import "github.com/sandkeep/sandkeep/internal/driver"
 
-// BuildPosture returns the posture a Manager with cfg gives a sandbox whose workspace and agent directory are
-// these: the same function New uses, for drivers' conformance tests and for doctor.
-func BuildPosture(cfg Config, workspace, agentDir string) (driver.Posture, error) {
+// BuildPosture returns the posture a Manager with cfg gives a sandbox whose workspace, agent directory and
+// channel directory ("" for none) are these: the same function New uses, for drivers' conformance tests and
+// for doctor.
+func BuildPosture(cfg Config, workspace, agentDir, chanDir string) (driver.Posture, error) {
 	cfg.setDefaults()
 	uid, gid, err := cfg.validate()
 	if err != nil {
 		return driver.Posture{}, err
 	}
-	return cfg.posture(workspace, agentDir, uid, gid), nil
+	return cfg.posture(workspace, agentDir, chanDir, uid, gid), nil
 }

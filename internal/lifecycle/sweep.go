@@ -133,6 +133,7 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 			return fmt.Errorf("sweep: %w", err)
 		}
 		m.home.ForgetKey(key)
+		m.dropListener(key)
 		if m.cfg.RemoveWorkspace {
 			if err := m.home.RemoveWorkspace(key); err != nil {
 				return fmt.Errorf("sweep: %w", err)

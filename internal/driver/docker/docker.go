@@ -6,11 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/events"
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
@@ -73,7 +75,7 @@ func (d *Driver) Name() string { return "docker" }
 
 // Capabilities of the Docker driver.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Build: true, HostBinds: true, NetworkPolicy: false, Persistent: true}
+	return driver.Capabilities{Build: true, HostBinds: true, NetworkPolicy: false, Persistent: true, Channel: true}
 }
 
 // Ping asks the daemon whether it is up.
@@ -138,6 +140,7 @@ func fromInspect(c container.InspectResponse) *driver.Sandbox {
 	}
 	if c.State != nil {
 		sb.State = stateOf(c.State.Status)
+		sb.Pid = c.State.Pid
 		sb.StartedAt = parseTime(c.State.StartedAt)
 		sb.FinishedAt = parseTime(c.State.FinishedAt)
 	}
@@ -285,4 +288,33 @@ var errNotRunning = errors.New("sandbox is not running")
 
 func notRunning(name string) error {
 	return fmt.Errorf("exec in %s: %w: %w", name, errNotRunning, cerrdefs.ErrConflict)
+}
+
+var _ driver.ImageWatcher = (*Driver)(nil)
+
+// WatchImages follows the engine's image events from since on.
+func (d *Driver) WatchImages(ctx context.Context, since time.Time, changed func()) error {
+	w, ok := d.api.(interface {
+		Events(ctx context.Context, opts client.EventsListOptions) client.EventsResult
+	})
+	if !ok {
+		return errors.New("watch images: the engine client has no events")
+	}
+	ev := w.Events(ctx, client.EventsListOptions{
+		Since:   strconv.FormatInt(since.Unix(), 10),
+		Filters: client.Filters{}.Add("type", string(events.ImageEventType)),
+	})
+	for {
+		select {
+		case <-ev.Messages:
+			changed()
+		case err := <-ev.Err:
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("watch images: %w", err)
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }

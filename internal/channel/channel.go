@@ -1,0 +1,289 @@
+// Package channel keeps one persistent connection per sandbox between the host and the agent inside it, so a
+// warm command costs a frame round trip instead of a Docker exec. The host listens on a Unix socket in a
+// directory of its own that is bound read-only into the sandbox; the agent's PID 1 dials it. The host accepts a
+// connection only when SO_PEERCRED says it comes from the sandbox's PID 1, so a command that dials the socket
+// itself is turned away, and the sandbox can neither replace the socket nor redirect the host anywhere: the host
+// never opens a path the sandbox can change.
+package channel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SocketName is the socket's name inside the channel directory; inside a sandbox the directory is at MountPoint.
+const (
+	SocketName = "a.sock"
+	MountPoint = "/.sandkeep-chan"
+	SocketPath = MountPoint + "/" + SocketName
+)
+
+// ErrInUse means another live process already listens for this sandbox; use another transport.
+var ErrInUse = errors.New("channel socket is served by another process")
+
+// ErrNoChannel means no verified agent connection arrived within the wait.
+var ErrNoChannel = errors.New("no agent channel")
+
+// Verifier reports whether pid (as the host sees it) is the sandbox's PID 1.
+type Verifier func(pid int) bool
+
+// Listener accepts the agent's connections for one sandbox and hands out the current one.
+type Listener struct {
+	path   string
+	ln     *net.UnixListener
+	verify Verifier
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	conn    *net.UnixConn // the verified connection; nil when none
+	arrived chan struct{} // closed when a connection is verified; replaced after each arrival
+	closed  bool
+
+	wg sync.WaitGroup // the accept loop
+}
+
+// Listen creates dir (mode 0755, the sandbox's agent must traverse it) and listens on dir/a.sock. A socket file
+// left by a process that is gone is replaced; one that a live process serves is not (ErrInUse).
+func Listen(dir string, verify Verifier, log *slog.Logger) (*Listener, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("channel dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("channel dir: %w", err)
+	}
+	path := filepath.Join(dir, SocketName)
+	if live(path) {
+		return nil, ErrInUse
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("channel socket: %w", err)
+	}
+	ln, err := listenUnix(dir, path)
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false) // we remove the file ourselves, and only our own (see Close)
+	// The agent runs as the sandbox user; connect(2) needs write permission on the socket.
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("channel socket: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l := &Listener{path: path, ln: ln, verify: verify, log: log, arrived: make(chan struct{})}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// listenUnix binds path. sockaddr_un holds 108 bytes; a longer path is bound through /proc/self/fd/N of the
+// directory, which names the same place in a few bytes.
+func listenUnix(dir, path string) (*net.UnixListener, error) {
+	addr := path
+	if len(addr) >= 100 {
+		d, err := os.Open(dir)
+		if err != nil {
+			return nil, fmt.Errorf("channel dir: %w", err)
+		}
+		defer d.Close()
+		addr = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), SocketName)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("channel listen: %w", err)
+	}
+	return ln, nil
+}
+
+// live reports whether a process is accepting on path right now.
+func live(path string) bool {
+	c, err := Dial(path, 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// Dial connects to the socket at path, through /proc/self/fd when path is too long for sockaddr_un.
+func Dial(path string, timeout time.Duration) (net.Conn, error) {
+	if len(path) < 100 {
+		return net.DialTimeout("unix", path, timeout)
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return net.DialTimeout("unix", fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), filepath.Base(path)), timeout)
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			l.log.Warn("channel accept", "err", err)
+			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: do not spin
+			continue
+		}
+		pid, err := peerPID(c)
+		if err != nil || !l.verify(pid) {
+			l.log.Warn("channel: refused a connection that is not the sandbox's agent", "peer_pid", pid, "err", err)
+			c.Close()
+			continue
+		}
+		l.install(c)
+	}
+}
+
+func (l *Listener) install(c *net.UnixConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		c.Close()
+		return
+	}
+	if l.conn != nil {
+		l.conn.Close() // the agent reconnected: the old connection is dead to it
+	}
+	l.conn = c
+	close(l.arrived)
+	l.arrived = make(chan struct{})
+}
+
+func peerPID(c *net.UnixConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return int(cred.Pid), nil
+}
+
+// Take returns the current connection, after checking that it is alive and idle, or waits up to wait for the
+// agent to connect. The caller must hold the sandbox's gate: one command at a time uses a connection. After a
+// command that broke the channel, the caller must call Broken.
+func (l *Listener) Take(ctx context.Context, wait time.Duration) (*net.UnixConn, error) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		c, arrived, closed := l.conn, l.arrived, l.closed
+		l.mu.Unlock()
+		if closed {
+			return nil, fmt.Errorf("%w: listener closed", ErrNoChannel)
+		}
+		if c != nil {
+			if idleAlive(c) {
+				return c, nil
+			}
+			l.Broken(c)
+			continue
+		}
+		select {
+		case <-arrived:
+		case <-timer.C:
+			return nil, ErrNoChannel
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+// idleAlive: between commands the agent sends nothing, so a read that would block means alive; EOF means the
+// agent is gone; bytes mean a broken protocol.
+func idleAlive(c *net.UnixConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	err = raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		alive = n < 0 && (rerr == unix.EAGAIN || rerr == unix.EWOULDBLOCK)
+		return true // never wait for readiness: this is a poll
+	})
+	return err == nil && alive
+}
+
+// Broken drops c when it is the current connection: a command over it failed at the protocol level.
+func (l *Listener) Broken(c *net.UnixConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn == c {
+		l.conn = nil
+	}
+	c.Close()
+}
+
+// WaitReconnect waits up to wait for a connection other than old: after a broken command, the agent reconnects
+// only once every process of that command is gone, so a reconnection proves the sandbox is clean again.
+func (l *Listener) WaitReconnect(ctx context.Context, old *net.UnixConn, wait time.Duration) bool {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		c, arrived := l.conn, l.arrived
+		l.mu.Unlock()
+		if c != nil && c != old {
+			return true
+		}
+		select {
+		case <-arrived:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// Close stops accepting, closes the current connection and removes the socket file.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	if l.conn != nil {
+		l.conn.Close()
+		l.conn = nil
+	}
+	l.mu.Unlock()
+	err := l.ln.Close()
+	l.wg.Wait()
+	// Remove the file only while it is still ours: another process may have taken the path over since.
+	if fi, serr := os.Lstat(l.path); serr == nil && fi.Mode()&fs.ModeSocket != 0 && !live(l.path) {
+		_ = os.Remove(l.path)
+	}
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}

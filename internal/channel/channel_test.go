@@ -1,0 +1,173 @@
+package channel
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func self(pid int) bool { return pid == os.Getpid() }
+
+func listen(t *testing.T, dir string, v Verifier) *Listener {
+	t.Helper()
+	l, err := Listen(dir, v, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func dial(t *testing.T, dir string) net.Conn {
+	t.Helper()
+	c, err := Dial(filepath.Join(dir, SocketName), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestTakeVerifiedConnection(t *testing.T) {
+	dir := t.TempDir()
+	l := listen(t, dir, self)
+	agent := dial(t, dir)
+	c, err := l.Take(t.Context(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The connection works both ways.
+	if _, err := agent.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	if _, err := c.Read(b); err != nil || b[0] != 'x' {
+		t.Fatalf("read %q, %v", b, err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, SocketName))
+	if err != nil || fi.Mode().Perm() != 0o666 {
+		t.Fatalf("socket mode: %v %v", fi.Mode(), err)
+	}
+}
+
+func TestRefusesOtherPeers(t *testing.T) {
+	dir := t.TempDir()
+	l := listen(t, dir, func(int) bool { return false }) // nobody is the sandbox's PID 1
+	c := dial(t, dir)
+	if _, err := l.Take(t.Context(), 300*time.Millisecond); !errors.Is(err, ErrNoChannel) {
+		t.Fatalf("Take = %v, want ErrNoChannel", err)
+	}
+	// The refused connection was closed by the host.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("refused connection still open")
+	}
+}
+
+func TestDeadOrChattyConnectionIsDropped(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kill func(net.Conn)
+	}{
+		{"closed", func(c net.Conn) { c.Close() }},
+		{"garbage while idle", func(c net.Conn) { c.Write([]byte("forged")) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l := listen(t, dir, self)
+			agent := dial(t, dir)
+			first, err := l.Take(t.Context(), 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.kill(agent)
+			time.Sleep(50 * time.Millisecond) // let the bytes or the FIN arrive
+			if _, err := l.Take(t.Context(), 200*time.Millisecond); !errors.Is(err, ErrNoChannel) {
+				t.Fatalf("Take after %s = %v, want ErrNoChannel", tc.name, err)
+			}
+			dial(t, dir) // the agent reconnects
+			second, err := l.Take(t.Context(), 10*time.Second)
+			if err != nil || second == first {
+				t.Fatalf("Take after reconnect = %v, %v (same as before: %v)", second, err, second == first)
+			}
+		})
+	}
+}
+
+func TestWaitReconnect(t *testing.T) {
+	dir := t.TempDir()
+	l := listen(t, dir, self)
+	dial(t, dir)
+	old, err := l.Take(t.Context(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Broken(old)
+	if l.WaitReconnect(t.Context(), old, 100*time.Millisecond) {
+		t.Fatal("reconnected without a new connection")
+	}
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		if c, err := net.Dial("unix", filepath.Join(dir, SocketName)); err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	if !l.WaitReconnect(t.Context(), old, 10*time.Second) {
+		t.Fatal("no reconnection seen")
+	}
+}
+
+func TestSecondListenerIsRefusedStaleOneReplaced(t *testing.T) {
+	dir := t.TempDir()
+	l := listen(t, dir, self)
+	if _, err := Listen(dir, self, nil); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second Listen = %v, want ErrInUse", err)
+	}
+	l.Close()
+	if _, err := os.Stat(filepath.Join(dir, SocketName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left after Close: %v", err)
+	}
+	// A stale socket file from a process that died is replaced.
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, SocketName), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	l2 := listen(t, dir, self)
+	dial(t, dir)
+	if _, err := l2.Take(t.Context(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLongDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	l := listen(t, dir, self)
+	dial(t, dir)
+	if _, err := l.Take(t.Context(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTakeHonoursContext(t *testing.T) {
+	l := listen(t, t.TempDir(), self)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := l.Take(ctx, time.Minute); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Take = %v, want context.Canceled", err)
+	}
+	l.Close()
+	if _, err := l.Take(t.Context(), time.Minute); !errors.Is(err, ErrNoChannel) {
+		t.Fatalf("Take after Close = %v", err)
+	}
+}

@@ -1,0 +1,154 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/channel"
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// How long a command waits for the agent's channel before it falls back to the engine's exec (auto) or fails
+// (agent). A sandbox that was just started, or a listener just created, gets longer: its agent is connecting.
+const (
+	channelWaitWarm  = 20 * time.Millisecond
+	channelWaitFresh = time.Second
+	channelWaitForce = 10 * time.Second
+	reconnectWait    = 5 * time.Second // after a broken channel, for the agent to prove the sandbox clean
+	acceptWait       = 2 * time.Second // for the agent to acknowledge a request; past it the sandbox is frozen or stuck
+)
+
+// errNotStarted: the command did not start over the channel and the sandbox was recycled; run it again.
+var errNotStarted = errors.New("command not started; sandbox recycled")
+
+// channelDir is key's channel directory, or "" when the driver cannot bind one.
+func (m *Manager) channelDir(key identity.Key) string {
+	if !m.drv.Capabilities().Channel {
+		return ""
+	}
+	return m.home.ChannelDir(key)
+}
+
+// listenerFor returns key's channel listener, creating it when needed, and whether it was just created. It
+// returns nil when this process does not use the channel, or when another live process serves the socket.
+func (m *Manager) listenerFor(key identity.Key) (*channel.Listener, bool) {
+	dir := m.channelDir(key)
+	if dir == "" || m.cfg.Transport == TransportExec {
+		return nil, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l, ok := m.listeners[key.Hex()]; ok {
+		return l, false
+	}
+	l, err := channel.Listen(dir, m.verifier(key), m.cfg.Logger)
+	if err != nil {
+		if !errors.Is(err, channel.ErrInUse) {
+			m.cfg.Logger.Warn("agent channel unavailable", "key", key.Short(), "err", err)
+		}
+		return nil, false
+	}
+	m.listeners[key.Hex()] = l
+	return l, true
+}
+
+// verifier accepts a connection only from key's sandbox's PID 1, as the engine reports it.
+func (m *Manager) verifier(key identity.Key) channel.Verifier {
+	return func(pid int) bool {
+		if pid <= 0 {
+			return false
+		}
+		if sb := m.cached(key); sb != nil && sb.Pid == pid {
+			return true
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		sb, err := m.drv.Inspect(ctx, key.ContainerName())
+		return err == nil && sb.State == driver.StateRunning && sb.Pid == pid && m.checkOurs(key, sb) == nil
+	}
+}
+
+// dropListener closes key's listener and removes its channel directory (the sandbox is gone).
+func (m *Manager) dropListener(key identity.Key) {
+	m.mu.Lock()
+	l := m.listeners[key.Hex()]
+	delete(m.listeners, key.Hex())
+	m.mu.Unlock()
+	if l != nil {
+		l.Close()
+	}
+	if dir := m.channelDir(key); dir != "" {
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// takeChannel returns the connection to use for this command, or nil to use the engine's exec.
+func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bool) (*net.UnixConn, error) {
+	if l == nil {
+		if m.cfg.Transport == TransportAgent {
+			return nil, unavailable("this process cannot serve the sandbox's channel (another process does, or the driver has none)")
+		}
+		return nil, nil
+	}
+	wait := channelWaitWarm
+	switch {
+	case m.cfg.Transport == TransportAgent:
+		wait = channelWaitForce
+	case fresh:
+		wait = channelWaitFresh
+	}
+	conn, err := l.Take(ctx, wait)
+	switch {
+	case err == nil:
+		return conn, nil
+	case ctx.Err() != nil:
+		return nil, err
+	case m.cfg.Transport == TransportAgent:
+		return nil, unavailable("the agent did not connect within " + wait.String())
+	}
+	return nil, nil
+}
+
+func unavailable(why string) error {
+	return fault.New(fault.TransportUnavailable, "use --transport auto (falls back to the engine's exec) or exec",
+		"the agent channel is not available: %s", why)
+}
+
+// execChannel runs preq over the sandbox's channel. A channel that breaks mid-command is dropped; the agent
+// reconnects only once every process of that command is gone, and a sandbox whose agent does not reconnect is
+// recycled, in both cases before the gate is released.
+func (m *Manager) execChannel(ctx context.Context, key identity.Key, sb *driver.Sandbox, l *channel.Listener,
+	conn *net.UnixConn, preq agentproto.Request, out driver.Output) (*ExecResult, error) {
+	res, err := agentproto.RunWith(ctx, conn, preq, out.Stdout, out.Stderr, out.Stdin,
+		agentproto.RunOptions{AcceptWait: acceptWait})
+	result := &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportAgent}
+	switch {
+	case err == nil:
+		return result, nil
+	case errors.Is(err, agentproto.ErrNotAccepted) && ctx.Err() == nil:
+		// Paused behind our back, or the agent is stuck: the request may sit unread in it, so the sandbox goes
+		// (and the request with it) before the command runs anywhere else.
+		l.Broken(conn)
+		m.recycle(ctx, key, sb, err)
+		return nil, errNotStarted
+	case errors.Is(err, agentproto.ErrProtocol):
+		l.Broken(conn)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reconnectWait)
+		defer cancel()
+		if !l.WaitReconnect(wctx, conn, reconnectWait) {
+			m.recycle(ctx, key, sb, err)
+		}
+		return nil, fault.Wrap(err, fault.AgentProtocol,
+			"run the command again; files in /workspace are kept",
+			"the agent channel of sandbox %s broke during the command", sb.Name)
+	case ctx.Err() != nil:
+		return result, err
+	}
+	return nil, coded(ctx, err, key)
+}
