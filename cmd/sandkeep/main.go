@@ -184,7 +184,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 	pf.StringVar(&g.agent, "agent", "", "path of the static sandkeep-agent binary (default $SANDKEEP_AGENT, else next to sandkeep, else on PATH)")
 	pf.StringVar(&g.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
 	pf.StringVar(&g.transport, "transport", "", "how commands reach the agent: auto (the persistent channel when up, else Docker exec), agent, exec (default $SANDKEEP_TRANSPORT, else auto)")
-	root.AddCommand(newExec(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g))
+	root.AddCommand(newExec(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
 	return root, g
 }
 

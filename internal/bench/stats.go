@@ -6,6 +6,7 @@ package bench
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -49,22 +50,24 @@ func newResult(scenario, baseline string, sk, base []time.Duration) Result {
 	return r
 }
 
-// String is one Markdown table row: scenario | baseline | sandkeep median/p90/p99 | baseline median/p90/p99 | ratio.
+// String is one Markdown table row: scenario | baseline | sandkeep median/p90/p99 | baseline median/p90/p99 |
+// ratio | notes (Extra as k=v, sorted by key).
 func (r Result) String() string {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
-	row := fmt.Sprintf("| %s | %s | %s / %s / %s | %s / %s / %s | %.2fx |", r.Scenario, r.Baseline,
-		ms(r.Sandkeep.Median), ms(r.Sandkeep.P90), ms(r.Sandkeep.P99),
-		ms(r.Base.Median), ms(r.Base.P90), ms(r.Base.P99), r.Ratio)
 	keys := make([]string, 0, len(r.Extra))
 	for k := range r.Extra {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
+	notes := make([]string, 0, len(keys))
 	for _, k := range keys {
-		row += fmt.Sprintf(" %s=%s", k, r.Extra[k])
+		notes = append(notes, k+"="+r.Extra[k])
 	}
-	return row
+	return fmt.Sprintf("| %s | %s | %s / %s / %s | %s / %s / %s | %.3fx | %s |", r.Scenario, r.Baseline,
+		ms(r.Sandkeep.Median), ms(r.Sandkeep.P90), ms(r.Sandkeep.P99),
+		ms(r.Base.Median), ms(r.Base.P90), ms(r.Base.P99), r.Ratio, strings.Join(notes, " "))
 }
 
-// Header is the Markdown table header matching Result.String.
-const Header = "| scenario | baseline | sandkeep ms (median / p90 / p99) | baseline ms (median / p90 / p99) | ratio |\n|---|---|---|---|---|"
+// Header is the Markdown table header matching Result.String. The ratio is sandkeep's median over the
+// baseline's: below 1 sandkeep is faster (0.05x is 20 times faster).
+const Header = "| scenario | baseline | sandkeep ms (median / p90 / p99) | baseline ms (median / p90 / p99) | ratio (sandkeep / baseline) | notes |\n|---|---|---|---|---|---|"
