@@ -31,6 +31,12 @@ const (
 	SandboxFailed     Code = "SANDBOX_FAILED"     // the engine failed to create, start or run the sandbox
 
 	TransportUnavailable Code = "TRANSPORT_UNAVAILABLE" // --transport agent, but the agent channel is not up
+
+	// Policy: degrade or refuse (internal/policy).
+	SandboxCapacity          Code = "SANDBOX_CAPACITY"           // the engine refused a sandbox for lack of capacity; retry may help
+	SandboxDriverUnavailable Code = "SANDBOX_DRIVER_UNAVAILABLE" // no usable sandboxing driver, and the mode may not run on the host
+	SandboxSetupTimeout      Code = "SANDBOX_SETUP_TIMEOUT"      // pulling, building or starting the sandbox passed its bound
+	UntrustedWithoutSandbox  Code = "UNTRUSTED_WITHOUT_SANDBOX"  // an untrusted run would have run on the host
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.

@@ -1,0 +1,105 @@
+package devcontainer
+
+import (
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandkeep/sandkeep/internal/diag"
+)
+
+// expand substitutes the variables of s (see the package doc) in one pass: what a variable expands to is
+// copied, never scanned again, so a host value holding "${...}" stays as it is. at is the byte offset of the
+// string in the file, for diagnostics. containerRef reports a ${containerEnv:...}, which only the running
+// container could answer.
+func (p *parser) expand(at int, s string) (out string, containerRef bool) {
+	if !strings.Contains(s, "${") {
+		return s, false
+	}
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "${")
+		if i < 0 {
+			b.WriteString(s)
+			break
+		}
+		b.WriteString(s[:i])
+		rest := s[i+2:]
+		j := strings.IndexByte(rest, '}')
+		if j < 0 {
+			p.warn(diag.DevcontainerVariable, at, "write variables as ${localEnv:NAME}, ${localWorkspaceFolder} ...",
+				"%q has a \"${\" without a closing \"}\"; it is left as written", short(s[i:]))
+			b.WriteString(s[i:])
+			break
+		}
+		body := rest[:j]
+		v, ok, cref := p.variable(at, body)
+		containerRef = containerRef || cref
+		if ok {
+			b.WriteString(v)
+		} else {
+			b.WriteString(s[i : i+2+j+1])
+		}
+		s = rest[j+1:]
+	}
+	return b.String(), containerRef
+}
+
+// variable expands the body of one ${body}. ok is false when it is left as written.
+func (p *parser) variable(at int, body string) (value string, ok, containerRef bool) {
+	switch body {
+	case "localWorkspaceFolder":
+		return p.env.WorkspaceFolder, true, false
+	case "localWorkspaceFolderBasename":
+		if p.env.WorkspaceFolder == "" {
+			return "", true, false
+		}
+		return filepath.Base(p.env.WorkspaceFolder), true, false
+	case "containerWorkspaceFolder":
+		return p.containerWS, true, false
+	case "containerWorkspaceFolderBasename":
+		return path.Base(p.containerWS), true, false
+	}
+	kind, rest, _ := strings.Cut(body, ":")
+	switch kind {
+	case "localEnv", "env":
+		name, def, _ := strings.Cut(rest, ":")
+		return p.localEnv(at, name, def), true, false
+	case "containerEnv":
+		return "", false, true
+	}
+	p.warn(diag.DevcontainerVariable, at,
+		"sandkeep expands ${localEnv:NAME[:default]}, ${localWorkspaceFolder}, ${localWorkspaceFolderBasename}, ${containerWorkspaceFolder}",
+		"variable ${%s} is not known to sandkeep; it is left as written", short(body))
+	return "", false, false
+}
+
+// localEnv looks name up on the host, unless it is of the deny class: a repository must not be able to copy
+// the operator's credentials into the sandbox under a harmless name.
+func (p *parser) localEnv(at int, name, def string) string {
+	if name == "" {
+		return def
+	}
+	if class := DenyClass(name); class != "" {
+		p.warn(diag.DevcontainerLocalEnvDenied, at,
+			"a repository may not read such host variables; set the value in the spec's env, or a credential as a secret file",
+			"${localEnv:%s} names a host variable of the %s class; it is not read (the default, or \"\", is used)", short(name), class)
+		return def
+	}
+	if p.env.Lookup == nil {
+		return def
+	}
+	if v, ok := p.env.Lookup(name); ok {
+		return v
+	}
+	return def
+}
+
+// short cuts s for a message.
+func short(s string) string {
+	const max = 64
+	if len(s) > max {
+		return s[:max] + "…"
+	}
+	return s
+}

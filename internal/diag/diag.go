@@ -1,0 +1,141 @@
+// Package diag is the typed diagnostic every parser and check of sandkeep reports: a stable code, where (file,
+// line, column), a sentence and a fix hint. Every diagnostic code is a constant here, grouped by hundreds:
+// SK1xx the spec file, SK2xx devcontainer.json, SK3xx network rules, SK4xx doctor's checks.
+package diag
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Code is a stable diagnostic code. Never change the meaning of an existing code.
+type Code string
+
+// Severity says whether a diagnostic stops the run.
+type Severity string
+
+// Severities.
+const (
+	Error   Severity = "error"
+	Warning Severity = "warning"
+)
+
+// Diagnostic is one problem found in an input.
+type Diagnostic struct {
+	Code     Code     `json:"code"`
+	Severity Severity `json:"severity"`
+	File     string   `json:"file,omitempty"`
+	Line     int      `json:"line,omitempty"` // 1-based; 0 when unknown
+	Column   int      `json:"column,omitempty"`
+	Message  string   `json:"message"`
+	Hint     string   `json:"hint,omitempty"`
+}
+
+// String is "file:line:col: SK101 error: message (hint: ...)".
+func (d Diagnostic) String() string {
+	var b strings.Builder
+	if d.File != "" {
+		b.WriteString(d.File)
+		if d.Line > 0 {
+			fmt.Fprintf(&b, ":%d", d.Line)
+			if d.Column > 0 {
+				fmt.Fprintf(&b, ":%d", d.Column)
+			}
+		}
+		b.WriteString(": ")
+	}
+	fmt.Fprintf(&b, "%s %s: %s", d.Code, d.Severity, d.Message)
+	if d.Hint != "" {
+		fmt.Fprintf(&b, " (hint: %s)", d.Hint)
+	}
+	return b.String()
+}
+
+// List is the diagnostics of one input; it is an error when it holds at least one Error.
+type List []Diagnostic
+
+// HasErrors reports whether any diagnostic is an Error.
+func (l List) HasErrors() bool {
+	for _, d := range l {
+		if d.Severity == Error {
+			return true
+		}
+	}
+	return false
+}
+
+// Err returns l as an error when it has errors, else nil.
+func (l List) Err() error {
+	if !l.HasErrors() {
+		return nil
+	}
+	return ListError(l)
+}
+
+// ListError is a List that failed; its message lists every diagnostic, one per line.
+type ListError List
+
+func (e ListError) Error() string {
+	lines := make([]string, len(e))
+	for i, d := range e {
+		lines[i] = d.String()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Diagnostic codes. One per line, each with what it means; never reuse or renumber one.
+//
+// SK1xx: the spec file (sandkeep.yaml), reported by internal/spec.
+const (
+	SpecFile              Code = "SK100" // the file is unreadable, empty, not YAML, not one mapping with a sandbox block, or uses aliases
+	SpecMode              Code = "SK101" // sandbox.mode is not "", none, auto or inline
+	SpecNetworkModeMisuse Code = "SK102" // a network mode (allowlist, denylist, open) written as sandbox.mode
+	SpecImageAndBuild     Code = "SK103" // both image and build are set
+	SpecBuildDockerfile   Code = "SK104" // build has no dockerfile
+	SpecWorkspaceFolder   Code = "SK105" // workspace_folder is not an absolute, clean path other than /
+	SpecControlChar       Code = "SK106" // a string holds control characters, bidirectional overrides or invalid UTF-8
+	SpecUnknownField      Code = "SK107" // a key that the block does not have
+	SpecWrongType         Code = "SK108" // a value of the wrong YAML type (a list for a map, a number for a string, null)
+	SpecDuplicateKey      Code = "SK109" // a key given twice in one mapping
+	SpecUser              Code = "SK110" // user is not a name, uid or uid:gid
+	SpecEnv               Code = "SK111" // an env (or build arg) name or value refused by the guard
+	SpecMount             Code = "SK112" // a mount refused by the guard (a warning when only its source is missing)
+	SpecTmpfs             Code = "SK113" // a tmpfs entry with a bad target or option
+	SpecResources         Code = "SK114" // cpus, memory or pids out of range or malformed
+	SpecHostState         Code = "SK115" // host_state is not auto or none
+	SpecSecretFile        Code = "SK116" // a secret_files entry with a bad name, path, source or mode, or a duplicate
+	SpecNetwork           Code = "SK117" // a network block with a bad mode, inherit or preset (rules are SK3xx)
+	SpecBuildPath         Code = "SK118" // build context or dockerfile escapes the repository root
+	SpecPostCreate        Code = "SK119" // post_create holds control characters other than tab and newline
+)
+
+// SK3xx: network rules, reported by internal/egress (and by the spec parser and doctor, at the rule's place).
+const (
+	RuleEmpty      Code = "SK301" // an empty rule, or a lone "!"
+	RuleWildcard   Code = "SK302" // a wildcard that is not a whole leading "*." or "**." label, nor "**" alone
+	RulePort       Code = "SK303" // a port that is not a decimal 1..65535
+	RuleCIDR       Code = "SK304" // a malformed CIDR, or one with bits set past its prefix length
+	RuleHost       Code = "SK305" // a host that is not a valid DNS name, IDN or IP literal
+	RuleWildcardIP Code = "SK306" // a wildcard on an IP address or CIDR
+)
+
+// SK2xx: devcontainer.json, reported by internal/devcontainer.
+const (
+	DevcontainerSyntax          Code = "SK200" // not valid JSONC, not one object at the top level, or nested too deep
+	DevcontainerImageBuild      Code = "SK201" // image and build both set, neither set, or a build without a dockerfile
+	DevcontainerRunArgRefused   Code = "SK202" // a runArgs entry that asks for host power (--privileged, --cap-add, host namespaces...)
+	DevcontainerRunArgsIgnored  Code = "SK203" // warning: runArgs that are not refused are not passed on either
+	DevcontainerVariable        Code = "SK204" // warning: an unknown or unterminated ${...}, or an env value needing ${containerEnv:...}
+	DevcontainerMountRefused    Code = "SK205" // a mount refused by the guard (or an object mount with a comma in a path)
+	DevcontainerCompose         Code = "SK206" // dockerComposeFile: compose-based dev containers are not supported
+	DevcontainerType            Code = "SK207" // a field sandkeep reads has the wrong JSON type
+	DevcontainerUnsupported     Code = "SK208" // warning: a field or form sandkeep ignores (features, volume mounts, object postCreateCommand...)
+	DevcontainerDuplicate       Code = "SK209" // a field sandkeep reads, or an env/args key, given twice
+	DevcontainerBuildPath       Code = "SK210" // build dockerfile or context outside the repository
+	DevcontainerWorkspaceFolder Code = "SK211" // workspaceFolder is not an absolute, clean path other than /
+	DevcontainerEnv             Code = "SK212" // a containerEnv/remoteEnv name or value refused by the guard
+	DevcontainerLocalEnvDenied  Code = "SK213" // warning: ${localEnv:NAME} of a deny-class name is not read from the host
+	DevcontainerValue           Code = "SK214" // image or user empty or with spaces or control characters; postCreateCommand with control characters
+	DevcontainerUnreadable      Code = "SK215" // the file escapes the repository, is not a regular file, is too large or unreadable
+	DevcontainerTooMany         Code = "SK216" // more diagnostics than are shown (an error when one of them was)
+)

@@ -1,0 +1,67 @@
+// Package spec reads sandkeep.yaml, a project's description of its sandbox, strictly: unknown fields are errors
+// and every problem is a diag.Diagnostic with a stable code, the file, the line and a fix hint.
+package spec
+
+// Modes. ModeInherit ("") defers to the next tier; only ModeAuto and ModeInline are active.
+const (
+	ModeInherit = ""
+	ModeNone    = "none"
+	ModeAuto    = "auto"
+	ModeInline  = "inline"
+)
+
+// File is a parsed sandkeep.yaml.
+type File struct {
+	Path    string  // the file as given
+	Root    string  // its directory: the repository root, where devcontainer.json is looked up
+	Sandbox Sandbox // the `sandbox:` block
+}
+
+// Sandbox is what a sandbox should be. Zero fields are unset (the next source, or the default, decides).
+type Sandbox struct {
+	Mode            string            `yaml:"mode" json:"mode,omitempty"`
+	Image           string            `yaml:"image" json:"image,omitempty"`
+	Build           *Build            `yaml:"build" json:"build,omitempty"`
+	User            string            `yaml:"user" json:"user,omitempty"`
+	Env             map[string]string `yaml:"env" json:"env,omitempty"`
+	Mounts          []string          `yaml:"mounts" json:"mounts,omitempty"`
+	Tmpfs           []string          `yaml:"tmpfs" json:"tmpfs,omitempty"`
+	Resources       *Resources        `yaml:"resources" json:"resources,omitempty"`
+	PostCreate      string            `yaml:"post_create" json:"post_create,omitempty"`
+	WorkspaceFolder string            `yaml:"workspace_folder" json:"workspace_folder,omitempty"`
+	HostState       string            `yaml:"host_state" json:"host_state,omitempty"` // "auto" | "none"
+	SecretFiles     []SecretFile      `yaml:"secret_files" json:"secret_files,omitempty"`
+	Network         *Network          `yaml:"network" json:"network,omitempty"`
+}
+
+// Build builds the sandbox's image from a Dockerfile; paths are relative to the repository root.
+type Build struct {
+	Dockerfile string            `yaml:"dockerfile" json:"dockerfile,omitempty"`
+	Context    string            `yaml:"context" json:"context,omitempty"`
+	Args       map[string]string `yaml:"args" json:"args,omitempty"`
+}
+
+// Resources bound the sandbox. Memory is a size ("2g", "512m").
+type Resources struct {
+	CPUs   float64 `yaml:"cpus" json:"cpus,omitempty"`
+	Memory string  `yaml:"memory" json:"memory,omitempty"`
+	Pids   int64   `yaml:"pids" json:"pids,omitempty"`
+}
+
+// SecretFile is a secret delivered as a file on a tmpfs inside the sandbox, never as an environment variable.
+// Exactly one of FromEnv and FromFile names where the value comes from.
+type SecretFile struct {
+	Name     string `yaml:"name" json:"name"`
+	Path     string `yaml:"path" json:"path"`
+	FromEnv  string `yaml:"from_env" json:"from_env,omitempty"`
+	FromFile string `yaml:"from_file" json:"from_file,omitempty"`
+	Mode     string `yaml:"mode" json:"mode,omitempty"` // octal, default "0400"
+}
+
+// Network is the sandbox's egress policy (enforced by the egress capability).
+type Network struct {
+	Mode    string   `yaml:"mode" json:"mode,omitempty"`       // none | allowlist | denylist | open
+	Preset  string   `yaml:"preset" json:"preset,omitempty"`   // e.g. "default"
+	Rules   []string `yaml:"rules" json:"rules,omitempty"`     // see internal/egress rule syntax
+	Inherit string   `yaml:"inherit" json:"inherit,omitempty"` // append | replace
+}
