@@ -40,4 +40,3 @@ func TestRunVerdictsNeedsAndTimeouts(t *testing.T) {
 		t.Errorf("print:\n%s", b.String())
 	}
 }
-
