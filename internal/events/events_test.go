@@ -1,0 +1,142 @@
+package events
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+func TestNewAndDecode(t *testing.T) {
+	tests := []struct {
+		name    string
+		event   string
+		payload any
+	}{
+		{"skipped", NameSandboxSkipped, SandboxSkipped{Mode: "auto", Source: "default", Obstacle: "no driver", FileSecretsDropped: true}},
+		{"refused pointer", NameSandboxSkipped, &SandboxSkipped{Mode: "inline", Source: "cli", Refused: true}},
+		{"started", NameSandboxStarted, SandboxStarted{Sandbox: "sandkeep-u-1", Driver: "docker", Image: "debian:12", Created: true, DurationMS: 12}},
+		{"adopted", NameSandboxAdopted, SandboxAdopted{Sandbox: "s", Driver: "docker"}},
+		{"recycled", NameSandboxRecycled, SandboxRecycled{Reason: RecyclePosture, Sandbox: "s"}},
+		{"stopped idle", NameSandboxStoppedIdle, SandboxStoppedIdle{Sandbox: "s", IdleMS: 60000}},
+		{"removed", NameSandboxRemoved, SandboxRemoved{Sandbox: "s", Reason: "retention"}},
+		{"build started", NameSandboxBuildStarted, SandboxBuildStarted{Dockerfile: "Dockerfile", Context: "."}},
+		{"build finished", NameSandboxBuildFinished, SandboxBuildFinished{Image: "sha256:ab", DurationMS: 3}},
+		{"build failed", NameSandboxBuildFailed, SandboxBuildFailed{Error: "boom", DurationMS: 3}},
+		{"env denied", NameSandboxEnvDenied, SandboxEnvDenied{Keys: []string{"LD_PRELOAD"}, Origin: "devcontainer.json"}},
+		{"post create", NameSandboxPostCreate, SandboxPostCreate{ExitCode: 2, DurationMS: 5}},
+		{"exec started", NameExecStarted, ExecStarted{Command: "make", Workdir: "/workspace", TimeoutMS: 1000, Transport: "agent"}},
+		{"exec finished", NameExecFinished, ExecFinished{ExitCode: 137, TimedOut: true, DurationMS: 1001, Transport: "exec"}},
+		{"network blocked", NameNetworkBlocked, NetworkBlocked{Host: "example.com", Port: 443}},
+	}
+	covered := map[string]bool{}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := time.Now().UTC().Truncate(time.Millisecond)
+			e, err := New("run-1", tt.event, tt.payload)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			if e.RunID != "run-1" || e.Name != tt.event || e.Seq != 0 {
+				t.Errorf("event = %+v", e)
+			}
+			if e.Time.Location() != time.UTC || e.Time.Before(before) || e.Time.Nanosecond()%int(time.Millisecond) != 0 {
+				t.Errorf("time %v: want UTC, ms precision, not before %v", e.Time, before)
+			}
+			got, err := e.Decode()
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			want := reflect.ValueOf(tt.payload)
+			if want.Kind() == reflect.Pointer {
+				want = want.Elem()
+			}
+			if !reflect.DeepEqual(got, want.Interface()) {
+				t.Errorf("Decode = %#v, want %#v", got, want.Interface())
+			}
+		})
+		covered[tt.event] = true
+	}
+	for _, n := range Names() {
+		if !covered[n] {
+			t.Errorf("event %s has no test row", n)
+		}
+	}
+	if len(Names()) != 14 {
+		t.Errorf("Names() has %d names, want 14", len(Names()))
+	}
+}
+
+func TestNewRejects(t *testing.T) {
+	tests := []struct {
+		name    string
+		event   string
+		payload any
+	}{
+		{"unknown name", "sandbox_exploded", SandboxStarted{}},
+		{"wrong type", NameExecFinished, ExecStarted{}},
+		{"nil", NameExecFinished, nil},
+		{"nil pointer", NameExecFinished, (*ExecFinished)(nil)},
+		{"map", NameExecFinished, map[string]any{"exit_code": 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := New("", tt.event, tt.payload); err == nil {
+				t.Fatal("New succeeded, want an error")
+			}
+		})
+	}
+}
+
+func TestWireNames(t *testing.T) {
+	e, err := New("", NameSandboxSkipped, SandboxSkipped{FileSecretsDropped: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(e.Payload), `"file_secrets_dropped":true`) {
+		t.Errorf("payload %s lacks file_secrets_dropped", e.Payload)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(e.Payload, &m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	for _, e := range []Event{
+		{Name: "nope", Payload: json.RawMessage(`{}`)},
+		{Name: NameExecFinished, Payload: json.RawMessage(`{"exit_code":1,"argv":["secret"]}`)},
+		{Name: NameExecFinished, Payload: json.RawMessage(`not json`)},
+	} {
+		if _, err := e.Decode(); err == nil {
+			t.Errorf("Decode(%s %s) succeeded, want an error", e.Name, e.Payload)
+		}
+	}
+}
+
+func TestCommand(t *testing.T) {
+	tests := []struct {
+		name string
+		argv []string
+		want string
+	}{
+		{"empty", nil, ""},
+		{"program only", []string{"ls"}, "ls"},
+		{"arguments dropped", []string{"curl", "-H", "Authorization: Bearer s3cret"}, "curl"},
+		{"long", []string{strings.Repeat("a", 300)}, strings.Repeat("a", 256)},
+		{"rune boundary", []string{strings.Repeat("a", 255) + "é"}, strings.Repeat("a", 255)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Command(tt.argv)
+			if got != tt.want {
+				t.Errorf("Command = %q, want %q", got, tt.want)
+			}
+			if !utf8.ValidString(got) {
+				t.Errorf("Command = %q: not valid UTF-8", got)
+			}
+		})
+	}
+}

@@ -1,0 +1,142 @@
+package events
+
+import "unicode/utf8"
+
+// This file holds one payload type per event name. Field names are snake_case on the wire; a field that is
+// added later must be optional (omitempty or meaningful as its zero value) so old events still decode.
+
+// SandboxSkipped (sandbox_skipped): an active mode found no usable driver. With mode auto the command ran on the
+// host anyway; with mode inline it was refused (Refused). FileSecretsDropped says the spec had secret files that
+// the host passthrough did not deliver.
+type SandboxSkipped struct {
+	Mode               string `json:"mode"`
+	Source             string `json:"source"`
+	Obstacle           string `json:"obstacle"`
+	FileSecretsDropped bool   `json:"file_secrets_dropped"`
+	Refused            bool   `json:"refused,omitempty"`
+}
+
+// SandboxStarted (sandbox_started): a sandbox was created, or a stopped one started, and is ready for commands.
+type SandboxStarted struct {
+	Sandbox    string `json:"sandbox"` // container or pod name
+	Driver     string `json:"driver"`
+	Image      string `json:"image,omitempty"`
+	Created    bool   `json:"created"` // false: an existing, stopped sandbox was started
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SandboxAdopted (sandbox_adopted): a running sandbox left by an earlier process was taken over as is.
+type SandboxAdopted struct {
+	Sandbox string `json:"sandbox"`
+	Driver  string `json:"driver"`
+}
+
+// Recycle reasons, the values of SandboxRecycled.Reason.
+const (
+	RecycleImage       = "image"        // the image (or build result) changed
+	RecyclePosture     = "posture"      // the security posture hash drifted
+	RecycleState       = "state"        // the sandbox was in a state it cannot be started from
+	RecycleExecFailure = "exec_failure" // the sandbox could no longer run commands
+)
+
+// SandboxRecycled (sandbox_recycled): a sandbox was removed to be recreated, for Reason (Recycle*).
+type SandboxRecycled struct {
+	Reason  string `json:"reason"`
+	Sandbox string `json:"sandbox"`
+}
+
+// SandboxStoppedIdle (sandbox_stopped_idle): the sweeper stopped a sandbox that had been idle for IdleMS.
+type SandboxStoppedIdle struct {
+	Sandbox string `json:"sandbox"`
+	IdleMS  int64  `json:"idle_ms"`
+}
+
+// SandboxRemoved (sandbox_removed): a sandbox and its resources were removed; Reason says why (e.g. retention,
+// request, recycle).
+type SandboxRemoved struct {
+	Sandbox string `json:"sandbox"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// SandboxBuildStarted (sandbox_build_started): an image build began. Paths are relative to the workspace. Build
+// arguments are never recorded: they may carry secrets.
+type SandboxBuildStarted struct {
+	Dockerfile string `json:"dockerfile"`
+	Context    string `json:"context"`
+}
+
+// SandboxBuildFinished (sandbox_build_finished): a build produced Image.
+type SandboxBuildFinished struct {
+	Image      string `json:"image"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SandboxBuildFailed (sandbox_build_failed): a build failed. Error is sandkeep's own error sentence, never the
+// build's output.
+type SandboxBuildFailed struct {
+	Error      string `json:"error"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SandboxEnvDenied (sandbox_env_denied): environment variables of the deny class were stripped. Keys holds
+// their names only, never their values; Origin says where they came from (e.g. devcontainer.json).
+type SandboxEnvDenied struct {
+	Keys   []string `json:"keys"`
+	Origin string   `json:"origin"`
+}
+
+// SandboxPostCreate (sandbox_post_create): the spec's post-create command ran once in a new sandbox. The command
+// itself is not recorded.
+type SandboxPostCreate struct {
+	ExitCode   int   `json:"exit_code"`
+	TimedOut   bool  `json:"timed_out"`
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// ExecStarted (exec_started): a command began. Command is argv[0] only (see the Command function): arguments,
+// environment and stdin may hold secrets and are never recorded.
+type ExecStarted struct {
+	Sandbox   string `json:"sandbox,omitempty"` // empty when the command ran on the host
+	Command   string `json:"command"`
+	Workdir   string `json:"workdir,omitempty"`
+	TimeoutMS int64  `json:"timeout_ms,omitempty"`
+	Transport string `json:"transport,omitempty"` // agent, exec, host
+}
+
+// ExecFinished (exec_finished): a command ended with ExitCode (or hit its deadline: TimedOut). Output is never
+// recorded, only whether it was truncated.
+type ExecFinished struct {
+	ExitCode   int    `json:"exit_code"`
+	TimedOut   bool   `json:"timed_out"`
+	DurationMS int64  `json:"duration_ms"`
+	Transport  string `json:"transport,omitempty"`
+	Truncated  bool   `json:"truncated,omitempty"`
+}
+
+// NetworkBlocked (network_blocked): the egress proxy refused a connection. Reserved for the egress layer.
+type NetworkBlocked struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+	Rule string `json:"rule,omitempty"` // the rule that denied it; empty when no rule allowed it
+}
+
+// maxCommand bounds ExecStarted.Command: argv[0] is usually a short program name, and an event is no place for
+// a long one.
+const maxCommand = 256
+
+// Command returns what an exec event may say about argv: argv[0] alone, cut to 256 bytes. The remaining
+// arguments are never recorded, because a command line is where secrets (tokens, passwords in URLs) end up.
+func Command(argv []string) string {
+	if len(argv) == 0 {
+		return ""
+	}
+	c := argv[0]
+	if len(c) > maxCommand {
+		n := maxCommand
+		for n > 0 && !utf8.RuneStart(c[n]) { // cut on a rune boundary
+			n--
+		}
+		c = c[:n]
+	}
+	return c
+}
