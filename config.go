@@ -44,6 +44,13 @@ type Config struct {
 	// Docker exec), "agent" (the channel only) or "exec" (Docker exec only). Default $SANDKEEP_TRANSPORT, else auto.
 	Transport string
 
+	// Driver makes the sandboxes: "docker" (default) or "host", which runs commands on the host itself with no
+	// isolation at all and must only be chosen when policy allows it.
+	Driver string
+
+	// OnEvent receives the events that belong to no command (the sweeper's stops and removals); may be nil.
+	OnEvent EventFunc
+
 	Logger *slog.Logger
 
 	envErr error // a malformed SANDKEEP_* variable, reported by Open
@@ -109,7 +116,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		Env: c.Env, Mounts: mounts,
 		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
-		Transport: transport,
+		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 	}, nil
 }
 
@@ -134,4 +141,10 @@ func findAgent(configured string) (string, error) {
 		return p, nil
 	}
 	return "", fault.New(fault.AgentMissing, hint, "the sandkeep-agent binary was not found next to sandkeep or on PATH")
+}
+
+// CheckAgent reports whether the agent binary sandkeep would use (configured, else found) is there.
+func CheckAgent(configured string) error {
+	_, err := findAgent(configured)
+	return err
 }

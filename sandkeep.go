@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/driver/host"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/identity"
@@ -57,9 +58,9 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := docker.New(docker.Options{PullTimeout: cfg.PullTimeout})
+	drv, err := newDriver(cfg.Driver, cfg.PullTimeout, lcfg.AgentPath)
 	if err != nil {
-		return nil, fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+		return nil, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -73,6 +74,32 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	return &Manager{lc: lc, drv: drv}, nil
 }
 
+// newDriver makes the driver cfg names: docker by default; host (no isolation at all) only when named.
+func newDriver(name string, pullTimeout time.Duration, agent string) (driver.Driver, error) {
+	switch name {
+	case "", DriverDocker:
+		d, err := docker.New(docker.Options{PullTimeout: pullTimeout})
+		if err != nil {
+			return nil, fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+		}
+		return d, nil
+	case DriverHost:
+		return host.New(agent), nil
+	}
+	return nil, fault.New(fault.InvalidArgument, "use docker, or host (no isolation; only when policy allows it)",
+		"unknown driver %q", name)
+}
+
+// Drivers a Config may name.
+const (
+	DriverDocker = "docker"
+	DriverHost   = "host" // runs commands on the host itself, unsandboxed
+)
+
+// EventFunc receives what sandkeep did for a command (or, on Config, for no command: the sweeper): the event's
+// name (sandbox_started, exec_finished, ...) and its typed payload. See docs/EVENTS.md.
+type EventFunc func(name string, payload any)
+
 // ExecRequest is one command. Argv runs directly, without a shell: use {"sh", "-c", "..."} for shell syntax.
 type ExecRequest struct {
 	Argv        []string
@@ -85,6 +112,8 @@ type ExecRequest struct {
 	// empty; when nil, output is collected into the result.
 	Stdout io.Writer
 	Stderr io.Writer
+	// OnEvent, when set, receives this command's events: ensure decisions, exec started and finished.
+	OnEvent EventFunc
 }
 
 // ExecResult is the outcome of one command.
@@ -127,7 +156,7 @@ func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResu
 	res, err := m.lc.Exec(ctx, key, lifecycle.ExecRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
-		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr,
+		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: lifecycle.Sink(req.OnEvent),
 	})
 	if res == nil {
 		return nil, err

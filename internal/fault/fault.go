@@ -31,6 +31,10 @@ const (
 	SandboxFailed     Code = "SANDBOX_FAILED"     // the engine failed to create, start or run the sandbox
 
 	TransportUnavailable Code = "TRANSPORT_UNAVAILABLE" // --transport agent, but the agent channel is not up
+	SpecInvalid          Code = "SPEC_INVALID"          // the spec or devcontainer.json has errors (diagnostics listed)
+	SpecUnsupported      Code = "SPEC_UNSUPPORTED"      // the spec asks for something this build cannot apply yet
+	StoreUnavailable     Code = "STORE_UNAVAILABLE"     // the run store (SQLite file or PostgreSQL) cannot be opened
+	PreflightFailed      Code = "PREFLIGHT_FAILED"      // SANDKEEP_PREFLIGHT=1 and a doctor check failed
 
 	// Policy: degrade or refuse (internal/policy).
 	SandboxCapacity          Code = "SANDBOX_CAPACITY"           // the engine refused a sandbox for lack of capacity; retry may help

@@ -56,6 +56,9 @@ type Config struct {
 	// engine's exec), TransportAgent (the channel only) or TransportExec (the engine's exec only).
 	Transport Transport
 
+	// OnEvent receives the events that belong to no caller's run (the sweeper's); may be nil.
+	OnEvent Sink
+
 	Logger *slog.Logger
 	Now    func() time.Time // for tests; time.Now when nil
 }

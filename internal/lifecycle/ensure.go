@@ -9,6 +9,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -57,6 +58,8 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 				return nil, "", err
 			}
 			m.decided(key, sb, DecisionCreate)
+			m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
+				Image: m.cfg.Image, Created: true})
 			return m.started(ctx, key, sb, DecisionCreate)
 		case err != nil:
 			return nil, "", err
@@ -69,6 +72,9 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 		case ok && sb.State == driver.StateRunning:
 			d := pick(adopted, DecisionAdopt, DecisionReuse)
 			m.decided(key, sb, d)
+			if d == DecisionAdopt {
+				m.emit(ctx, events.NameSandboxAdopted, events.SandboxAdopted{Sandbox: sb.Name, Driver: m.drv.Name()})
+			}
 			m.remember(key, sb)
 			return sb, d, nil
 		case ok && sb.State == driver.StateStopped:
@@ -78,6 +84,8 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 				return nil, "", err
 			}
 			if err := m.drv.Start(ctx, sb); err == nil {
+				m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
+					Image: m.cfg.Image})
 				return m.started(ctx, key, sb, d)
 			} else if ctx.Err() != nil {
 				return nil, "", err // the caller gave up: a start cut short says nothing about the sandbox
@@ -85,6 +93,8 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 			// A stopped container that will not start is recreated, like a dead one.
 		}
 		m.decided(key, sb, DecisionRecreate)
+		m.emit(ctx, events.NameSandboxRecycled, events.SandboxRecycled{Sandbox: sb.Name,
+			Reason: recycleReason(ok, sb.Labels[driver.LabelImageID] == imageID)})
 		m.forget(key)
 		if err := m.drv.Remove(ctx, sb); err != nil {
 			return nil, "", fmt.Errorf("recreate %s: %w", sb.Name, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/identity"
@@ -85,6 +86,7 @@ type ExecRequest struct {
 	Stdin       io.Reader // nil: /dev/null
 	Stdout      io.Writer // streamed as produced; nil discards
 	Stderr      io.Writer
+	OnEvent     Sink // receives this command's events (ensure decisions, exec started/finished); may be nil
 }
 
 // ExecResult is the outcome of one command.
@@ -107,7 +109,24 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	}
 	defer release()
 
+	ctx = withSink(ctx, req.OnEvent)
+	res, err := m.exec(ctx, key, req, preq)
+	if res != nil {
+		truncated := res.StdoutTruncated || res.StderrTruncated
+		m.emit(ctx, events.NameExecFinished, events.ExecFinished{ExitCode: res.ExitCode, TimedOut: res.TimedOut,
+			DurationMS: res.DurationMS, Transport: string(res.Transport), Truncated: truncated})
+	}
+	return res, err
+}
+
+// exec runs preq in key's sandbox, over the channel when it is up, else the driver's exec. The caller holds
+// key's gate.
+func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, preq agentproto.Request) (*ExecResult, error) {
 	out := driver.Output{Stdout: req.Stdout, Stderr: req.Stderr, Stdin: req.Stdin}
+	started := func(sb *driver.Sandbox, t Transport) {
+		m.emit(ctx, events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv),
+			Workdir: preq.Workdir, TimeoutMS: preq.TimeoutMS, Transport: string(t)})
+	}
 	// The listener exists before the sandbox starts, so a starting agent finds it at once.
 	l, fresh := m.listenerFor(key)
 	for attempt := 0; ; attempt++ {
@@ -121,6 +140,7 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 			return nil, err
 		}
 		if conn != nil {
+			started(sb, TransportAgent)
 			res, err := m.execChannel(ctx, key, sb, l, conn, preq, out)
 			m.home.Touch(key, m.cfg.Now())
 			if errors.Is(err, errNotStarted) && attempt == 0 {
@@ -132,6 +152,7 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 			}
 			return res, err
 		}
+		started(sb, TransportExec)
 		res, err := m.drv.Exec(ctx, sb, preq, out)
 		m.home.Touch(key, m.cfg.Now())
 		switch {
@@ -205,6 +226,7 @@ func (m *Manager) recycle(ctx context.Context, key identity.Key, sb *driver.Sand
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	m.forget(key)
+	m.emit(ctx, events.NameSandboxRecycled, events.SandboxRecycled{Sandbox: sb.Name, Reason: events.RecycleExecFailure})
 	m.cfg.Logger.Warn("recycling sandbox after a broken channel", "key", key.Short(), "sandbox", sb.Name, "err", cause)
 	if err := m.drv.Remove(ctx, sb); err != nil {
 		m.cfg.Logger.Error("recycle failed", "sandbox", sb.Name, "err", err)
@@ -268,6 +290,9 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 	}
 	m.home.ForgetKey(key)
 	m.dropListener(key)
+	if sb != nil {
+		m.emit(ctx, events.NameSandboxRemoved, events.SandboxRemoved{Sandbox: sb.Name, Reason: "request"})
+	}
 	if !keepWorkspace {
 		return m.home.RemoveWorkspace(key)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/gofrs/flock"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -127,6 +128,8 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 			return fmt.Errorf("sweep: %w", err)
 		}
 		rep.Stopped = append(rep.Stopped, sb.Name)
+		m.emit(ctx, events.NameSandboxStoppedIdle, events.SandboxStoppedIdle{Sandbox: sb.Name,
+			IdleMS: m.cfg.Now().Sub(m.home.LastUsed(key)).Milliseconds()})
 		m.cfg.Logger.Info("sweeper stopped idle sandbox", "sandbox", sb.Name, "key", key.Short())
 	default:
 		if err := m.drv.Remove(ctx, sb); err != nil {
@@ -140,6 +143,7 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 			}
 		}
 		rep.Removed = append(rep.Removed, sb.Name)
+		m.emit(ctx, events.NameSandboxRemoved, events.SandboxRemoved{Sandbox: sb.Name, Reason: "retention"})
 		m.cfg.Logger.Info("sweeper removed sandbox past retention", "sandbox", sb.Name, "key", key.Short())
 	}
 	return nil

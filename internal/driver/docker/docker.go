@@ -318,3 +318,31 @@ func (d *Driver) WatchImages(ctx context.Context, since time.Time, changed func(
 		}
 	}
 }
+
+// Version is the engine's version and API version, for doctor.
+func (d *Driver) Version(ctx context.Context) (string, error) {
+	v, ok := d.api.(interface {
+		ServerVersion(ctx context.Context, opts client.ServerVersionOptions) (client.ServerVersionResult, error)
+	})
+	if !ok {
+		return "", errors.New("the engine client cannot report its version")
+	}
+	res, err := v.ServerVersion(ctx, client.ServerVersionOptions{})
+	if err != nil {
+		return "", fmt.Errorf("engine version: %w", err)
+	}
+	return fmt.Sprintf("Docker %s (API %s)", res.Version, res.APIVersion), nil
+}
+
+// LocalImage returns the ID of ref when the engine has it, without pulling: doctor's "resolvable without
+// pulling" check. An absent image is errdefs.ErrNotFound.
+func (d *Driver) LocalImage(ctx context.Context, ref string) (string, error) {
+	img, err := d.api.ImageInspect(ctx, ref)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return "", fmt.Errorf("image %q: %w", ref, cerrdefs.ErrNotFound)
+		}
+		return "", fmt.Errorf("inspect image %q: %w", ref, err)
+	}
+	return img.ID, nil
+}
