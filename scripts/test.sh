@@ -41,6 +41,18 @@ done
 phase "docker: scripts/docker-up.sh"
 bash scripts/docker-up.sh || fail "Docker engine not available (see above)"
 
+# --- store: PostgreSQL for the store conformance suite (internal/store/postgres) ---
+# postgres-up.sh installs/starts a loopback-only PostgreSQL and prints the test DSN; a DSN the caller already set
+# in SANDKEEP_TEST_POSTGRES is used as is. REQUIRE=1: a missing PostgreSQL fails the postgres store tests, it
+# never skips them.
+if [ -z "${SANDKEEP_TEST_POSTGRES:-}" ]; then
+	phase "postgres: scripts/postgres-up.sh"
+	SANDKEEP_TEST_POSTGRES=$(bash scripts/postgres-up.sh) || fail "PostgreSQL not available (see above)"
+fi
+export SANDKEEP_TEST_POSTGRES
+export SANDKEEP_REQUIRE_POSTGRES=1
+# --- end store block ---
+
 # -race needs cgo and a C compiler.
 if ! command -v gcc >/dev/null 2>&1; then
 	phase "toolchain: installing gcc (needed by go test -race)"

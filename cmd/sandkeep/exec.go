@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,9 +15,11 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/policy"
 )
 
 const execLong = `Run a command in the (tenant, user) sandbox, creating or starting the sandbox when needed.
@@ -50,6 +53,7 @@ func newExec(g *globals) *cobra.Command {
 		outputLimit = byteSize(agentproto.DefaultLimit)
 		interactive bool
 		gateWait    time.Duration
+		pf          policyFlags
 	)
 	cmd := &cobra.Command{
 		Use:     "exec --user U [--tenant T] [flags] [--] COMMAND [ARG...]",
@@ -88,7 +92,7 @@ func newExec(g *globals) *cobra.Command {
 				req.Stdout = &stopOnError{w: g.stdout, cancel: cancel}
 				req.Stderr = &stopOnError{w: g.stderr, cancel: cancel}
 			}
-			return runExec(ctx, g, key, req, asJSON, gateWait, fail)
+			return runExec(ctx, g, key, req, asJSON, gateWait, pf, fail)
 		},
 	}
 	cmd.Flags().SetInterspersed(false) // everything after the command's name belongs to it
@@ -101,6 +105,10 @@ func newExec(g *globals) *cobra.Command {
 	f.Var(&outputLimit, "output-limit", "output kept per stream (stdout, stderr), e.g. 65536, 512KiB, 4MiB; at most 64MiB")
 	f.BoolVarP(&interactive, "interactive", "i", false, "pass sandkeep's stdin to the command (default: /dev/null)")
 	f.DurationVar(&gateWait, "gate-wait", 0, "how long to wait while the user's previous command runs (default $SANDKEEP_GATE_WAIT, else 10m)")
+	f.StringVar(&pf.spec, "spec", "", "the project's sandkeep.yaml (default $SANDKEEP_SPEC); its directory is where devcontainer.json is looked up")
+	f.StringVar(&pf.sandbox, "sandbox", "", "sandbox mode: none, auto (sandbox if a driver is usable, else run on the host, loudly) or inline (sandbox or refuse); default: the spec's, else $SANDKEEP_SANDBOX_DEFAULT, else auto")
+	f.StringVar(&pf.trust, "trust", "trusted", "trusted, or untrusted: an untrusted run is refused rather than run outside a sandbox")
+	f.StringVar(&pf.driver, "driver", "", "use this driver (docker, host); unavailable is an error, never a fallback")
 	return cmd
 }
 
@@ -131,17 +139,66 @@ func checkExec(cmd *cobra.Command, req sandkeep.ExecRequest, gateWait time.Durat
 }
 
 func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.ExecRequest, asJSON bool,
-	gateWait time.Duration, fail func(error) error) error {
+	gateWait time.Duration, pf policyFlags, fail func(error) error) error {
+	if os.Getenv("SANDKEEP_PREFLIGHT") == "1" {
+		if err := preflight(ctx, g, pf); err != nil {
+			return fail(err)
+		}
+	}
+	p, err := decide(ctx, g, pf)
+	if err != nil {
+		return fail(err)
+	}
+	st, err := g.openStore(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer st.Close()
+	run, err := newRun(p, key, pf.sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	// The admission verdict is recorded before anything runs, and before a refusal returns.
+	if err := st.CreateRun(ctx, run); err != nil {
+		return fail(fault.Wrap(err, fault.StoreUnavailable, "check the store (--store)", "cannot record the run"))
+	}
+	rec := &recorder{st: st, run: run.ID, stderr: g.stderr}
+	if ev, ok := deniedEvent(p.denied); ok {
+		rec.event(events.NameSandboxEnvDenied, ev)
+	}
+	if p.decision.Event != nil {
+		rec.event(events.NameSandboxSkipped, *p.decision.Event)
+	}
+	if p.decision.Action == policy.Refuse {
+		return fail(p.decision.Err)
+	}
+	if p.decision.CLILine != "" {
+		fmt.Fprintln(g.stderr, p.decision.CLILine) // one loud line, prefixed by policy
+	}
+	req.OnEvent = rec.event
+	var applyErr error
 	m, err := g.open(ctx, func(c *sandkeep.Config) {
 		if gateWait > 0 {
 			c.GateWait = gateWait
 		}
+		c.Driver = p.decision.Driver
+		applyErr = apply(c, p.sandbox)
 	})
+	if applyErr != nil {
+		if m != nil {
+			m.Close()
+		}
+		err = applyErr
+	}
 	if err != nil {
+		_ = finishRun(st, run.ID, err)
 		return fail(err)
 	}
 	defer m.Close()
 	res, err := m.Exec(ctx, key, req)
+	if ferr := finishRun(st, run.ID, err); ferr != nil {
+		fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
+	}
 	in, stopped := interruptedBy(ctx)
 	if err != nil && (res == nil || !stopped) {
 		if stopped { // interrupted before the command started: nothing ran

@@ -138,6 +138,7 @@ func usageError(root *cobra.Command, args []string, err error) error {
 type globals struct {
 	home, image, agent string
 	transport          string
+	store              string
 	logLevel           string
 	stdin              io.Reader
 	stdout, stderr     io.Writer
@@ -157,6 +158,10 @@ Environment:
   SANDKEEP_AGENT      path of the static sandkeep-agent binary
   SANDKEEP_GATE_WAIT  how long a command waits for the same user's running command (default 10m)
   SANDKEEP_TRANSPORT  how commands reach the agent: auto (default), agent or exec
+  SANDKEEP_SPEC       the project's sandkeep.yaml when --spec is not given
+  SANDKEEP_SANDBOX_DEFAULT  the sandbox mode when neither --sandbox nor the spec says (default auto)
+  SANDKEEP_HOST_KIND  local or cloud (default: cloud when KUBERNETES_SERVICE_HOST is set)
+  SANDKEEP_STORE      where runs and events are recorded (default <home>/sandkeep.db)
   DOCKER_HOST         the Docker engine to use`
 
 func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *globals) {
@@ -184,7 +189,8 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 	pf.StringVar(&g.agent, "agent", "", "path of the static sandkeep-agent binary (default $SANDKEEP_AGENT, else next to sandkeep, else on PATH)")
 	pf.StringVar(&g.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
 	pf.StringVar(&g.transport, "transport", "", "how commands reach the agent: auto (the persistent channel when up, else Docker exec), agent, exec (default $SANDKEEP_TRANSPORT, else auto)")
-	root.AddCommand(newExec(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
+	pf.StringVar(&g.store, "store", "", "where runs and events are recorded: an SQLite file or a postgres:// URL (default $SANDKEEP_STORE, else <home>/sandkeep.db)")
+	root.AddCommand(newExec(g), newRuns(g), newEvents(g), newDoctor(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
 	return root, g
 }
 

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/devcontainer"
+	"github.com/sandkeep/sandkeep/internal/diag"
+	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/spec"
+)
+
+// policyFlags are exec's policy inputs.
+type policyFlags struct {
+	spec    string // --spec, else $SANDKEEP_SPEC
+	sandbox string // --sandbox: "" | none | auto | inline
+	trust   string // --trust: trusted | untrusted
+	driver  string // --driver: an explicit driver, which must be available
+}
+
+// plan is what policy decided for one exec, before anything runs.
+type plan struct {
+	mode     policy.Resolution
+	trust    policy.Trust
+	decision policy.Decision
+	sandbox  spec.Sandbox // the effective sandbox block (spec fused with devcontainer.json)
+	denied   []devcontainer.Event
+}
+
+// decide loads the spec, resolves the mode, selects a driver and decides degrade-or-refuse. It runs nothing.
+// Diagnostics that are only warnings go to stderr; errors fail with SPEC_INVALID.
+func decide(ctx context.Context, g *globals, f policyFlags) (*plan, error) {
+	p := &plan{}
+	sb, denied, err := loadSpec(g.stderr, f.spec)
+	if err != nil {
+		return nil, err
+	}
+	p.sandbox, p.denied = sb, denied
+	if p.trust, err = policy.ParseTrust(f.trust); err != nil {
+		return nil, err
+	}
+	p.mode, err = policy.ResolveMode(policy.ModeInputs{
+		CLI: f.sandbox, Spec: sb.Mode, SpecNamesImage: sb.Image != "" || sb.Build != nil,
+		Env: os.Getenv("SANDKEEP_SANDBOX_DEFAULT"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	in := policy.DecideInputs{Mode: p.mode, Trust: p.trust, SpecHasSecretFiles: len(sb.SecretFiles) > 0}
+	if p.mode.Mode != spec.ModeNone {
+		kind, err := policy.HostKind(os.Getenv)
+		if err != nil {
+			return nil, err
+		}
+		in.Selected, in.Obstacle = policy.Shared().Select(ctx, kind, f.driver, candidates(g))
+	}
+	p.decision = policy.Decide(in)
+	return p, nil
+}
+
+// candidates are the drivers this build can offer, each with a real probe.
+func candidates(g *globals) map[string]policy.Candidate {
+	return map[string]policy.Candidate{
+		sandkeep.DriverDocker: {Name: sandkeep.DriverDocker, Probe: func(ctx context.Context) error {
+			d, err := docker.New(docker.Options{})
+			if err != nil {
+				return err
+			}
+			return d.Ping(ctx)
+		}},
+		"podman": {Name: "podman", Probe: func(context.Context) error {
+			return errors.New("the podman driver is not built yet (point DOCKER_HOST at podman's Docker-API socket instead)")
+		}},
+		"kubernetes": {Name: "kubernetes", Probe: func(context.Context) error {
+			return errors.New("the kubernetes driver is not built yet")
+		}},
+		sandkeep.DriverHost: {Name: sandkeep.DriverHost, Probe: func(context.Context) error {
+			c, err := g.config()
+			if err != nil {
+				return err
+			}
+			return sandkeep.CheckAgent(c.AgentPath)
+		}},
+	}
+}
+
+// loadSpec reads the spec named by flag or $SANDKEEP_SPEC, fuses devcontainer.json when the spec names no image
+// and no build, and refuses what this build cannot honour yet (fail closed: nothing is silently ignored).
+func loadSpec(stderr io.Writer, flag string) (spec.Sandbox, []devcontainer.Event, error) {
+	path := flag
+	if path == "" {
+		path = os.Getenv("SANDKEEP_SPEC")
+	}
+	if path == "" {
+		return spec.Sandbox{}, nil, nil
+	}
+	f, list := spec.Load(path)
+	if err := report(stderr, list, path); err != nil {
+		return spec.Sandbox{}, nil, err
+	}
+	sb := f.Sandbox
+	var denied []devcontainer.Event
+	if sb.Image == "" && sb.Build == nil {
+		dc, list, found := devcontainer.Load(f.Root, devcontainer.Env{Lookup: os.LookupEnv})
+		if found {
+			if err := report(stderr, list, "devcontainer.json"); err != nil {
+				return spec.Sandbox{}, nil, err
+			}
+			sb, denied = devcontainer.Fuse(dc, &sb, nil)
+		}
+	}
+	return sb, denied, unsupported(sb)
+}
+
+// report prints warnings and turns errors into one SPEC_INVALID failure that lists them all.
+func report(stderr io.Writer, list diag.List, what string) error {
+	for _, d := range list {
+		if d.Severity != diag.Error {
+			fmt.Fprintf(stderr, "sandkeep: %s\n", d)
+		}
+	}
+	if !list.HasErrors() {
+		return nil
+	}
+	var lines []string
+	for _, d := range list {
+		if d.Severity == diag.Error {
+			lines = append(lines, "  "+d.String())
+		}
+	}
+	return fault.New(fault.SpecInvalid, "fix the lines above; `sandkeep doctor --strict --spec FILE` checks a spec",
+		"%s is not valid:\n%s\n", what, strings.Join(lines, "\n"))
+}
+
+// unsupported refuses spec fields this build does not apply yet, rather than running without them.
+func unsupported(sb spec.Sandbox) error {
+	var fields []string
+	add := func(cond bool, field string) {
+		if cond {
+			fields = append(fields, field)
+		}
+	}
+	add(sb.Build != nil, "build")
+	add(len(sb.SecretFiles) > 0, "secret_files")
+	add(sb.PostCreate != "", "post_create")
+	add(len(sb.Tmpfs) > 0, "tmpfs")
+	add(sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace", "workspace_folder")
+	add(sb.HostState == "auto", "host_state: auto")
+	add(sb.Network != nil && sb.Network.Mode != "" && sb.Network.Mode != "none", "network (egress)")
+	if len(fields) == 0 {
+		return nil
+	}
+	return fault.New(fault.SpecUnsupported, "remove them from the spec, or run a sandkeep that supports them",
+		"the spec uses %s, which this sandkeep cannot apply yet; refusing rather than running without them",
+		strings.Join(fields, ", "))
+}
+
+// apply puts the effective sandbox block into the library's Config.
+func apply(c *sandkeep.Config, sb spec.Sandbox) error {
+	if sb.Image != "" {
+		c.Image = sb.Image
+	}
+	if sb.User != "" {
+		c.User = sb.User
+	}
+	keys := make([]string, 0, len(sb.Env))
+	for k := range sb.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		c.Env = append(c.Env, k+"="+sb.Env[k])
+	}
+	c.Mounts = append(c.Mounts, sb.Mounts...)
+	if r := sb.Resources; r != nil {
+		c.CPUs, c.PidsLimit = r.CPUs, r.Pids
+		if r.Memory != "" {
+			n, err := spec.ParseSize(r.Memory)
+			if err != nil {
+				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 2g or 512m", "resources.memory %q", r.Memory)
+			}
+			c.MemoryBytes = n
+		}
+	}
+	return nil
+}
+
+// deniedEvent is the one sandbox_env_denied event for the repository's stripped variables (names only).
+func deniedEvent(denied []devcontainer.Event) (events.SandboxEnvDenied, bool) {
+	if len(denied) == 0 {
+		return events.SandboxEnvDenied{}, false
+	}
+	ev := events.SandboxEnvDenied{Origin: filepath.Base(denied[0].File)}
+	for _, d := range denied {
+		ev.Keys = append(ev.Keys, d.Key)
+	}
+	return ev, true
+}

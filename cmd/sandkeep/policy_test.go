@@ -1,0 +1,196 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandkeep/sandkeep/internal/testutil"
+)
+
+// noDocker points the Docker driver at a socket that does not exist: no sandboxing driver is usable.
+var noDocker = []string{"DOCKER_HOST=unix:///nonexistent/sandkeep-test/docker.sock"}
+
+type runRecord struct {
+	ID          string `json:"id"`
+	Tenant      string `json:"tenant"`
+	User        string `json:"user"`
+	Trust       string `json:"trust"`
+	Requested   string `json:"requested_mode"`
+	Resolved    string `json:"resolved_mode"`
+	Src         string `json:"source"`
+	Drv         string `json:"driver"`
+	Admission   string `json:"admission"`
+	Status      string `json:"status"`
+	FailureCode string `json:"failure_code"`
+	Disposition string `json:"disposition"`
+	CreatedAt   string `json:"created_at"`
+	FinishedAt  string `json:"finished_at"`
+}
+
+type eventRecord struct {
+	Seq     int64           `json:"seq"`
+	RunID   string          `json:"run_id"`
+	Name    string          `json:"name"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// lastRun is the newest run recorded in c's home, and its events.
+func (c *cli) lastRun(t *testing.T) (runRecord, []eventRecord) {
+	t.Helper()
+	var runs []runRecord
+	decodeJSON(t, c.run(t, "runs", "--json", "--limit", "1").want(t, 0).stdout, &runs)
+	if len(runs) != 1 {
+		t.Fatalf("runs: %+v", runs)
+	}
+	out := c.run(t, "events", "--run", runs[0].ID, "--json").want(t, 0).stdout
+	var evs []eventRecord
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var e eventRecord
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("event line %q: %v", line, err)
+		}
+		evs = append(evs, e)
+	}
+	return runs[0], evs
+}
+
+func names(evs []eventRecord) []string {
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Name)
+	}
+	return out
+}
+
+// TestDegradeOrRefuse: with no usable sandboxing driver, auto runs on the host loudly and records why, inline
+// refuses deterministically, and an untrusted run is refused; each leaves a run record and its events.
+func TestDegradeOrRefuse(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	ten := c.ten("acme")
+
+	r := c.runWith(t, nil, noDocker, "exec", "--tenant", ten, "--user", "u", "--sandbox", "auto", "--", "echo", "on-host").want(t, 0)
+	if r.stdout != "on-host\n" || !strings.Contains(r.stderr, "UNSANDBOXED") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+		t.Errorf("auto degrade: stdout %q, stderr %q (want one loud line)", r.stdout, r.stderr)
+	}
+	run, evs := c.lastRun(t)
+	if run.Admission != "admitted" || run.Status != "succeeded" || run.Drv != "host" || run.Resolved != "auto" || run.Src != "cli" {
+		t.Errorf("auto degrade run: %+v", run)
+	}
+	if n := names(evs); len(n) == 0 || n[0] != "sandbox_skipped" || strings.Contains(string(evs[0].Payload), `"refused"`) {
+		t.Errorf("auto degrade events: %v %s", n, evs[0].Payload)
+	}
+
+	c.runWith(t, nil, noDocker, "exec", "--tenant", ten, "--user", "u", "--sandbox", "inline", "--", "true").wantFailure(t, "SANDBOX_DRIVER_UNAVAILABLE")
+	run, evs = c.lastRun(t)
+	if run.Admission != "refused" || run.Status != "failed" || run.FailureCode != "SANDBOX_DRIVER_UNAVAILABLE" || run.Disposition != "deterministic" {
+		t.Errorf("inline refusal run: %+v", run)
+	}
+	if len(evs) != 1 || evs[0].Name != "sandbox_skipped" || !strings.Contains(string(evs[0].Payload), `"refused":true`) {
+		t.Errorf("inline refusal events: %+v", evs)
+	}
+
+	r = c.runWith(t, nil, noDocker, "exec", "--tenant", ten, "--user", "u", "--trust", "untrusted", "--", "true").wantFailure(t, "UNTRUSTED_WITHOUT_SANDBOX")
+	if !strings.Contains(r.stderr, "default") {
+		t.Errorf("the refusal must name the tier that decided (the built-in default): %s", r.stderr)
+	}
+	c.runWith(t, nil, append(noDocker[:1:1], "SANDKEEP_SANDBOX_DEFAULT=inline"),
+		"exec", "--tenant", ten, "--user", "u", "--", "true").wantFailure(t, "SANDBOX_DRIVER_UNAVAILABLE")
+	if run, _ := c.lastRun(t); run.Src != "env" || run.Resolved != "inline" {
+		t.Errorf("env tier: %+v", run)
+	}
+
+	// An explicit none is silent by design: no warning, no sandbox_skipped event.
+	r = c.runWith(t, nil, noDocker, "exec", "--tenant", ten, "--user", "u", "--sandbox", "none", "--", "echo", "plain").want(t, 0)
+	if r.stderr != "" {
+		t.Errorf("mode none printed %q", r.stderr)
+	}
+	if _, evs := c.lastRun(t); len(evs) > 0 && evs[0].Name == "sandbox_skipped" {
+		t.Errorf("mode none recorded sandbox_skipped")
+	}
+	c.runWith(t, nil, noDocker, "exec", "--tenant", ten, "--user", "u", "--sandbox", "none", "--trust", "untrusted", "--", "true").
+		wantFailure(t, "UNTRUSTED_WITHOUT_SANDBOX")
+	c.runWith(t, nil, noDocker, "exec", "--tenant", ten, "--user", "u", "--driver", "docker", "--", "true").
+		wantFailure(t, "SANDBOX_DRIVER_UNAVAILABLE")
+}
+
+// TestSpecAndDevcontainer: a spec without an image takes it from the repository's devcontainer.json; the
+// repository's credential-looking env is stripped, recorded by name only, and never reaches the sandbox.
+func TestSpecAndDevcontainer(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	repo := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(repo, ".devcontainer"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "ghp_sentinelSecretValue123"
+	dc := `{
+  // a repository's own description of its container
+  "image": "` + testutil.TestImage(t) + `",
+  "containerEnv": {"FROM_REPO": "repo-value", "GITHUB_TOKEN": "` + secret + `",},
+}`
+	if err := os.WriteFile(filepath.Join(repo, ".devcontainer", "devcontainer.json"), []byte(dc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	specFile := filepath.Join(repo, "sandkeep.yaml")
+	if err := os.WriteFile(specFile, []byte("sandbox:\n  mode: inline\n  env: {FROM_SPEC: spec-value}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := c.run(t, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "dev", "--",
+		"sh", "-c", `echo "$FROM_REPO $FROM_SPEC ${GITHUB_TOKEN:-stripped}"`).want(t, 0)
+	if r.stdout != "repo-value spec-value stripped\n" {
+		t.Errorf("env in the sandbox: %q", r.stdout)
+	}
+	run, evs := c.lastRun(t)
+	if run.Drv != "docker" || run.Src != "spec" || run.Resolved != "inline" {
+		t.Errorf("run: %+v", run)
+	}
+	all := c.run(t, "events", "--json").want(t, 0).stdout
+	if strings.Contains(all, secret) {
+		t.Fatal("a repository secret's value reached the event log")
+	}
+	if n := names(evs); len(n) < 3 || n[0] != "sandbox_env_denied" || !strings.Contains(string(evs[0].Payload), "GITHUB_TOKEN") {
+		t.Errorf("events: %v", n)
+	}
+
+	// What this build cannot apply is refused, never silently dropped.
+	bad := filepath.Join(repo, "secrets.yaml")
+	os.WriteFile(bad, []byte("sandbox:\n  image: x\n  secret_files: [{name: npmrc, path: /run/secrets/npmrc, from_env: NPM_RC}]\n"), 0o644)
+	c.run(t, "exec", "--spec", bad, "--user", "dev", "--", "true").wantFailure(t, "SPEC_UNSUPPORTED")
+	broken := filepath.Join(repo, "broken.yaml")
+	os.WriteFile(broken, []byte("sandbox:\n  mode: allowlist\n"), 0o644)
+	r = c.run(t, "exec", "--spec", broken, "--user", "dev", "--", "true").wantFailure(t, "SPEC_INVALID")
+	if !strings.Contains(r.stderr, "SK102") || !strings.Contains(r.stderr, ":2:") {
+		t.Errorf("diagnostic without code or line: %s", r.stderr)
+	}
+}
+
+// TestDoctor: exit 0 when everything passes, 1 with a fix line for a broken spec, 2 for bad usage.
+func TestDoctor(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	r := c.run(t, "doctor").want(t, 0)
+	for _, want := range []string{"host kind", "local", "Docker 20", "docker;", "auto, from default"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	broken := filepath.Join(t.TempDir(), "sandkeep.yaml")
+	os.WriteFile(broken, []byte("sandbox:\n  image: a\n  build: {dockerfile: Dockerfile}\n"), 0o644)
+	r = c.run(t, "doctor", "--strict", "--spec", broken).want(t, 1)
+	if !strings.Contains(r.stdout, "FAIL") || !strings.Contains(r.stdout, "SK103") || !strings.Contains(r.stdout, "fix:") {
+		t.Errorf("doctor --strict on a broken spec:\n%s", r.stdout)
+	}
+	c.run(t, "doctor", "--strict", "--image", "localhost:1/absent:none").want(t, 1)
+	c.run(t, "doctor", "--timeout", "0").want(t, 2)
+	r = c.runWith(t, nil, noDocker, "doctor", "--sandbox", "inline").want(t, 1)
+	if !strings.Contains(r.stdout, "inline refuses") {
+		t.Errorf("doctor without docker:\n%s", r.stdout)
+	}
+}
