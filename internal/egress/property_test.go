@@ -11,10 +11,14 @@ import (
 	"pgregory.net/rapid"
 )
 
-// labelGen is one DNS label as a person may write it: mixed case, or non-ASCII (converted to punycode).
+// labelGen is one DNS label as a person may write it: mixed case, or non-ASCII (converted to punycode). A label
+// with "--" in its third and fourth characters is reserved by IDNA for A-labels (xn--...), and NormalizeHost
+// rightly refuses a made-up one, so the generator does not draw those.
 func labelGen() *rapid.Generator[string] {
 	return rapid.OneOf(
-		rapid.StringMatching(`[a-zA-Z0-9]([a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?`),
+		rapid.StringMatching(`[a-zA-Z0-9]([a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?`).Filter(func(l string) bool {
+			return len(l) < 4 || l[2:4] != "--"
+		}),
 		rapid.SampledFrom([]string{"bücher", "straße", "пример", "例え", "ÄÖÜ", "xn--bcher-kva", "0x7g", "123"}),
 	)
 }
