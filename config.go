@@ -48,6 +48,12 @@ type Config struct {
 	// isolation at all and must only be chosen when policy allows it.
 	Driver string
 
+	// PostCreate runs once (sh -c) in every newly created sandbox before its first command; a failure removes
+	// the sandbox again (POST_CREATE_FAILED). SetupTimeout bounds providing a sandbox (pull, create, start,
+	// post-create): past it SANDBOX_SETUP_TIMEOUT. Defaults: none, 15m.
+	PostCreate   string
+	SetupTimeout time.Duration
+
 	// OnEvent receives the events that belong to no command (the sweeper's stops and removals); may be nil.
 	OnEvent EventFunc
 
@@ -117,6 +123,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
+		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
 	}, nil
 }
 

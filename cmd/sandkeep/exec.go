@@ -108,6 +108,7 @@ func newExec(g *globals) *cobra.Command {
 	f.StringVar(&pf.spec, "spec", "", "the project's sandkeep.yaml (default $SANDKEEP_SPEC); its directory is where devcontainer.json is looked up")
 	f.StringVar(&pf.sandbox, "sandbox", "", "sandbox mode: none, auto (sandbox if a driver is usable, else run on the host, loudly) or inline (sandbox or refuse); default: the spec's, else $SANDKEEP_SANDBOX_DEFAULT, else auto")
 	f.StringVar(&pf.trust, "trust", "trusted", "trusted, or untrusted: an untrusted run is refused rather than run outside a sandbox")
+	f.StringVar(&pf.run, "run", "", "attach this command to a running run (sandkeep runs start) instead of an implicit one; the run stays open")
 	f.StringVar(&pf.driver, "driver", "", "use this driver (docker, host); unavailable is an error, never a fallback")
 	return cmd
 }
@@ -145,22 +146,23 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 			return fail(err)
 		}
 	}
-	p, err := decide(ctx, g, pf)
-	if err != nil {
-		return fail(err)
-	}
 	st, err := g.openStore(ctx)
 	if err != nil {
 		return fail(err)
 	}
 	defer st.Close()
-	run, err := newRun(p, key, pf.sandbox)
+	if pf.run != "" { // a named run's trust was settled when it started; a command cannot raise it
+		if run, err := st.GetRun(ctx, pf.run); err == nil {
+			pf.trust = run.Trust
+		}
+	}
+	p, err := decide(ctx, g, pf)
 	if err != nil {
 		return fail(err)
 	}
-	// The admission verdict is recorded before anything runs, and before a refusal returns.
-	if err := st.CreateRun(ctx, run); err != nil {
-		return fail(fault.Wrap(err, fault.StoreUnavailable, "check the store (--store)", "cannot record the run"))
+	run, owned, err := attachRun(ctx, st, p, key, pf)
+	if err != nil {
+		return fail(err)
 	}
 	rec := &recorder{st: st, run: run.ID, stderr: g.stderr}
 	if ev, ok := deniedEvent(p.denied); ok {
@@ -191,12 +193,16 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 		err = applyErr
 	}
 	if err != nil {
-		_ = finishRun(st, run.ID, err)
+		if owned {
+			_ = finishRun(st, run.ID, err)
+		}
 		return fail(err)
 	}
 	defer m.Close()
 	res, err := m.Exec(ctx, key, req)
-	if ferr := finishRun(st, run.ID, err); ferr != nil {
+	if !owned {
+		// A named run (--run) stays open: whoever started it finishes it (sandkeep runs finish).
+	} else if ferr := finishRun(st, run.ID, err); ferr != nil {
 		fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
 	}
 	in, stopped := interruptedBy(ctx)

@@ -26,6 +26,7 @@ type policyFlags struct {
 	sandbox string // --sandbox: "" | none | auto | inline
 	trust   string // --trust: trusted | untrusted
 	driver  string // --driver: an explicit driver, which must be available
+	run     string // --run: a running run to attach to; "" for an implicit run of this command alone
 }
 
 // plan is what policy decided for one exec, before anything runs.
@@ -152,7 +153,6 @@ func unsupported(sb spec.Sandbox) error {
 	}
 	add(sb.Build != nil, "build")
 	add(len(sb.SecretFiles) > 0, "secret_files")
-	add(sb.PostCreate != "", "post_create")
 	add(len(sb.Tmpfs) > 0, "tmpfs")
 	add(sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace", "workspace_folder")
 	add(sb.HostState == "auto", "host_state: auto")
@@ -182,6 +182,7 @@ func apply(c *sandkeep.Config, sb spec.Sandbox) error {
 		c.Env = append(c.Env, k+"="+sb.Env[k])
 	}
 	c.Mounts = append(c.Mounts, sb.Mounts...)
+	c.PostCreate = sb.PostCreate
 	if r := sb.Resources; r != nil {
 		c.CPUs, c.PidsLimit = r.CPUs, r.Pids
 		if r.Memory != "" {

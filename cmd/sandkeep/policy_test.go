@@ -194,3 +194,32 @@ func TestDoctor(t *testing.T) {
 		t.Errorf("doctor without docker:\n%s", r.stdout)
 	}
 }
+
+// TestNamedRun: commands attach to a run opened with `runs start`; it stays open until `runs finish`, keeps the
+// trust it started with (a command's --trust cannot raise it), and a finished run takes no more commands.
+func TestNamedRun(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	ten := c.ten("acme")
+	id := strings.TrimSpace(c.run(t, "runs", "start", "--tenant", ten, "--user", "wf", "--trust", "untrusted").want(t, 0).stdout)
+	for range 2 {
+		c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "wf", "--", "true").want(t, 0)
+	}
+	// The run's trust holds: an untrusted run may not run without a sandbox, whatever the command says.
+	c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "wf", "--trust", "trusted", "--sandbox", "none", "--", "true").
+		wantFailure(t, "UNTRUSTED_WITHOUT_SANDBOX")
+	c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "other", "--", "true").wantFailure(t, "INVALID_ARGUMENT")
+
+	var runs []runRecord
+	decodeJSON(t, c.run(t, "runs", "--json").want(t, 0).stdout, &runs)
+	if len(runs) != 1 || runs[0].ID != id || runs[0].Status != "running" || runs[0].Trust != "untrusted" {
+		t.Fatalf("runs: %+v", runs)
+	}
+	evs := c.run(t, "events", "--run", id, "--json").want(t, 0).stdout
+	if n := strings.Count(evs, `"exec_finished"`); n != 2 {
+		t.Errorf("%d exec_finished events in the run, want 2", n)
+	}
+	c.run(t, "runs", "finish", id).want(t, 0)
+	c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "wf", "--", "true").wantFailure(t, "INVALID_ARGUMENT")
+	c.run(t, "runs", "finish", id).wantFailure(t, "INVALID_ARGUMENT")
+}

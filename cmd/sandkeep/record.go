@@ -114,3 +114,32 @@ func finishRun(st store.Store, id string, err error) error {
 	defer cancel()
 	return st.UpdateRun(ctx, id, upd)
 }
+
+// attachRun returns the run this command belongs to, and whether the command owns it (an implicit run, created
+// here and finished when the command ends). A named run (--run) must exist, be running, and belong to the same
+// tenant and user; a refusal is then recorded as an event of that run, which stays open. The admission verdict
+// of an implicit run is recorded before anything runs, and before a refusal returns.
+func attachRun(ctx context.Context, st store.Store, p *plan, key sandkeep.Key, pf policyFlags) (store.Run, bool, error) {
+	if pf.run == "" {
+		run, err := newRun(p, key, pf.sandbox)
+		if err != nil {
+			return run, false, err
+		}
+		if err := st.CreateRun(ctx, run); err != nil {
+			return run, false, fault.Wrap(err, fault.StoreUnavailable, "check the store (--store)", "cannot record the run")
+		}
+		return run, true, nil
+	}
+	run, err := st.GetRun(ctx, pf.run)
+	const hint = "start one with `sandkeep runs start --tenant T --user U`; `sandkeep runs` lists them"
+	switch {
+	case err != nil:
+		return run, false, fault.Wrap(err, fault.NotFound, hint, "no run %q", pf.run)
+	case run.Tenant != key.Tenant || run.User != key.User:
+		return run, false, fault.New(fault.InvalidArgument, hint, "run %s belongs to %s/%s, not to %s/%s",
+			run.ID, run.Tenant, run.User, key.Tenant, key.User)
+	case run.Status != store.StatusRunning:
+		return run, false, fault.New(fault.InvalidArgument, hint, "run %s is %s: only a running run takes commands", run.ID, run.Status)
+	}
+	return run, false, nil
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
@@ -52,6 +53,86 @@ func newRuns(g *globals) *cobra.Command {
 	fl.StringVar(&f.User, "user", "", "only this user's runs")
 	fl.StringVar(&f.Status, "status", "", "only runs in this status: running, succeeded, failed, failed_resumable")
 	fl.IntVar(&f.Limit, "limit", 50, "at most this many runs (0: all)")
+	cmd.AddCommand(newRunsStart(g), newRunsFinish(g))
+	return cmd
+}
+
+func newRunsStart(g *globals) *cobra.Command {
+	var (
+		w  who
+		pf policyFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "start --user U [--tenant T] [--trust untrusted] [--sandbox MODE] [--spec FILE]",
+		Short: "Open a run that several commands attach to (exec --run ID); prints its id",
+		Long: "start records a running, admitted run with the mode and driver policy resolves now, and prints its id.\n" +
+			"Commands attach to it with `sandkeep exec --run ID` (each is still admitted on its own, with the run's\n" +
+			"trust); `sandkeep runs finish ID` closes it.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			key, err := w.key(cmd)
+			if err != nil {
+				return err
+			}
+			p, err := decide(cmd.Context(), g, pf)
+			if err != nil {
+				return err
+			}
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			run, _, err := attachRun(cmd.Context(), st, p, key, policyFlags{sandbox: pf.sandbox})
+			if err != nil {
+				return err
+			}
+			if p.decision.Action == policy.Refuse {
+				return p.decision.Err
+			}
+			fmt.Fprintln(g.stdout, run.ID)
+			return nil
+		},
+	}
+	w.bind(cmd)
+	f := cmd.Flags()
+	f.StringVar(&pf.spec, "spec", "", "the project's sandkeep.yaml (default $SANDKEEP_SPEC)")
+	f.StringVar(&pf.sandbox, "sandbox", "", "sandbox mode: none, auto or inline")
+	f.StringVar(&pf.trust, "trust", "trusted", "trusted or untrusted; every command of the run gets it")
+	f.StringVar(&pf.driver, "driver", "", "require this driver")
+	return cmd
+}
+
+func newRunsFinish(g *globals) *cobra.Command {
+	var status, code string
+	cmd := &cobra.Command{
+		Use:   "finish ID [--status succeeded|failed|failed_resumable] [--code CODE]",
+		Short: "Close a run opened with `sandkeep runs start`",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			upd := store.RunUpdate{Status: status, FailureCode: code}
+			if status != store.StatusSucceeded {
+				upd.Disposition = store.DispositionDeterministic
+				if status == store.StatusFailedResumable {
+					upd.Disposition = store.DispositionInfrastructure
+				}
+				if upd.FailureCode == "" {
+					return fault.New(fault.InvalidArgument, "pass --code with the failure's code", "a %s run needs a failure code", status)
+				}
+			}
+			if err := st.UpdateRun(cmd.Context(), args[0], upd); err != nil {
+				return fault.Wrap(err, fault.InvalidArgument, "`sandkeep runs` lists the runs and their status", "cannot finish run %s: %v", args[0], err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&status, "status", store.StatusSucceeded, "succeeded, failed or failed_resumable")
+	cmd.Flags().StringVar(&code, "code", "", "the failure code of a failed run")
 	return cmd
 }
 

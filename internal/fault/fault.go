@@ -35,6 +35,7 @@ const (
 	SpecUnsupported      Code = "SPEC_UNSUPPORTED"      // the spec asks for something this build cannot apply yet
 	StoreUnavailable     Code = "STORE_UNAVAILABLE"     // the run store (SQLite file or PostgreSQL) cannot be opened
 	PreflightFailed      Code = "PREFLIGHT_FAILED"      // SANDKEEP_PREFLIGHT=1 and a doctor check failed
+	PostCreateFailed     Code = "POST_CREATE_FAILED"    // the spec's post_create failed in a new sandbox (which was removed)
 
 	// Policy: degrade or refuse (internal/policy).
 	SandboxCapacity          Code = "SANDBOX_CAPACITY"           // the engine refused a sandbox for lack of capacity; retry may help

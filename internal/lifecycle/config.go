@@ -56,6 +56,15 @@ type Config struct {
 	// engine's exec), TransportAgent (the channel only) or TransportExec (the engine's exec only).
 	Transport Transport
 
+	// PostCreate, when set, runs once (`sh -c`) in every newly created sandbox before its first command;
+	// PostCreateTimeout bounds it (default 10m). A post-create that fails removes the sandbox again, so the next
+	// run retries it.
+	PostCreate        string
+	PostCreateTimeout time.Duration
+	// SetupTimeout bounds providing a sandbox (image pull, create, start, post-create); past it the command
+	// fails with SANDBOX_SETUP_TIMEOUT (a retry may help). Default 15m.
+	SetupTimeout time.Duration
+
 	// OnEvent receives the events that belong to no caller's run (the sweeper's); may be nil.
 	OnEvent Sink
 
@@ -108,6 +117,8 @@ func (c *Config) setDefaults() {
 	defDur(&c.Retention, DefaultRetention)
 	defDur(&c.StopGrace, DefaultStopGrace)
 	defDur(&c.Grace, DefaultGrace)
+	defDur(&c.PostCreateTimeout, 10*time.Minute)
+	defDur(&c.SetupTimeout, 15*time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -25,8 +27,23 @@ const (
 	DecisionAdopt    Decision = "adopt"    // another process created it first
 )
 
-// ensure returns key's running, compatible sandbox and what it did to get it. The caller holds key's gate.
+// ensure returns key's running, compatible sandbox and what it did to get it, within SetupTimeout. The caller
+// holds key's gate.
 func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox, Decision, error) {
+	sctx, cancel := context.WithTimeout(ctx, m.cfg.SetupTimeout)
+	defer cancel()
+	sb, d, err := m.provide(sctx, key)
+	if err != nil && ctx.Err() == nil && (sctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
+		return nil, "", fault.Wrap(err, fault.SandboxSetupTimeout,
+			"retry; if it keeps happening, pull or build the image ahead of time (or raise the setup bound)",
+			"providing the sandbox for %s (image pull, create, start, post-create) stalled past its bound of %s",
+			key, m.cfg.SetupTimeout)
+	}
+	return sb, d, err
+}
+
+// provide is ensure's body: reuse, start, recreate, create or adopt.
+func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbox, Decision, error) {
 	imageID, err := m.images.resolve(ctx, m.cfg.Image)
 	if err != nil {
 		return nil, "", err
@@ -60,7 +77,14 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 			m.decided(key, sb, DecisionCreate)
 			m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
 				Image: m.cfg.Image, Created: true})
-			return m.started(ctx, key, sb, DecisionCreate)
+			running, d, err := m.started(ctx, key, sb, DecisionCreate)
+			if err != nil {
+				return nil, "", err
+			}
+			if err := m.postCreate(ctx, key, running); err != nil {
+				return nil, "", err
+			}
+			return running, d, nil
 		case err != nil:
 			return nil, "", err
 		}
