@@ -89,4 +89,12 @@ for transport in "${passes[@]}"; do
 		go test -race -count=1 -timeout 45m "${flags[@]}" "${run_pkgs[@]}" || fail "go test (transport $transport)"
 done
 
+# Last and alone: a test that restarts the Docker daemon (every container stops), which would disturb any test
+# running beside it. Only in a full run.
+if [ "${pkgs[*]}" = "./..." ]; then
+	phase "go test -race: the daemon restarts under a long-lived manager (alone)"
+	SANDKEEP_TEST_DAEMON_RESTART=1 SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
+		go test -race -count=1 -timeout 10m -run '^TestDaemonRestart$' . || fail "go test (daemon restart)"
+fi
+
 phase "OK"
