@@ -250,6 +250,9 @@ func (st *doctorState) checkImage(ctx context.Context, g *globals) doctor.Result
 	if err != nil {
 		return fail(err)
 	}
+	if b := st.sb.Build; b != nil {
+		return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("built from %s when a run needs it (the context is checked then)", b.Dockerfile)}
+	}
 	image := st.sb.Image
 	if image == "" {
 		image = c.Image

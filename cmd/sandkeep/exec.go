@@ -178,6 +178,13 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 		fmt.Fprintln(g.stderr, p.decision.CLILine) // one loud line, prefixed by policy
 	}
 	req.OnEvent = rec.event
+	image, err := buildImage(ctx, p, rec, g.stderr)
+	if err != nil {
+		if owned {
+			_ = finishRun(st, run.ID, err)
+		}
+		return fail(err)
+	}
 	var applyErr error
 	m, err := g.open(ctx, func(c *sandkeep.Config) {
 		if gateWait > 0 {
@@ -185,6 +192,9 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 		}
 		c.Driver = p.decision.Driver
 		applyErr = apply(c, p.sandbox)
+		if image != "" {
+			c.Image = image
+		}
 	})
 	if applyErr != nil {
 		if m != nil {

@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/build"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/diag"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
@@ -35,6 +37,7 @@ type plan struct {
 	trust    policy.Trust
 	decision policy.Decision
 	sandbox  spec.Sandbox // the effective sandbox block (spec fused with devcontainer.json)
+	root     string       // the repository root (the spec's directory); "" without a spec
 	denied   []devcontainer.Event
 }
 
@@ -42,11 +45,11 @@ type plan struct {
 // Diagnostics that are only warnings go to stderr; errors fail with SPEC_INVALID.
 func decide(ctx context.Context, g *globals, f policyFlags) (*plan, error) {
 	p := &plan{}
-	sb, denied, err := loadSpec(g.stderr, f.spec)
+	sb, root, denied, err := loadSpec(g.stderr, f.spec)
 	if err != nil {
 		return nil, err
 	}
-	p.sandbox, p.denied = sb, denied
+	p.sandbox, p.root, p.denied = sb, root, denied
 	if p.trust, err = policy.ParseTrust(f.trust); err != nil {
 		return nil, err
 	}
@@ -97,17 +100,17 @@ func candidates(g *globals) map[string]policy.Candidate {
 
 // loadSpec reads the spec named by flag or $SANDKEEP_SPEC, fuses devcontainer.json when the spec names no image
 // and no build, and refuses what this build cannot honour yet (fail closed: nothing is silently ignored).
-func loadSpec(stderr io.Writer, flag string) (spec.Sandbox, []devcontainer.Event, error) {
+func loadSpec(stderr io.Writer, flag string) (spec.Sandbox, string, []devcontainer.Event, error) {
 	path := flag
 	if path == "" {
 		path = os.Getenv("SANDKEEP_SPEC")
 	}
 	if path == "" {
-		return spec.Sandbox{}, nil, nil
+		return spec.Sandbox{}, "", nil, nil
 	}
 	f, list := spec.Load(path)
 	if err := report(stderr, list, path); err != nil {
-		return spec.Sandbox{}, nil, err
+		return spec.Sandbox{}, "", nil, err
 	}
 	sb := f.Sandbox
 	var denied []devcontainer.Event
@@ -115,12 +118,12 @@ func loadSpec(stderr io.Writer, flag string) (spec.Sandbox, []devcontainer.Event
 		dc, list, found := devcontainer.Load(f.Root, devcontainer.Env{Lookup: os.LookupEnv})
 		if found {
 			if err := report(stderr, list, "devcontainer.json"); err != nil {
-				return spec.Sandbox{}, nil, err
+				return spec.Sandbox{}, "", nil, err
 			}
 			sb, denied = devcontainer.Fuse(dc, &sb, nil)
 		}
 	}
-	return sb, denied, unsupported(sb)
+	return sb, f.Root, denied, unsupported(sb)
 }
 
 // report prints warnings and turns errors into one SPEC_INVALID failure that lists them all.
@@ -151,7 +154,6 @@ func unsupported(sb spec.Sandbox) error {
 			fields = append(fields, field)
 		}
 	}
-	add(sb.Build != nil, "build")
 	add(len(sb.SecretFiles) > 0, "secret_files")
 	add(len(sb.Tmpfs) > 0, "tmpfs")
 	add(sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace", "workspace_folder")
@@ -206,4 +208,58 @@ func deniedEvent(denied []devcontainer.Event) (events.SandboxEnvDenied, bool) {
 		ev.Keys = append(ev.Keys, d.Key)
 	}
 	return ev, true
+}
+
+// buildImage builds the spec's image through the engine when the run goes to Docker (a run on the host has no
+// image), recording sandbox_build_* events; progress goes to stderr. It returns the image to use.
+func buildImage(ctx context.Context, p *plan, rec *recorder, stderr io.Writer) (string, error) {
+	b := p.sandbox.Build
+	if b == nil || p.decision.Driver != sandkeep.DriverDocker {
+		return "", nil
+	}
+	d, err := docker.New(docker.Options{})
+	if err != nil {
+		return "", fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+	}
+	rec.event(events.NameSandboxBuildStarted, events.SandboxBuildStarted{Dockerfile: b.Dockerfile, Context: b.Context})
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, buildBound)
+	defer cancel()
+	ref, _, err := d.Build(ctx, build.Request{Root: p.root, Dockerfile: b.Dockerfile, Context: b.Context, Args: b.Args},
+		prefixed{w: stderr, prefix: "build: "})
+	took := time.Since(start).Milliseconds()
+	if err != nil {
+		// The event names the failure's code, never the daemon's line: it may quote a RUN with secrets.
+		rec.event(events.NameSandboxBuildFailed, events.SandboxBuildFailed{Error: string(failureCode(err)), DurationMS: took})
+		return "", err
+	}
+	rec.event(events.NameSandboxBuildFinished, events.SandboxBuildFinished{Image: ref, DurationMS: took})
+	return ref, nil
+}
+
+// buildBound bounds an image build; past it the run fails as SANDBOX_SETUP_TIMEOUT.
+const buildBound = 30 * time.Minute
+
+func failureCode(err error) fault.Code {
+	if c := fault.CodeOf(err); c != "" {
+		return c
+	}
+	return fault.BuildFailed
+}
+
+// prefixed writes each line with a prefix (the build's progress, on stderr).
+type prefixed struct {
+	w      io.Writer
+	prefix string
+}
+
+func (p prefixed) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line != "" {
+			if _, err := io.WriteString(p.w, p.prefix+line); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return len(b), nil
 }

@@ -223,3 +223,38 @@ func TestNamedRun(t *testing.T) {
 	c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "wf", "--", "true").wantFailure(t, "INVALID_ARGUMENT")
 	c.run(t, "runs", "finish", id).wantFailure(t, "INVALID_ARGUMENT")
 }
+
+// TestSpecBuild: a spec's build: is built through the engine (no pull, no network), used for the sandbox, and
+// recorded; the same inputs reuse the image.
+func TestSpecBuild(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	repo := t.TempDir()
+	files := map[string]string{
+		"Dockerfile":    "FROM " + testutil.TestImage(t) + "\nARG GREETING\nCOPY hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\n",
+		"hello.txt":     "from the build context\n",
+		"sandkeep.yaml": "sandbox:\n  mode: inline\n  build: {dockerfile: Dockerfile, context: ., args: {GREETING: hi}}\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(repo, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := filepath.Join(repo, "sandkeep.yaml")
+	r := c.run(t, "exec", "--spec", spec, "--tenant", c.ten("acme"), "--user", "b", "--", "cat", "/hello.txt", "/greeting").want(t, 0)
+	if r.stdout != "from the build context\nhi\n" || !strings.Contains(r.stderr, "build: ") {
+		t.Fatalf("stdout %q, stderr %q", r.stdout, r.stderr)
+	}
+	_, evs := c.lastRun(t)
+	if n := names(evs); len(n) < 2 || n[0] != "sandbox_build_started" || n[1] != "sandbox_build_finished" {
+		t.Fatalf("events: %v", n)
+	}
+	var fin struct{ Image string }
+	json.Unmarshal(evs[1].Payload, &fin)
+	t.Cleanup(func() { testutil.RemoveImage(t, fin.Image) })
+	c.run(t, "exec", "--spec", spec, "--tenant", c.ten("acme"), "--user", "b", "--", "true").want(t, 0)
+
+	escape := filepath.Join(repo, "escape.yaml")
+	os.WriteFile(escape, []byte("sandbox:\n  build: {dockerfile: ../Dockerfile}\n"), 0o644)
+	c.run(t, "exec", "--spec", escape, "--user", "b", "--", "true").wantFailure(t, "SPEC_INVALID")
+}

@@ -36,6 +36,8 @@ const (
 	StoreUnavailable     Code = "STORE_UNAVAILABLE"     // the run store (SQLite file or PostgreSQL) cannot be opened
 	PreflightFailed      Code = "PREFLIGHT_FAILED"      // SANDKEEP_PREFLIGHT=1 and a doctor check failed
 	PostCreateFailed     Code = "POST_CREATE_FAILED"    // the spec's post_create failed in a new sandbox (which was removed)
+	BuildContextInvalid  Code = "BUILD_CONTEXT_INVALID" // a build's Dockerfile or context cannot be sent (escapes, special files, limits)
+	BuildFailed          Code = "BUILD_FAILED"          // the engine ran the image build and it failed
 
 	// Policy: degrade or refuse (internal/policy).
 	SandboxCapacity          Code = "SANDBOX_CAPACITY"           // the engine refused a sandbox for lack of capacity; retry may help

@@ -316,3 +316,17 @@ func checkStatic(path string) error {
 	}
 	return nil
 }
+
+// RemoveImage force-removes ref (an image a test built); an image already gone is fine.
+func RemoveImage(t testing.TB, ref string) {
+	t.Helper()
+	if ref == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := Docker(t).ImageRemove(ctx, ref, client.ImageRemoveOptions{Force: true, PruneChildren: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		t.Errorf("remove image %s: %v", ref, err)
+	}
+}

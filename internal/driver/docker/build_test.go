@@ -1,0 +1,381 @@
+package docker_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+
+	"github.com/sandkeep/sandkeep/internal/build"
+	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/testutil"
+)
+
+var _ build.Builder = (*docker.Driver)(nil)
+
+// countingEngine is the real client, counting the calls a build makes to the daemon.
+type countingEngine struct {
+	*client.Client
+	inspects atomic.Int32
+	builds   atomic.Int32
+}
+
+func (c *countingEngine) ImageInspect(ctx context.Context, ref string, opts ...client.ImageInspectOption) (client.ImageInspectResult, error) {
+	c.inspects.Add(1)
+	return c.Client.ImageInspect(ctx, ref, opts...)
+}
+
+func (c *countingEngine) ImageBuild(ctx context.Context, r io.Reader, opts client.ImageBuildOptions) (client.ImageBuildResult, error) {
+	c.builds.Add(1)
+	return c.Client.ImageBuild(ctx, r, opts)
+}
+
+func newBuildDriver(t *testing.T) (*docker.Driver, *countingEngine) {
+	t.Helper()
+	eng := &countingEngine{Client: testutil.Docker(t)}
+	return docker.NewWithEngine(eng, docker.Options{}), eng
+}
+
+// buildRepo writes a repository whose files are unique to this test run (a nonce), so an image left behind by
+// an earlier run is never a cache hit here.
+func buildRepo(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	files["nonce.txt"] = fmt.Sprintf("%s %d\n", t.Name(), time.Now().UnixNano())
+	for p, content := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+// removeImage removes ref (and its untagged parents) when the test ends.
+func removeImage(t *testing.T, ref string) {
+	t.Helper()
+	cli := testutil.Docker(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := cli.ImageRemove(ctx, ref, client.ImageRemoveOptions{Force: true, PruneChildren: true})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("cleanup: remove image %s: %v", ref, err)
+		}
+	})
+}
+
+// imageFiles reads paths out of image (a created, never started container): path -> tar entry + body. A path
+// that does not exist is absent from the result.
+func imageFiles(t *testing.T, image string, paths ...string) map[string]fileInImage {
+	t.Helper()
+	cli := testutil.Docker(t)
+	ctx := t.Context()
+	c, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config:     &container.Config{Image: image, Cmd: []string{"true"}},
+		HostConfig: &container.HostConfig{NetworkMode: "none"},
+	})
+	if err != nil {
+		t.Fatalf("create container from %s: %v", image, err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true}); err != nil {
+			t.Errorf("remove container: %v", err)
+		}
+	}()
+	out := map[string]fileInImage{}
+	for _, p := range paths {
+		res, err := cli.CopyFromContainer(ctx, c.ID, client.CopyFromContainerOptions{SourcePath: p})
+		if cerrdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("copy %s from %s: %v", p, image, err)
+		}
+		raw, err := io.ReadAll(res.Content)
+		res.Content.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := tar.NewReader(bytes.NewReader(raw))
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("copy %s: %v", p, err)
+		}
+		body, _ := io.ReadAll(tr)
+		out[p] = fileInImage{typ: h.Typeflag, linkname: h.Linkname, body: string(body), raw: raw}
+	}
+	return out
+}
+
+type fileInImage struct {
+	typ      byte
+	linkname string
+	body     string
+	raw      []byte // the whole archive the daemon sent
+}
+
+func TestBuild(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, eng := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{
+		".devcontainer/Dockerfile": "FROM " + base + "\n" +
+			"COPY hello.txt /hello.txt\n" +
+			"ARG GREETING\n" +
+			"RUN echo $GREETING > /greeting\n" +
+			"RUN ls /sys/class/net > /ifaces\n" +
+			"COPY . /ctx/\n",
+		"hello.txt":     "hello from the context\n",
+		"ignored.txt":   "must not reach the image\n",
+		".dockerignore": "ignored.txt\n",
+	})
+	if err := os.Symlink("/etc/passwd", filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	req := build.Request{Root: root, Dockerfile: ".devcontainer/Dockerfile", Context: ".", Args: map[string]string{"GREETING": "hi there"}}
+
+	var progress bytes.Buffer
+	ref, id, err := d.Build(t.Context(), req, &progress)
+	if ref != "" {
+		removeImage(t, ref)
+	}
+	if err != nil {
+		t.Fatalf("Build: %v\n%s", err, progress.String())
+	}
+	if !regexp.MustCompile(`^sandkeep-build-[0-9a-f]{24}:latest$`).MatchString(ref) || !strings.HasPrefix(id, "sha256:") {
+		t.Fatalf("ref %q id %q", ref, id)
+	}
+	if n := eng.builds.Load(); n != 1 {
+		t.Fatalf("%d ImageBuild calls, want 1", n)
+	}
+	if !regexp.MustCompile(`Step 1/\d+ : FROM ` + regexp.QuoteMeta(base)).MatchString(progress.String()) {
+		t.Errorf("progress has no steps:\n%s", progress.String())
+	}
+
+	hostPasswd, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := imageFiles(t, id, "/hello.txt", "/greeting", "/ifaces", "/ctx/link", "/ctx/ignored.txt", "/ctx/hello.txt", "/ctx")
+	if got := files["/hello.txt"].body; got != "hello from the context\n" {
+		t.Errorf("/hello.txt = %q", got)
+	}
+	if got := files["/greeting"].body; got != "hi there\n" {
+		t.Errorf("/greeting = %q", got)
+	}
+	if got := files["/ifaces"].body; got != "lo\n" {
+		t.Errorf("RUN saw network interfaces %q, want only lo (network mode none)", got)
+	}
+	if l := files["/ctx/link"]; l.typ != tar.TypeSymlink || l.linkname != "/etc/passwd" {
+		t.Errorf("/ctx/link = type %q target %q, want a symlink to /etc/passwd", l.typ, l.linkname)
+	}
+	if _, ok := files["/ctx/ignored.txt"]; ok {
+		t.Error(".dockerignore'd file reached the image")
+	}
+	if _, ok := files["/ctx/hello.txt"]; !ok {
+		t.Error("/ctx/hello.txt missing")
+	}
+	if len(hostPasswd) > 0 && bytes.Contains(files["/ctx"].raw, hostPasswd) {
+		t.Error("the host's /etc/passwd content reached the image")
+	}
+
+	t.Run("same inputs are a cache hit", func(t *testing.T) {
+		var progress bytes.Buffer
+		ref2, id2, err := d.Build(t.Context(), req, &progress)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref2 != ref || id2 != id {
+			t.Errorf("second build: %s %s, want %s %s", ref2, id2, ref, id)
+		}
+		if n := eng.builds.Load(); n != 1 {
+			t.Errorf("%d ImageBuild calls, want still 1", n)
+		}
+		if !strings.Contains(progress.String(), "already built") {
+			t.Errorf("progress = %q", progress.String())
+		}
+	})
+	t.Run("another arg is another image", func(t *testing.T) {
+		req := req
+		req.Args = map[string]string{"GREETING": "bonjour"}
+		ref3, id3, err := d.Build(t.Context(), req, nil)
+		if ref3 != "" {
+			removeImage(t, ref3)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref3 == ref || id3 == id {
+			t.Fatalf("same image for another arg: %s %s", ref3, id3)
+		}
+		if got := imageFiles(t, id3, "/greeting")["/greeting"].body; got != "bonjour\n" {
+			t.Errorf("/greeting = %q", got)
+		}
+	})
+	t.Run("a moved tag is rebuilt", func(t *testing.T) {
+		cli := testutil.Docker(t)
+		if _, err := cli.ImageTag(t.Context(), client.ImageTagOptions{Source: base, Target: ref}); err != nil {
+			t.Fatal(err)
+		}
+		before := eng.builds.Load()
+		ref4, id4, err := d.Build(t.Context(), req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref4 != ref || id4 != id || eng.builds.Load() != before+1 {
+			t.Errorf("after a retag: %s %s, builds %d -> %d", ref4, id4, before, eng.builds.Load())
+		}
+	})
+}
+
+func TestBuildFailingRun(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, _ := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\nRUN echo boom-marker; exit 3\n"})
+	var progress bytes.Buffer
+	ref, _, err := d.Build(t.Context(), build.Request{Root: root}, &progress)
+	if ref != "" {
+		removeImage(t, ref)
+		t.Fatalf("a failed build returned %s", ref)
+	}
+	if !fault.Is(err, build.CodeFailed) || !strings.Contains(err.Error(), "returned a non-zero code: 3") {
+		t.Fatalf("err = %v, want %s with the daemon's message", err, build.CodeFailed)
+	}
+	if !strings.Contains(progress.String(), "boom-marker") {
+		t.Errorf("progress lacks the RUN's output:\n%s", progress.String())
+	}
+}
+
+// TestBuildNoNetwork: RUN steps cannot reach the network (network mode none). The address is never contacted:
+// without an interface other than lo, connecting fails at once.
+func TestBuildNoNetwork(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, _ := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\nRUN nc -w 5 192.0.2.1 80 </dev/null\n"})
+	var progress bytes.Buffer
+	start := time.Now()
+	ref, _, err := d.Build(t.Context(), build.Request{Root: root}, &progress)
+	if ref != "" {
+		removeImage(t, ref)
+	}
+	if !fault.Is(err, build.CodeFailed) {
+		t.Fatalf("err = %v, want %s", err, build.CodeFailed)
+	}
+	if !strings.Contains(progress.String(), "Network is unreachable") {
+		t.Errorf("nc did not fail for lack of a network:\n%s", progress.String())
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Errorf("took %v", time.Since(start))
+	}
+}
+
+func TestBuildMissingBase(t *testing.T) {
+	d, _ := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM localhost:1/sandkeep-missing:none\n"})
+	_, _, err := d.Build(t.Context(), build.Request{Root: root}, nil)
+	if !fault.Is(err, build.CodeFailed) {
+		t.Fatalf("err = %v, want %s", err, build.CodeFailed)
+	}
+}
+
+// TestBuildRefusedBeforeDocker: a request that leaves the repository never reaches the daemon.
+func TestBuildRefusedBeforeDocker(t *testing.T) {
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "Dockerfile"), []byte("FROM scratch\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		req  build.Request
+	}{
+		{"parent context", build.Request{Context: "../"}},
+		{"absolute context", build.Request{Context: outside}},
+		{"absolute dockerfile", build.Request{Dockerfile: filepath.Join(outside, "Dockerfile")}},
+		{"parent dockerfile", build.Request{Dockerfile: "sub/../../Dockerfile"}},
+		{"symlinked context", build.Request{Context: "out", Dockerfile: "Dockerfile"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, eng := newBuildDriver(t)
+			root := buildRepo(t, map[string]string{"Dockerfile": "FROM scratch\n"})
+			if err := os.Symlink(outside, filepath.Join(root, "out")); err != nil {
+				t.Fatal(err)
+			}
+			req := tt.req
+			req.Root = root
+			_, _, err := d.Build(t.Context(), req, nil)
+			if !fault.Is(err, build.CodeContextInvalid) {
+				t.Fatalf("err = %v, want %s", err, build.CodeContextInvalid)
+			}
+			if eng.inspects.Load() != 0 || eng.builds.Load() != 0 {
+				t.Fatalf("the daemon was called: %d inspects, %d builds", eng.inspects.Load(), eng.builds.Load())
+			}
+		})
+	}
+}
+
+// TestBuildCancelled: ctx bounds the build; the error wraps ctx's cause.
+func TestBuildCancelled(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, _ := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\nRUN sleep 60\n"})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	ref, _, err := d.Build(ctx, build.Request{Root: root}, nil)
+	if ref != "" {
+		removeImage(t, ref)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want context.DeadlineExceeded", err)
+	}
+	if time.Since(start) > 20*time.Second {
+		t.Errorf("took %v", time.Since(start))
+	}
+}
+
+// TestBuildDockerfileOutsideContext: a Dockerfile elsewhere in the repository is sent under the reserved name
+// and never reaches the image, nor does the .dockerignore sandkeep wrote for it.
+func TestBuildDockerfileOutsideContext(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, _ := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{
+		".devcontainer/Dockerfile": "FROM " + base + "\nCOPY . /ctx/\n",
+		"app/main.txt":             "main\n",
+	})
+	ref, id, err := d.Build(t.Context(), build.Request{Root: root, Context: "app", Dockerfile: ".devcontainer/Dockerfile"}, nil)
+	if ref != "" {
+		removeImage(t, ref)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := imageFiles(t, id, "/ctx/main.txt", "/ctx/"+build.ReservedDockerfile, "/ctx/.dockerignore", "/ctx/nonce.txt")
+	if files["/ctx/main.txt"].body != "main\n" {
+		t.Errorf("/ctx/main.txt = %q", files["/ctx/main.txt"].body)
+	}
+	for _, p := range []string{"/ctx/" + build.ReservedDockerfile, "/ctx/.dockerignore", "/ctx/nonce.txt"} {
+		if _, ok := files[p]; ok {
+			t.Errorf("%s reached the image", p)
+		}
+	}
+}
