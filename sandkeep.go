@@ -114,7 +114,13 @@ type ExecRequest struct {
 	Stderr io.Writer
 	// OnEvent, when set, receives this command's events: ensure decisions, exec started and finished.
 	OnEvent EventFunc
+	// Secrets are files placed under /run/secrets (a tmpfs owned by the sandbox user) for this command only,
+	// and removed when it ends. Their values travel as the agent's stdin: never in argv, env, logs or events.
+	Secrets []Secret
 }
+
+// Secret is one secret file for one command. Mode 0 means 0400.
+type Secret = lifecycle.Secret
 
 // ExecResult is the outcome of one command.
 type ExecResult struct {
@@ -156,7 +162,7 @@ func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResu
 	res, err := m.lc.Exec(ctx, key, lifecycle.ExecRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
-		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: lifecycle.Sink(req.OnEvent),
+		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: lifecycle.Sink(req.OnEvent), Secrets: req.Secrets,
 	})
 	if res == nil {
 		return nil, err

@@ -42,6 +42,9 @@ func main() {
 		}
 		os.Exit(runInit(channel))
 	}
+	if code, ok := fileBuiltin(os.Args[1:]); ok { // put-file, rm-file: see files_linux.go
+		os.Exit(code)
+	}
 	if len(os.Args) != 2 {
 		usage()
 	}

@@ -178,6 +178,14 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 		fmt.Fprintln(g.stderr, p.decision.CLILine) // one loud line, prefixed by policy
 	}
 	req.OnEvent = rec.event
+	if !p.decision.FileSecretsDropped { // on the host passthrough they are dropped, and sandbox_skipped says so
+		if req.Secrets, err = secrets(p.sandbox); err != nil {
+			if owned {
+				_ = finishRun(st, run.ID, err)
+			}
+			return fail(err)
+		}
+	}
 	image, err := buildImage(ctx, p, rec, g.stderr)
 	if err != nil {
 		if owned {

@@ -15,9 +15,11 @@ import (
 	"github.com/sandkeep/sandkeep/internal/build"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/diag"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
@@ -154,7 +156,6 @@ func unsupported(sb spec.Sandbox) error {
 			fields = append(fields, field)
 		}
 	}
-	add(len(sb.SecretFiles) > 0, "secret_files")
 	add(len(sb.Tmpfs) > 0, "tmpfs")
 	add(sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace", "workspace_folder")
 	add(sb.HostState == "auto", "host_state: auto")
@@ -262,4 +263,54 @@ func (p prefixed) Write(b []byte) (int, error) {
 		}
 	}
 	return len(b), nil
+}
+
+// maxSecretFile bounds a secret read from a host file.
+const maxSecretFile = 1 << 20
+
+// secrets reads the values of the spec's secret files. from_env reads this process's environment; from_file
+// reads a host file, which must pass the mount guard's source rules (a repository's spec may be a stranger's:
+// it must not be able to name ~/.ssh/id_rsa). Values are never put into errors.
+func secrets(sb spec.Sandbox) ([]sandkeep.Secret, error) {
+	var out []sandkeep.Secret
+	for _, sf := range sb.SecretFiles {
+		mode, err := spec.ParseSecretMode(sf.Mode)
+		if err != nil {
+			return nil, fault.Wrap(err, fault.SpecInvalid, "write the mode in octal, e.g. \"0400\"", "secret %q: mode", sf.Name)
+		}
+		var value []byte
+		switch {
+		case sf.FromEnv != "":
+			v, ok := os.LookupEnv(sf.FromEnv)
+			if !ok {
+				return nil, fault.New(fault.SecretUnavailable, "set "+sf.FromEnv+" in sandkeep's environment",
+					"secret %q: the environment variable %s is not set", sf.Name, sf.FromEnv)
+			}
+			value = []byte(v)
+		case sf.FromFile != "":
+			if value, err = readSecretFile(sf); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, sandkeep.Secret{Name: sf.Name, Path: sf.Path, Mode: mode, Value: value})
+	}
+	return out, nil
+}
+
+func readSecretFile(sf spec.SecretFile) ([]byte, error) {
+	if err := guard.CheckMount(driver.Mount{Source: sf.FromFile, Target: "/run/secrets-source", ReadOnly: true}); err != nil {
+		return nil, fault.Wrap(err, fault.SecretUnavailable,
+			"name a file outside credential directories, or pass the value with from_env",
+			"secret %q: its source file is refused (%s)", sf.Name, fault.CodeOf(err))
+	}
+	f, err := os.Open(sf.FromFile)
+	if err != nil {
+		return nil, fault.Wrap(err, fault.SecretUnavailable, "check the path and its permissions", "secret %q: cannot read its file", sf.Name)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err != nil || len(b) > maxSecretFile {
+		return nil, fault.New(fault.SecretUnavailable, "keep secret files under 1 MiB", "secret %q: cannot read its file, or it is over 1 MiB", sf.Name)
+	}
+	return b, nil
 }

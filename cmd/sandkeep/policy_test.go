@@ -1,7 +1,9 @@
 package main
 
 import (
+	"crypto/md5"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -257,4 +259,39 @@ func TestSpecBuild(t *testing.T) {
 	escape := filepath.Join(repo, "escape.yaml")
 	os.WriteFile(escape, []byte("sandbox:\n  build: {dockerfile: ../Dockerfile}\n"), 0o644)
 	c.run(t, "exec", "--spec", escape, "--user", "b", "--", "true").wantFailure(t, "SPEC_INVALID")
+}
+
+// TestSpecSecretFiles: a spec's secret reaches the command as a file on the sandbox's tmpfs, is gone after it,
+// and its value appears in no output sandkeep writes; a from_file naming a credentials directory is refused.
+func TestSpecSecretFiles(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	dir := t.TempDir()
+	sentinel := "sk-sentinel-" + c.suffix
+	specFile := filepath.Join(dir, "sandkeep.yaml")
+	os.WriteFile(specFile, []byte("sandbox:\n  mode: inline\n  secret_files: [{name: token, path: /run/secrets/token, from_env: TEST_TOKEN}]\n"), 0o644)
+	ten := c.ten("acme")
+	sum := fmt.Sprintf("%x", md5.Sum([]byte(sentinel)))
+	r := c.runWith(t, nil, []string{"TEST_TOKEN=" + sentinel}, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--",
+		"sh", "-c", "md5sum /run/secrets/token; stat -c '%a %u' /run/secrets/token").want(t, 0)
+	if !strings.HasPrefix(r.stdout, sum) || !strings.Contains(r.stdout, "400 1000") {
+		t.Fatalf("secret in the sandbox: %q (want md5 %s, mode 400, owner 1000)", r.stdout, sum)
+	}
+	after := c.run(t, "exec", "--tenant", ten, "--user", "s", "--", "sh", "-c", "ls /run/secrets | wc -l").want(t, 0)
+	if strings.TrimSpace(after.stdout) != "0" {
+		t.Errorf("secrets left after the run: %q", after.stdout)
+	}
+	for _, out := range []string{r.stderr, after.stdout, c.run(t, "events", "--json").stdout, c.run(t, "runs", "--json").stdout} {
+		if strings.Contains(out, sentinel) {
+			t.Fatal("the secret's value reached sandkeep's output")
+		}
+	}
+	c.run(t, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--", "true").wantFailure(t, "SECRET_UNAVAILABLE")
+
+	ssh := filepath.Join(dir, ".ssh")
+	os.MkdirAll(ssh, 0o700)
+	os.WriteFile(filepath.Join(ssh, "id_rsa"), []byte("PRIVATE"), 0o600)
+	stolen := filepath.Join(dir, "stolen.yaml")
+	os.WriteFile(stolen, []byte("sandbox:\n  secret_files: [{name: k, path: /run/secrets/k, from_file: "+filepath.Join(ssh, "id_rsa")+"}]\n"), 0o644)
+	c.run(t, "exec", "--spec", stolen, "--tenant", ten, "--user", "s", "--", "true").wantFailure(t, "SECRET_UNAVAILABLE")
 }

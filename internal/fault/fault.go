@@ -30,14 +30,16 @@ const (
 	SandboxBusy       Code = "SANDBOX_BUSY"       // the key's gate was not free within the wait bound
 	SandboxFailed     Code = "SANDBOX_FAILED"     // the engine failed to create, start or run the sandbox
 
-	TransportUnavailable Code = "TRANSPORT_UNAVAILABLE" // --transport agent, but the agent channel is not up
-	SpecInvalid          Code = "SPEC_INVALID"          // the spec or devcontainer.json has errors (diagnostics listed)
-	SpecUnsupported      Code = "SPEC_UNSUPPORTED"      // the spec asks for something this build cannot apply yet
-	StoreUnavailable     Code = "STORE_UNAVAILABLE"     // the run store (SQLite file or PostgreSQL) cannot be opened
-	PreflightFailed      Code = "PREFLIGHT_FAILED"      // SANDKEEP_PREFLIGHT=1 and a doctor check failed
-	PostCreateFailed     Code = "POST_CREATE_FAILED"    // the spec's post_create failed in a new sandbox (which was removed)
-	BuildContextInvalid  Code = "BUILD_CONTEXT_INVALID" // a build's Dockerfile or context cannot be sent (escapes, special files, limits)
-	BuildFailed          Code = "BUILD_FAILED"          // the engine ran the image build and it failed
+	TransportUnavailable Code = "TRANSPORT_UNAVAILABLE"  // --transport agent, but the agent channel is not up
+	SpecInvalid          Code = "SPEC_INVALID"           // the spec or devcontainer.json has errors (diagnostics listed)
+	SpecUnsupported      Code = "SPEC_UNSUPPORTED"       // the spec asks for something this build cannot apply yet
+	StoreUnavailable     Code = "STORE_UNAVAILABLE"      // the run store (SQLite file or PostgreSQL) cannot be opened
+	PreflightFailed      Code = "PREFLIGHT_FAILED"       // SANDKEEP_PREFLIGHT=1 and a doctor check failed
+	PostCreateFailed     Code = "POST_CREATE_FAILED"     // the spec's post_create failed in a new sandbox (which was removed)
+	BuildContextInvalid  Code = "BUILD_CONTEXT_INVALID"  // a build's Dockerfile or context cannot be sent (escapes, special files, limits)
+	BuildFailed          Code = "BUILD_FAILED"           // the engine ran the image build and it failed
+	SecretDeliveryFailed Code = "SECRET_DELIVERY_FAILED" // a secret file could not be placed in the sandbox; the command did not run
+	SecretUnavailable    Code = "SECRET_UNAVAILABLE"     // a secret's source (an environment variable, a host file) is missing or refused
 
 	// Policy: degrade or refuse (internal/policy).
 	SandboxCapacity          Code = "SANDBOX_CAPACITY"           // the engine refused a sandbox for lack of capacity; retry may help

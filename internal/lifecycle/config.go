@@ -13,6 +13,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
 // Defaults for Config's zero fields.
@@ -203,6 +204,9 @@ func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driv
 		Tmpfs: map[string]string{
 			"/tmp":         fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,mode=1777", c.TmpBytes),
 			driver.HomeDir: fmt.Sprintf("rw,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0700", c.HomeBytes, uid, gid),
+			// Secret files (secrets.go) live here, for one command each. Mounted always, whatever the run asks for:
+			// the posture never depends on a run's secrets, so runs with and without them share a sandbox.
+			spec.SecretsDir: fmt.Sprintf("rw,noexec,nosuid,nodev,size=1m,uid=%d,gid=%d,mode=0700", uid, gid),
 		},
 		Env:         env,
 		Network:     "none",

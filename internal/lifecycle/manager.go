@@ -86,7 +86,8 @@ type ExecRequest struct {
 	Stdin       io.Reader // nil: /dev/null
 	Stdout      io.Writer // streamed as produced; nil discards
 	Stderr      io.Writer
-	OnEvent     Sink // receives this command's events (ensure decisions, exec started/finished); may be nil
+	OnEvent     Sink     // receives this command's events (ensure decisions, exec started/finished); may be nil
+	Secrets     []Secret // files placed under /run/secrets for this command only (secrets.go)
 }
 
 // ExecResult is the outcome of one command.
@@ -103,6 +104,9 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSecrets(req.Secrets); err != nil { // secrets: refused before anything runs
+		return nil, err
+	}
 	release, err := m.gates.acquire(ctx, key, m.cfg.GateWait)
 	if err != nil {
 		return nil, err
@@ -110,6 +114,15 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	defer release()
 
 	ctx = withSink(ctx, req.OnEvent)
+	// Secrets: placed after the ensure and before the command; removed after it, whatever its outcome (the
+	// deferred remove runs before release, so within this gate hold). A failed placement runs no command.
+	if len(req.Secrets) > 0 {
+		remove, err := m.placeSecrets(ctx, key, req.Secrets)
+		defer remove()
+		if err != nil {
+			return nil, err
+		}
+	}
 	res, err := m.exec(ctx, key, req, preq)
 	if res != nil {
 		truncated := res.StdoutTruncated || res.StderrTruncated
