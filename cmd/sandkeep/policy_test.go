@@ -162,8 +162,8 @@ func TestSpecAndDevcontainer(t *testing.T) {
 	}
 
 	// What this build cannot apply is refused, never silently dropped.
-	bad := filepath.Join(repo, "secrets.yaml")
-	os.WriteFile(bad, []byte("sandbox:\n  image: x\n  secret_files: [{name: npmrc, path: /run/secrets/npmrc, from_env: NPM_RC}]\n"), 0o644)
+	bad := filepath.Join(repo, "tmpfs.yaml")
+	os.WriteFile(bad, []byte("sandbox:\n  image: x\n  tmpfs: [\"/cache:size=64m\"]\n"), 0o644)
 	c.run(t, "exec", "--spec", bad, "--user", "dev", "--", "true").wantFailure(t, "SPEC_UNSUPPORTED")
 	broken := filepath.Join(repo, "broken.yaml")
 	os.WriteFile(broken, []byte("sandbox:\n  mode: allowlist\n"), 0o644)
