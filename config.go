@@ -8,10 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
 // DefaultImage is the image used when neither Config.Image nor SANDKEEP_IMAGE names one. On a machine with
@@ -32,6 +34,7 @@ type Config struct {
 	TmpBytes    int64    // size of the /tmp tmpfs, default 256 MiB
 	Env         []string // base environment of every sandbox, "K=V"
 	Mounts      []string // extra binds in `--mount` syntax, checked by the mount guard
+	Tmpfs       []string // extra tmpfs mounts, "/path[:size=64m,mode=0700,...]" as in sandkeep.yaml
 
 	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
 	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
@@ -53,6 +56,10 @@ type Config struct {
 	// post-create): past it SANDBOX_SETUP_TIMEOUT. Defaults: none, 15m.
 	PostCreate   string
 	SetupTimeout time.Duration
+
+	// Store, when set, records a run for every Exec and its events: an SQLite file path or a postgres:// URL
+	// (the CLI's default is <home>/sandkeep.db). Empty: nothing is recorded; OnEvent still reports.
+	Store string
 
 	// OnEvent receives the events that belong to no command (the sweeper's stops and removals); may be nil.
 	OnEvent EventFunc
@@ -116,10 +123,18 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if err != nil {
 		return lifecycle.Config{}, err
 	}
+	tmpfs := map[string]string{}
+	for _, t := range c.Tmpfs {
+		target, opts, _ := strings.Cut(t, ":")
+		tmpfs[target] = opts
+	}
+	if list := (spec.Sandbox{Tmpfs: c.Tmpfs}).Validate(); list.HasErrors() {
+		return lifecycle.Config{}, fault.New(fault.InvalidMount, "write /path[:size=64m,mode=0755]", "%s", list[0].Message)
+	}
 	return lifecycle.Config{
 		Image: c.Image, AgentPath: agent, User: c.User, AllowRoot: c.AllowRoot,
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
-		Env: c.Env, Mounts: mounts,
+		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs,
 		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),

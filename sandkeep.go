@@ -13,8 +13,12 @@ package sandkeep
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
@@ -24,6 +28,8 @@ import (
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/record"
+	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 // Key identifies one sandbox: the SHA-256 of a length-prefixed framing of (tenant, user).
@@ -46,6 +52,7 @@ func CodeOf(err error) Code { return fault.CodeOf(err) }
 type Manager struct {
 	lc  *lifecycle.Manager
 	drv driver.Driver
+	st  store.Store // nil unless Config.Store: then every Exec belongs to a recorded run
 }
 
 // Open checks cfg, connects to the Docker engine (a real ping) and prepares the state home.
@@ -71,7 +78,14 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{lc: lc, drv: drv}, nil
+	m := &Manager{lc: lc, drv: drv}
+	if cfg.Store != "" {
+		if m.st, err = record.Open(ctx, cfg.Store); err != nil {
+			lc.Close()
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 // newDriver makes the driver cfg names: docker by default; host (no isolation at all) only when named.
@@ -83,6 +97,16 @@ func newDriver(name string, pullTimeout time.Duration, agent string) (driver.Dri
 			return nil, fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
 		}
 		return d, nil
+	case DriverPodman:
+		sock, err := PodmanSocket()
+		if err != nil {
+			return nil, err
+		}
+		d, err := docker.New(docker.Options{PullTimeout: pullTimeout, Host: "unix://" + sock, Name: DriverPodman})
+		if err != nil {
+			return nil, fault.Wrap(err, fault.DriverUnavailable, "check podman's socket", "cannot set up the podman client")
+		}
+		return d, nil
 	case DriverHost:
 		return host.New(agent), nil
 	}
@@ -90,8 +114,26 @@ func newDriver(name string, pullTimeout time.Duration, agent string) (driver.Dri
 		"unknown driver %q", name)
 }
 
+// PodmanSocket finds podman's Docker-API socket: $XDG_RUNTIME_DIR/podman/podman.sock, else
+// /run/podman/podman.sock.
+func PodmanSocket() (string, error) {
+	var candidates []string
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		candidates = append(candidates, filepath.Join(d, "podman", "podman.sock"))
+	}
+	candidates = append(candidates, "/run/podman/podman.sock")
+	for _, c := range candidates {
+		if fi, err := os.Stat(c); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return c, nil
+		}
+	}
+	return "", fault.New(fault.DriverUnavailable, "start podman's API service (systemctl start podman.socket)",
+		"no podman Docker-API socket at %s", strings.Join(candidates, " or "))
+}
+
 // Drivers a Config may name.
 const (
+	DriverPodman = "podman" // podman through its Docker-API socket (the docker driver at another address)
 	DriverDocker = "docker"
 	DriverHost   = "host" // runs commands on the host itself, unsandboxed
 )
@@ -114,6 +156,9 @@ type ExecRequest struct {
 	Stderr io.Writer
 	// OnEvent, when set, receives this command's events: ensure decisions, exec started and finished.
 	OnEvent EventFunc
+	// RunID attaches the command to a running run (same tenant and user) when Config.Store is set; empty: the
+	// command gets a run of its own.
+	RunID string
 	// Secrets are files placed under /run/secrets (a tmpfs owned by the sandbox user) for this command only,
 	// and removed when it ends. Their values travel as the agent's stdin: never in argv, env, logs or events.
 	Secrets []Secret
@@ -151,6 +196,52 @@ type SandboxRef struct {
 // time; a caller that cancels ctx gets its answer only once the command's process tree is gone. When ctx is
 // cancelled, the partial result is returned together with the ctx error.
 func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResult, error) {
+	if m.st == nil {
+		return m.exec(ctx, key, req)
+	}
+	id, owned, err := m.runFor(ctx, key, req.RunID)
+	if err != nil {
+		return nil, err
+	}
+	rec := &record.Recorder{Store: m.st, RunID: id}
+	user := req.OnEvent
+	req.OnEvent = func(name string, payload any) {
+		rec.Event(name, payload)
+		if user != nil {
+			user(name, payload)
+		}
+	}
+	res, err := m.exec(ctx, key, req)
+	if owned {
+		_ = record.Finish(m.st, id, err)
+	}
+	return res, err
+}
+
+// runFor returns the run a library command belongs to: the named one (checked), or a new one of its own. The
+// library does not resolve modes: its Manager always runs on its configured driver, so the run records that
+// driver with mode inline (a sandbox or nothing), or none for the host passthrough.
+func (m *Manager) runFor(ctx context.Context, key Key, named string) (id string, owned bool, err error) {
+	if named != "" {
+		run, err := record.Attach(ctx, m.st, named, key.Tenant, key.User)
+		return run.ID, false, err
+	}
+	if id, err = store.NewRunID(); err != nil {
+		return "", false, err
+	}
+	mode := "inline"
+	if m.drv.Name() == DriverHost {
+		mode = "none"
+	}
+	err = m.st.CreateRun(ctx, store.Run{ID: id, Tenant: key.Tenant, User: key.User, Trust: store.TrustTrusted,
+		ResolvedMode: mode, Source: "default", Driver: m.drv.Name(), Admission: store.AdmissionAdmitted})
+	if err != nil {
+		return "", false, fault.Wrap(err, fault.StoreUnavailable, "check Config.Store", "cannot record the run")
+	}
+	return id, true, nil
+}
+
+func (m *Manager) exec(ctx context.Context, key Key, req ExecRequest) (*ExecResult, error) {
 	var outBuf, errBuf bytes.Buffer
 	stdout, stderr := req.Stdout, req.Stderr
 	if stdout == nil {
@@ -234,8 +325,14 @@ func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error 
 	return m.lc.RunSweeper(ctx, interval)
 }
 
-// Close releases the manager. Sandboxes keep running: they are persistent by design.
-func (m *Manager) Close() error { return m.lc.Close() }
+// Close releases the manager and its store. Sandboxes keep running: they are persistent by design.
+func (m *Manager) Close() error {
+	err := m.lc.Close()
+	if m.st != nil {
+		err = errors.Join(err, m.st.Close())
+	}
+	return err
+}
 
 // Installation is the id of this manager's state home.
 func (m *Manager) Installation() string { return m.lc.Home().Installation }

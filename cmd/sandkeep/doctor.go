@@ -97,6 +97,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s, from %s (%s)", res.Mode, res.Source, res.Note)}
 		}},
 		{Name: "docker", Run: func(ctx context.Context) doctor.Result { return st.probeDocker(ctx) }},
+		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return listDrivers(ctx, g) }},
 		{Name: "driver", Needs: []string{"host kind", "mode"}, Run: func(ctx context.Context) doctor.Result {
 			return st.chooseDriver(ctx, g, pf)
 		}},
@@ -239,7 +240,7 @@ func (st *doctorState) chooseDriver(ctx context.Context, g *globals, pf policyFl
 }
 
 func capabilities(name string) string {
-	if name != sandkeep.DriverDocker {
+	if name == sandkeep.DriverHost {
 		return "none (no isolation)"
 	}
 	return "build, host binds, persistent sandboxes, agent channel; no network policy yet"
@@ -299,4 +300,31 @@ func preflight(ctx context.Context, g *globals, pf policyFlags) error {
 	}
 	return fault.New(fault.PreflightFailed, "run `sandkeep doctor --strict` for the fix lines, or unset SANDKEEP_PREFLIGHT",
 		"preflight checks failed: %s", strings.Join(failed, "; "))
+}
+
+// listDrivers probes every driver of the host kind's preference order and says which answer.
+func listDrivers(ctx context.Context, g *globals) doctor.Result {
+	kind, _ := policy.HostKind(os.Getenv)
+	cands := candidates(g)
+	var parts []string
+	for _, name := range policy.Preference(kind) {
+		c, ok := cands[name]
+		if !ok {
+			continue
+		}
+		if err := c.Probe(ctx); err != nil {
+			parts = append(parts, name+": unavailable ("+firstLine(err)+")")
+			continue
+		}
+		parts = append(parts, name+": available")
+	}
+	return doctor.Result{Status: doctor.Pass, Detail: strings.Join(parts, "; ")}
+}
+
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	if len(s) > 120 {
+		s = s[:120] + "..."
+	}
+	return s
 }

@@ -164,12 +164,12 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 	if err != nil {
 		return fail(err)
 	}
-	rec := &recorder{st: st, run: run.ID, stderr: g.stderr}
+	rec := &recorder{Store: st, RunID: run.ID, Warn: g.stderr}
 	if ev, ok := deniedEvent(p.denied); ok {
-		rec.event(events.NameSandboxEnvDenied, ev)
+		rec.Event(events.NameSandboxEnvDenied, ev)
 	}
 	if p.decision.Event != nil {
-		rec.event(events.NameSandboxSkipped, *p.decision.Event)
+		rec.Event(events.NameSandboxSkipped, *p.decision.Event)
 	}
 	if p.decision.Action == policy.Refuse {
 		return fail(p.decision.Err)
@@ -177,7 +177,7 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 	if p.decision.CLILine != "" {
 		fmt.Fprintln(g.stderr, p.decision.CLILine) // one loud line, prefixed by policy
 	}
-	req.OnEvent = rec.event
+	req.OnEvent = rec.Event
 	if !p.decision.FileSecretsDropped { // on the host passthrough they are dropped, and sandbox_skipped says so
 		if req.Secrets, err = secrets(p.sandbox); err != nil {
 			if owned {

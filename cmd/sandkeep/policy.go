@@ -84,8 +84,16 @@ func candidates(g *globals) map[string]policy.Candidate {
 			}
 			return d.Ping(ctx)
 		}},
-		"podman": {Name: "podman", Probe: func(context.Context) error {
-			return errors.New("the podman driver is not built yet (point DOCKER_HOST at podman's Docker-API socket instead)")
+		sandkeep.DriverPodman: {Name: sandkeep.DriverPodman, Probe: func(ctx context.Context) error {
+			sock, err := sandkeep.PodmanSocket()
+			if err != nil {
+				return err
+			}
+			d, err := docker.New(docker.Options{Host: "unix://" + sock, Name: sandkeep.DriverPodman})
+			if err != nil {
+				return err
+			}
+			return d.Ping(ctx)
 		}},
 		"kubernetes": {Name: "kubernetes", Probe: func(context.Context) error {
 			return errors.New("the kubernetes driver is not built yet")
@@ -156,7 +164,6 @@ func unsupported(sb spec.Sandbox) error {
 			fields = append(fields, field)
 		}
 	}
-	add(len(sb.Tmpfs) > 0, "tmpfs")
 	add(sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace", "workspace_folder")
 	add(sb.HostState == "auto", "host_state: auto")
 	add(sb.Network != nil && sb.Network.Mode != "" && sb.Network.Mode != "none", "network (egress)")
@@ -186,6 +193,7 @@ func apply(c *sandkeep.Config, sb spec.Sandbox) error {
 	}
 	c.Mounts = append(c.Mounts, sb.Mounts...)
 	c.PostCreate = sb.PostCreate
+	c.Tmpfs = append(c.Tmpfs, sb.Tmpfs...)
 	if r := sb.Resources; r != nil {
 		c.CPUs, c.PidsLimit = r.CPUs, r.Pids
 		if r.Memory != "" {
@@ -215,14 +223,18 @@ func deniedEvent(denied []devcontainer.Event) (events.SandboxEnvDenied, bool) {
 // image), recording sandbox_build_* events; progress goes to stderr. It returns the image to use.
 func buildImage(ctx context.Context, p *plan, rec *recorder, stderr io.Writer) (string, error) {
 	b := p.sandbox.Build
-	if b == nil || p.decision.Driver != sandkeep.DriverDocker {
+	switch {
+	case b == nil || p.decision.Driver == sandkeep.DriverHost: // a run on the host has no image
 		return "", nil
+	case p.decision.Driver != sandkeep.DriverDocker:
+		return "", fault.New(fault.SpecUnsupported, "build the image ahead of time and name it with image:, or use the docker driver",
+			"the spec's build: is not wired for the %s driver yet; refusing rather than running another image", p.decision.Driver)
 	}
 	d, err := docker.New(docker.Options{})
 	if err != nil {
 		return "", fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
 	}
-	rec.event(events.NameSandboxBuildStarted, events.SandboxBuildStarted{Dockerfile: b.Dockerfile, Context: b.Context})
+	rec.Event(events.NameSandboxBuildStarted, events.SandboxBuildStarted{Dockerfile: b.Dockerfile, Context: b.Context})
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, buildBound)
 	defer cancel()
@@ -231,10 +243,10 @@ func buildImage(ctx context.Context, p *plan, rec *recorder, stderr io.Writer) (
 	took := time.Since(start).Milliseconds()
 	if err != nil {
 		// The event names the failure's code, never the daemon's line: it may quote a RUN with secrets.
-		rec.event(events.NameSandboxBuildFailed, events.SandboxBuildFailed{Error: string(failureCode(err)), DurationMS: took})
+		rec.Event(events.NameSandboxBuildFailed, events.SandboxBuildFailed{Error: string(failureCode(err)), DurationMS: took})
 		return "", err
 	}
-	rec.event(events.NameSandboxBuildFinished, events.SandboxBuildFinished{Image: ref, DurationMS: took})
+	rec.Event(events.NameSandboxBuildFinished, events.SandboxBuildFinished{Image: ref, DurationMS: took})
 	return ref, nil
 }
 

@@ -162,8 +162,15 @@ func TestSpecAndDevcontainer(t *testing.T) {
 	}
 
 	// What this build cannot apply is refused, never silently dropped.
-	bad := filepath.Join(repo, "tmpfs.yaml")
-	os.WriteFile(bad, []byte("sandbox:\n  image: x\n  tmpfs: [\"/cache:size=64m\"]\n"), 0o644)
+	bad := filepath.Join(repo, "hoststate.yaml")
+	os.WriteFile(bad, []byte("sandbox:\n  image: x\n  host_state: auto\n"), 0o644)
+	tmpfsSpec := filepath.Join(repo, "tmpfs.yaml")
+	os.WriteFile(tmpfsSpec, []byte("sandbox:\n  mode: inline\n  tmpfs: [\"/cache:size=8m\"]\n"), 0o644)
+	r = c.run(t, "exec", "--spec", tmpfsSpec, "--tenant", c.ten("acme"), "--user", "tmp", "--",
+		"sh", "-c", "echo x > /cache/f && stat -c '%u' /cache && df -k /cache | tail -1").want(t, 0)
+	if !strings.HasPrefix(r.stdout, "1000\n") || !strings.Contains(r.stdout, "8192") {
+		t.Errorf("spec tmpfs: %q (want owned by 1000, 8 MiB)", r.stdout)
+	}
 	c.run(t, "exec", "--spec", bad, "--user", "dev", "--", "true").wantFailure(t, "SPEC_UNSUPPORTED")
 	broken := filepath.Join(repo, "broken.yaml")
 	os.WriteFile(broken, []byte("sandbox:\n  mode: allowlist\n"), 0o644)

@@ -2,21 +2,14 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
-	"time"
 
 	"github.com/sandkeep/sandkeep"
-	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/record"
 	"github.com/sandkeep/sandkeep/internal/store"
-	"github.com/sandkeep/sandkeep/internal/store/postgres"
-	"github.com/sandkeep/sandkeep/internal/store/sqlite"
 )
 
 // openStore opens the store named by --store or $SANDKEEP_STORE: a postgres:// URL, or an SQLite file; by
@@ -25,14 +18,6 @@ func (g *globals) openStore(ctx context.Context) (store.Store, error) {
 	dsn := g.store
 	if dsn == "" {
 		dsn = os.Getenv("SANDKEEP_STORE")
-	}
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		st, err := postgres.Open(ctx, dsn)
-		if err != nil {
-			return nil, fault.Wrap(err, fault.StoreUnavailable, "check the PostgreSQL URL and that the server is up",
-				"cannot open the PostgreSQL store")
-		}
-		return st, nil
 	}
 	if dsn == "" {
 		c, err := g.config()
@@ -48,34 +33,11 @@ func (g *globals) openStore(ctx context.Context) (store.Store, error) {
 		}
 		dsn = filepath.Join(home, "sandkeep.db")
 	}
-	st, err := sqlite.Open(ctx, dsn)
-	if err != nil {
-		return nil, fault.Wrap(err, fault.StoreUnavailable, "check that the file and its directory are writable",
-			"cannot open the SQLite store %s", dsn)
-	}
-	return st, nil
+	return record.Open(ctx, dsn)
 }
 
-// recorder writes one run's events. A store failure is reported once on stderr and does not fail the command:
-// the command's own result matters more than its record.
-type recorder struct {
-	st     store.Store
-	run    string
-	stderr io.Writer
-	once   sync.Once
-}
-
-func (r *recorder) event(name string, payload any) {
-	ev, err := events.New(r.run, name, payload)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err = r.st.AppendEvent(ctx, ev)
-	}
-	if err != nil {
-		r.once.Do(func() { fmt.Fprintf(r.stderr, "sandkeep: warning: cannot record event %s: %v\n", name, err) })
-	}
-}
+// recorder writes one run's events (see record.Recorder).
+type recorder = record.Recorder
 
 // newRun is the run record of plan p for key, admitted or refused.
 func newRun(p *plan, key sandkeep.Key, requested string) (store.Run, error) {
@@ -98,22 +60,8 @@ func newRun(p *plan, key sandkeep.Key, requested string) (store.Run, error) {
 	return r, nil
 }
 
-// finishRun records how the run ended: succeeded when the command ran (whatever its exit status, which
-// exec_finished records), else failed with the failure's code and whether a retry may help.
-func finishRun(st store.Store, id string, err error) error {
-	upd := store.RunUpdate{Status: store.StatusSucceeded}
-	if err != nil {
-		f := policy.SetupFailure(err)
-		upd.Status, upd.Disposition = string(f.Status), string(f.Disposition)
-		upd.FailureCode = string(fault.CodeOf(f.Err))
-		if upd.FailureCode == "" {
-			upd.FailureCode = string(fault.Internal)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return st.UpdateRun(ctx, id, upd)
-}
+// finishRun records how a run sandkeep owns ended (see record.Finish).
+func finishRun(st store.Store, id string, err error) error { return record.Finish(st, id, err) }
 
 // attachRun returns the run this command belongs to, and whether the command owns it (an implicit run, created
 // here and finished when the command ends). A named run (--run) must exist, be running, and belong to the same
@@ -130,16 +78,9 @@ func attachRun(ctx context.Context, st store.Store, p *plan, key sandkeep.Key, p
 		}
 		return run, true, nil
 	}
-	run, err := st.GetRun(ctx, pf.run)
-	const hint = "start one with `sandkeep runs start --tenant T --user U`; `sandkeep runs` lists them"
-	switch {
-	case err != nil:
-		return run, false, fault.Wrap(err, fault.NotFound, hint, "no run %q", pf.run)
-	case run.Tenant != key.Tenant || run.User != key.User:
-		return run, false, fault.New(fault.InvalidArgument, hint, "run %s belongs to %s/%s, not to %s/%s",
-			run.ID, run.Tenant, run.User, key.Tenant, key.User)
-	case run.Status != store.StatusRunning:
-		return run, false, fault.New(fault.InvalidArgument, hint, "run %s is %s: only a running run takes commands", run.ID, run.Status)
+	run, err := record.Attach(ctx, st, pf.run, key.Tenant, key.User)
+	if err != nil {
+		return run, false, err
 	}
 	return run, false, nil
 }

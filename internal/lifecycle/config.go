@@ -45,6 +45,10 @@ type Config struct {
 	HomeBytes   int64
 	Env         []string       // extra base environment, "K=V"
 	Mounts      []driver.Mount // extra binds; each passes guard.CheckMount
+	// Tmpfs are extra tmpfs mounts: target -> options as the spec writes them ("size=64m,mode=0700"). Each is
+	// mounted rw,nosuid,nodev, owned by the sandbox user (mode 0755) unless the options say otherwise, and
+	// 64 MiB unless they give a size.
+	Tmpfs map[string]string
 
 	GateWait        time.Duration // bound on waiting for a busy key
 	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
@@ -163,6 +167,13 @@ func (c *Config) validate() (uid, gid int, err error) {
 	if _, err := ParseTransport(string(c.Transport)); err != nil {
 		return 0, 0, err
 	}
+	for target := range c.Tmpfs {
+		switch target {
+		case "/tmp", driver.HomeDir, spec.SecretsDir, driver.WorkspaceDir, driver.AgentDir, channel.MountPoint:
+			return 0, 0, fault.New(fault.InvalidMount, "give the tmpfs a target of its own",
+				"tmpfs target %s is one of sandkeep's own", target)
+		}
+	}
 	return uid, gid, nil
 }
 
@@ -192,7 +203,7 @@ func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driv
 	}
 	mounts = append(mounts, c.Mounts...)
 	env := append([]string{"HOME=" + driver.HomeDir, "TMPDIR=/tmp"}, c.Env...)
-	return driver.Posture{
+	p := driver.Posture{
 		User:            fmt.Sprintf("%d:%d", uid, gid),
 		ReadOnlyRoot:    true,
 		CapDrop:         []string{"ALL"},
@@ -215,4 +226,30 @@ func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driv
 		LogMaxFiles: "2",
 		Init:        initArgv,
 	}
+	for target, opts := range c.Tmpfs {
+		p.Tmpfs[target] = extraTmpfs(opts, uid, gid)
+	}
+	return p
+}
+
+// extraTmpfs is the option string of a spec tmpfs: always rw,nosuid,nodev; owned by the sandbox user, mode 0755
+// and 64 MiB unless the spec says otherwise.
+func extraTmpfs(opts string, uid, gid int) string {
+	out := []string{"rw", "nosuid", "nodev"}
+	has := map[string]bool{}
+	for _, o := range strings.Split(opts, ",") {
+		if o == "" {
+			continue
+		}
+		k, _, _ := strings.Cut(o, "=")
+		has[k] = true
+		out = append(out, o)
+	}
+	// A fixed order: the string is hashed into the posture.
+	for _, d := range [][2]string{{"size", "64m"}, {"mode", "0755"}, {"uid", strconv.Itoa(uid)}, {"gid", strconv.Itoa(gid)}} {
+		if !has[d[0]] {
+			out = append(out, d[0]+"="+d[1])
+		}
+	}
+	return strings.Join(out, ",")
 }

@@ -62,3 +62,25 @@ func TestSetupTimeout(t *testing.T) {
 		t.Fatalf("err = %v, want SANDBOX_SETUP_TIMEOUT", err)
 	}
 }
+
+// TestExtraTmpfs: a spec tmpfs is owned by the sandbox user unless it says otherwise, its options are stable
+// (they are hashed into the posture), and sandkeep's own targets are refused.
+func TestExtraTmpfs(t *testing.T) {
+	got := extraTmpfs("size=8m", 1000, 1000)
+	if got != "rw,nosuid,nodev,size=8m,mode=0755,uid=1000,gid=1000" {
+		t.Fatalf("extraTmpfs = %q", got)
+	}
+	cfg := Config{Image: "x", AgentPath: "/a", Tmpfs: map[string]string{"/cache": "", "/build": "mode=0700"}}
+	cfg.setDefaults()
+	a := cfg.posture("/ws", "/agent", "", 1000, 1000).Hash()
+	for range 20 {
+		if b := cfg.posture("/ws", "/agent", "", 1000, 1000).Hash(); a != b {
+			t.Fatal("the posture hash of the same tmpfs config changed")
+		}
+	}
+	bad := Config{Image: "x", User: "1000:1000", Tmpfs: map[string]string{"/run/secrets": ""}}
+	bad.setDefaults()
+	if _, _, err := bad.validate(); fault.CodeOf(err) != fault.InvalidMount {
+		t.Fatalf("validate = %v, want INVALID_MOUNT", err)
+	}
+}

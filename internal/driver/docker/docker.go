@@ -42,6 +42,7 @@ var _ engine = (*client.Client)(nil)
 type Driver struct {
 	api         engine
 	pullTimeout time.Duration
+	name        string
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -50,12 +51,20 @@ var _ driver.Driver = (*Driver)(nil)
 type Options struct {
 	// PullTimeout bounds an image pull; zero means 5 minutes.
 	PullTimeout time.Duration
+	// Host, when set, is the engine's address (e.g. podman's Docker-API socket, unix:///run/podman/podman.sock)
+	// instead of the environment's DOCKER_HOST; Name then names the driver ("podman"). Default "docker".
+	Host string
+	Name string
 }
 
 // New connects to the engine named by the environment (DOCKER_HOST etc.), negotiating the API version.
 // It does not talk to the engine; call Ping for that.
 func New(opts Options) (*Driver, error) {
-	c, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	clientOpts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	if opts.Host != "" {
+		clientOpts = append(clientOpts, client.WithHost(opts.Host))
+	}
+	c, err := client.New(clientOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("docker client: %w", err)
 	}
@@ -67,11 +76,14 @@ func NewWithEngine(api engine, opts Options) *Driver {
 	if opts.PullTimeout <= 0 {
 		opts.PullTimeout = 5 * time.Minute
 	}
-	return &Driver{api: api, pullTimeout: opts.PullTimeout}
+	if opts.Name == "" {
+		opts.Name = "docker"
+	}
+	return &Driver{api: api, pullTimeout: opts.PullTimeout, name: opts.Name}
 }
 
-// Name is "docker".
-func (d *Driver) Name() string { return "docker" }
+// Name is "docker", or the name Options gave (e.g. "podman").
+func (d *Driver) Name() string { return d.name }
 
 // Capabilities of the Docker driver.
 func (d *Driver) Capabilities() driver.Capabilities {

@@ -1,0 +1,92 @@
+// Package record writes runs and their events to a store on behalf of the CLI and the library: how a run that
+// sandkeep owns ends, and a sink that appends a command's events to its run without ever failing the command.
+package record
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/internal/store/postgres"
+	"github.com/sandkeep/sandkeep/internal/store/sqlite"
+)
+
+// Open opens the store dsn names: a postgres:// (or postgresql://) URL, else an SQLite file path.
+func Open(ctx context.Context, dsn string) (store.Store, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		st, err := postgres.Open(ctx, dsn)
+		if err != nil {
+			return nil, fault.Wrap(err, fault.StoreUnavailable, "check the PostgreSQL URL and that the server is up",
+				"cannot open the PostgreSQL store")
+		}
+		return st, nil
+	}
+	st, err := sqlite.Open(ctx, dsn)
+	if err != nil {
+		return nil, fault.Wrap(err, fault.StoreUnavailable, "check that the file and its directory are writable",
+			"cannot open the SQLite store %s", dsn)
+	}
+	return st, nil
+}
+
+// Recorder appends one run's events. A store failure is reported once (on Warn, when set) and never fails the
+// command: the command's own result matters more than its record.
+type Recorder struct {
+	Store store.Store
+	RunID string
+	Warn  io.Writer
+	once  sync.Once
+}
+
+// Event records one event of the run; it has the shape of a lifecycle sink.
+func (r *Recorder) Event(name string, payload any) {
+	ev, err := events.New(r.RunID, name, payload)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = r.Store.AppendEvent(ctx, ev)
+	}
+	if err != nil && r.Warn != nil {
+		r.once.Do(func() { fmt.Fprintf(r.Warn, "sandkeep: warning: cannot record event %s: %v\n", name, err) })
+	}
+}
+
+// Finish records how run id ended: succeeded when sandkeep ran the command (whatever its exit status, which
+// exec_finished records), else failed with the failure's code and whether a retry may help.
+func Finish(st store.Store, id string, err error) error {
+	upd := store.RunUpdate{Status: store.StatusSucceeded}
+	if err != nil {
+		f := policy.SetupFailure(err)
+		upd.Status, upd.Disposition = string(f.Status), string(f.Disposition)
+		upd.FailureCode = string(fault.CodeOf(f.Err))
+		if upd.FailureCode == "" {
+			upd.FailureCode = string(fault.Internal)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return st.UpdateRun(ctx, id, upd)
+}
+
+// Attach checks that a named run may take a command of tenant/user: it exists, is running, and is theirs.
+func Attach(ctx context.Context, st store.Store, id, tenant, user string) (store.Run, error) {
+	run, err := st.GetRun(ctx, id)
+	const hint = "start a run first (sandkeep runs start); `sandkeep runs` lists them"
+	switch {
+	case err != nil:
+		return run, fault.Wrap(err, fault.NotFound, hint, "no run %q", id)
+	case run.Tenant != tenant || run.User != user:
+		return run, fault.New(fault.InvalidArgument, hint, "run %s belongs to %s/%s, not to %s/%s",
+			run.ID, run.Tenant, run.User, tenant, user)
+	case run.Status != store.StatusRunning:
+		return run, fault.New(fault.InvalidArgument, hint, "run %s is %s: only a running run takes commands", run.ID, run.Status)
+	}
+	return run, nil
+}
