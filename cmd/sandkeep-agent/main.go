@@ -13,6 +13,10 @@
 //	                        and serves commands on it (one `serve` child per connection)
 //	sandkeep-agent serve    speaks the agentproto wire on stdin/stdout, one command after another
 //	sandkeep-agent version  prints the agent and protocol versions
+//	sandkeep-agent put-file PATH MODE
+//	                        writes stdin (a secret, at most 1 MiB) to PATH under /run/secrets, never following links
+//	sandkeep-agent rm-file PATH...
+//	                        removes secret files placed by put-file
 //
 // It uses the standard library only and builds with CGO_ENABLED=0, because it runs in images that may hold
 // nothing else (FROM scratch + busybox). Diagnostics go to stderr; stdout carries frames only.
@@ -76,6 +80,6 @@ func parseInitArgs(args []string) (channel string, err error) {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH] | serve | version")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH] | serve | version | put-file PATH MODE | rm-file PATH...")
 	os.Exit(2)
 }
