@@ -560,9 +560,12 @@ func TestChannelCleanEndSparesOthers(t *testing.T) {
 	if err := other.Start(); err != nil {
 		t.Fatal(err)
 	}
-	otherDone := make(chan error, 1)
-	go func() { otherDone <- other.Wait() }()
-	t.Cleanup(func() { other.Process.Kill(); <-otherDone })
+	// exited is closed (not sent on) when the process is reaped, so both the check below and the cleanup can
+	// wait on it: a value channel read by a failing check would leave the cleanup waiting forever.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = other.Wait(); close(exited) }()
+	t.Cleanup(func() { other.Process.Kill(); <-exited })
 	time.Sleep(100 * time.Millisecond) // let it enter the namespace
 	c.Close()
 	c = h.accept(t, 10*time.Second)
@@ -571,8 +574,8 @@ func TestChannelCleanEndSparesOthers(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // a sweep, if there were one, would have run before the dial
 	select {
-	case err := <-otherDone:
-		t.Fatalf("a process outside the session was killed by a clean hang-up: %v", err)
+	case <-exited:
+		t.Fatalf("a process outside the session was killed by a clean hang-up: %v", waitErr)
 	default:
 	}
 }
