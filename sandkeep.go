@@ -29,6 +29,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/record"
+	"github.com/sandkeep/sandkeep/internal/spec"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
@@ -226,19 +227,13 @@ func (m *Manager) runFor(ctx context.Context, key Key, named string) (id string,
 		run, err := record.Attach(ctx, m.st, named, key.Tenant, key.User)
 		return run.ID, false, err
 	}
-	if id, err = store.NewRunID(); err != nil {
-		return "", false, err
-	}
-	mode := "inline"
+	mode := spec.ModeInline
 	if m.drv.Name() == DriverHost {
-		mode = "none"
+		mode = spec.ModeNone
 	}
-	err = m.st.CreateRun(ctx, store.Run{ID: id, Tenant: key.Tenant, User: key.User, Trust: store.TrustTrusted,
+	run, err := record.Create(ctx, m.st, store.Run{Tenant: key.Tenant, User: key.User, Trust: store.TrustTrusted,
 		ResolvedMode: mode, Source: "default", Driver: m.drv.Name(), Admission: store.AdmissionAdmitted})
-	if err != nil {
-		return "", false, fault.Wrap(err, fault.StoreUnavailable, "check Config.Store", "cannot record the run")
-	}
-	return id, true, nil
+	return run.ID, err == nil, err
 }
 
 func (m *Manager) exec(ctx context.Context, key Key, req ExecRequest) (*ExecResult, error) {

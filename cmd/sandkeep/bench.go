@@ -145,7 +145,7 @@ func runBench(ctx context.Context, g *globals, opts bench.Options) (_ bench.Repo
 		return bench.Report{}, fault.Wrap(err, fault.Internal, "check that the temporary directory is writable", "create a temporary home: %v", err)
 	}
 	cfg.Home = home
-	docker, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	docker, err := client.New(client.FromEnv)
 	if err != nil {
 		_ = os.RemoveAll(home)
 		return bench.Report{}, fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")

@@ -96,7 +96,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 			st.mode = res
 			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s, from %s (%s)", res.Mode, res.Source, res.Note)}
 		}},
-		{Name: "docker", Run: func(ctx context.Context) doctor.Result { return st.probeDocker(ctx) }},
+		{Name: "docker", Run: func(ctx context.Context) doctor.Result { return st.probeDocker(ctx, g) }},
 		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return listDrivers(ctx, g) }},
 		{Name: "driver", Needs: []string{"host kind", "mode"}, Run: func(ctx context.Context) doctor.Result {
 			return st.chooseDriver(ctx, g, pf)
@@ -203,8 +203,8 @@ func countWarnings(list diag.List) int {
 	return n
 }
 
-func (st *doctorState) probeDocker(ctx context.Context) doctor.Result {
-	d, err := docker.New(docker.Options{})
+func (st *doctorState) probeDocker(ctx context.Context, g *globals) doctor.Result {
+	d, err := g.docker()
 	if err != nil {
 		return fail(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/record"
+	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 const execLong = `Run a command in the (tenant, user) sandbox, creating or starting the sandbox when needed.
@@ -151,20 +153,36 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 		return fail(err)
 	}
 	defer st.Close()
-	if pf.run != "" { // a named run's trust was settled when it started; a command cannot raise it
-		if run, err := st.GetRun(ctx, pf.run); err == nil {
-			pf.trust = run.Trust
+	// A named run (--run) must exist, be running and be this user's; its trust was settled when it started, and a
+	// command cannot raise it. It stays open for whoever started it; an implicit run is this command's own.
+	var run store.Run
+	if pf.run != "" {
+		if run, err = record.Attach(ctx, st, pf.run, key.Tenant, key.User); err != nil {
+			return fail(err)
 		}
+		pf.trust = run.Trust
 	}
 	p, err := decide(ctx, g, pf)
 	if err != nil {
 		return fail(err)
 	}
-	run, owned, err := attachRun(ctx, st, p, key, pf)
-	if err != nil {
-		return fail(err)
+	owned := pf.run == ""
+	if owned { // the admission verdict is recorded before anything runs, and before a refusal returns
+		if run, err = openRun(ctx, st, p, key, pf.sandbox); err != nil {
+			return fail(err)
+		}
 	}
-	rec := &recorder{Store: st, RunID: run.ID, Warn: g.stderr}
+	end := func(err error) {
+		if !owned {
+			return
+		}
+		if ferr := record.Finish(st, run.ID, err); ferr != nil {
+			fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
+		}
+	}
+	abort := func(err error) error { end(err); return fail(err) }
+
+	rec := &record.Recorder{Store: st, RunID: run.ID, Warn: g.stderr}
 	if ev, ok := deniedEvent(p.denied); ok {
 		rec.Event(events.NameSandboxEnvDenied, ev)
 	}
@@ -172,7 +190,7 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 		rec.Event(events.NameSandboxSkipped, *p.decision.Event)
 	}
 	if p.decision.Action == policy.Refuse {
-		return fail(p.decision.Err)
+		return fail(p.decision.Err) // an implicit run was recorded refused and finished
 	}
 	if p.decision.CLILine != "" {
 		fmt.Fprintln(g.stderr, p.decision.CLILine) // one loud line, prefixed by policy
@@ -180,49 +198,34 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 	req.OnEvent = rec.Event
 	if !p.decision.FileSecretsDropped { // on the host passthrough they are dropped, and sandbox_skipped says so
 		if req.Secrets, err = secrets(p.sandbox); err != nil {
-			if owned {
-				_ = finishRun(st, run.ID, err)
-			}
-			return fail(err)
+			return abort(err)
 		}
 	}
-	image, err := buildImage(ctx, p, rec, g.stderr)
+	image, err := buildImage(ctx, g, p, rec)
 	if err != nil {
-		if owned {
-			_ = finishRun(st, run.ID, err)
-		}
-		return fail(err)
+		return abort(err)
 	}
-	var applyErr error
-	m, err := g.open(ctx, func(c *sandkeep.Config) {
-		if gateWait > 0 {
-			c.GateWait = gateWait
-		}
-		c.Driver = p.decision.Driver
-		applyErr = apply(c, p.sandbox)
-		if image != "" {
-			c.Image = image
-		}
-	})
-	if applyErr != nil {
-		if m != nil {
-			m.Close()
-		}
-		err = applyErr
-	}
+	c, err := g.config()
 	if err != nil {
-		if owned {
-			_ = finishRun(st, run.ID, err)
-		}
-		return fail(err)
+		return abort(err)
+	}
+	if gateWait > 0 {
+		c.GateWait = gateWait
+	}
+	c.Driver = p.decision.Driver
+	if err := apply(&c, p.sandbox); err != nil {
+		return abort(err)
+	}
+	if image != "" {
+		c.Image = image
+	}
+	m, err := sandkeep.Open(ctx, c)
+	if err != nil {
+		return abort(err)
 	}
 	defer m.Close()
 	res, err := m.Exec(ctx, key, req)
-	if !owned {
-		// A named run (--run) stays open: whoever started it finishes it (sandkeep runs finish).
-	} else if ferr := finishRun(st, run.ID, err); ferr != nil {
-		fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
-	}
+	end(err)
 	in, stopped := interruptedBy(ctx)
 	if err != nil && (res == nil || !stopped) {
 		if stopped { // interrupted before the command started: nothing ran

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -139,10 +140,14 @@ type globals struct {
 	home, image, agent string
 	transport          string
 	store              string
-	logLevel           string
-	stdin              io.Reader
-	stdout, stderr     io.Writer
-	started            bool // cobra accepted the command line and a subcommand began to run
+
+	dockerOnce     sync.Once      // guards dockerDrv and dockerErr (see docker())
+	dockerDrv      *docker.Driver // nil until docker() is called
+	dockerErr      error
+	logLevel       string
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	started        bool // cobra accepted the command line and a subcommand began to run
 }
 
 const rootLong = `sandkeep keeps one warm, hardened sandbox per (tenant, user) and runs each command in it with an exact

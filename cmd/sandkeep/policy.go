@@ -21,6 +21,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/record"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
@@ -78,7 +79,7 @@ func decide(ctx context.Context, g *globals, f policyFlags) (*plan, error) {
 func candidates(g *globals) map[string]policy.Candidate {
 	return map[string]policy.Candidate{
 		sandkeep.DriverDocker: {Name: sandkeep.DriverDocker, Probe: func(ctx context.Context) error {
-			d, err := docker.New(docker.Options{})
+			d, err := g.docker()
 			if err != nil {
 				return err
 			}
@@ -221,7 +222,7 @@ func deniedEvent(denied []devcontainer.Event) (events.SandboxEnvDenied, bool) {
 
 // buildImage builds the spec's image through the engine when the run goes to Docker (a run on the host has no
 // image), recording sandbox_build_* events; progress goes to stderr. It returns the image to use.
-func buildImage(ctx context.Context, p *plan, rec *recorder, stderr io.Writer) (string, error) {
+func buildImage(ctx context.Context, g *globals, p *plan, rec *record.Recorder) (string, error) {
 	b := p.sandbox.Build
 	switch {
 	case b == nil || p.decision.Driver == sandkeep.DriverHost: // a run on the host has no image
@@ -230,16 +231,16 @@ func buildImage(ctx context.Context, p *plan, rec *recorder, stderr io.Writer) (
 		return "", fault.New(fault.SpecUnsupported, "build the image ahead of time and name it with image:, or use the docker driver",
 			"the spec's build: is not wired for the %s driver yet; refusing rather than running another image", p.decision.Driver)
 	}
-	d, err := docker.New(docker.Options{})
+	d, err := g.docker()
 	if err != nil {
-		return "", fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+		return "", err
 	}
 	rec.Event(events.NameSandboxBuildStarted, events.SandboxBuildStarted{Dockerfile: b.Dockerfile, Context: b.Context})
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, buildBound)
 	defer cancel()
 	ref, _, err := d.Build(ctx, build.Request{Root: p.root, Dockerfile: b.Dockerfile, Context: b.Context, Args: b.Args},
-		prefixed{w: stderr, prefix: "build: "})
+		prefixed{w: g.stderr, prefix: "build: "})
 	took := time.Since(start).Milliseconds()
 	if err != nil {
 		// The event names the failure's code, never the daemon's line: it may quote a RUN with secrets.
@@ -325,4 +326,18 @@ func readSecretFile(sf spec.SecretFile) ([]byte, error) {
 		return nil, fault.New(fault.SecretUnavailable, "keep secret files under 1 MiB", "secret %q: cannot read its file, or it is over 1 MiB", sf.Name)
 	}
 	return b, nil
+}
+
+// docker is this process's one client of the Docker engine, for the probe, builds and doctor; made on first use.
+// (The Manager that runs the command holds its own: sandkeep.Open owns its driver.)
+func (g *globals) docker() (*docker.Driver, error) {
+	g.dockerOnce.Do(func() {
+		d, err := docker.New(docker.Options{})
+		if err != nil {
+			g.dockerErr = fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+			return
+		}
+		g.dockerDrv = d
+	})
+	return g.dockerDrv, g.dockerErr
 }

@@ -36,17 +36,10 @@ func (g *globals) openStore(ctx context.Context) (store.Store, error) {
 	return record.Open(ctx, dsn)
 }
 
-// recorder writes one run's events (see record.Recorder).
-type recorder = record.Recorder
-
-// newRun is the run record of plan p for key, admitted or refused.
-func newRun(p *plan, key sandkeep.Key, requested string) (store.Run, error) {
-	id, err := store.NewRunID()
-	if err != nil {
-		return store.Run{}, err
-	}
+// openRun records the implicit run of plan p for key (admitted, or refused and already finished).
+func openRun(ctx context.Context, st store.Store, p *plan, key sandkeep.Key, requested string) (store.Run, error) {
 	r := store.Run{
-		ID: id, Tenant: key.Tenant, User: key.User, Trust: string(p.trust),
+		Tenant: key.Tenant, User: key.User, Trust: string(p.trust),
 		RequestedMode: requested, ResolvedMode: p.mode.Mode, Source: string(p.mode.Source),
 		Driver: p.decision.Driver, Admission: store.AdmissionAdmitted, Status: store.StatusRunning,
 	}
@@ -57,30 +50,5 @@ func newRun(p *plan, key sandkeep.Key, requested string) (store.Run, error) {
 		r.Admission, r.Status = store.AdmissionRefused, string(p.decision.Status)
 		r.FailureCode, r.Disposition = string(p.decision.FailureCode), string(p.decision.Disposition)
 	}
-	return r, nil
-}
-
-// finishRun records how a run sandkeep owns ended (see record.Finish).
-func finishRun(st store.Store, id string, err error) error { return record.Finish(st, id, err) }
-
-// attachRun returns the run this command belongs to, and whether the command owns it (an implicit run, created
-// here and finished when the command ends). A named run (--run) must exist, be running, and belong to the same
-// tenant and user; a refusal is then recorded as an event of that run, which stays open. The admission verdict
-// of an implicit run is recorded before anything runs, and before a refusal returns.
-func attachRun(ctx context.Context, st store.Store, p *plan, key sandkeep.Key, pf policyFlags) (store.Run, bool, error) {
-	if pf.run == "" {
-		run, err := newRun(p, key, pf.sandbox)
-		if err != nil {
-			return run, false, err
-		}
-		if err := st.CreateRun(ctx, run); err != nil {
-			return run, false, fault.Wrap(err, fault.StoreUnavailable, "check the store (--store)", "cannot record the run")
-		}
-		return run, true, nil
-	}
-	run, err := record.Attach(ctx, st, pf.run, key.Tenant, key.User)
-	if err != nil {
-		return run, false, err
-	}
-	return run, false, nil
+	return record.Create(ctx, st, r)
 }

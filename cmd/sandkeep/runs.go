@@ -83,7 +83,7 @@ func newRunsStart(g *globals) *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			run, _, err := attachRun(cmd.Context(), st, p, key, policyFlags{sandbox: pf.sandbox})
+			run, err := openRun(cmd.Context(), st, p, key, pf.sandbox)
 			if err != nil {
 				return err
 			}

@@ -49,8 +49,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 		return nil, "", err
 	}
 	chanDir := m.channelDir(key)
-	want := m.cfg.posture(m.home.Workspace(key), m.agentDir, chanDir, m.uid, m.gid)
-	hash := want.Hash()
+	want, hash := m.postureOf(key)
 	if sb := m.cached(key); sb != nil && compatible(sb, imageID, hash) {
 		// Trust this process's last ensure: if the sandbox was stopped or removed since, Exec fails before
 		// running anything and the caller ensures again.
@@ -66,7 +65,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 		sb, err := m.drv.Inspect(ctx, key.ContainerName())
 		switch {
 		case cerrdefs.IsNotFound(err):
-			sb, err = m.create(ctx, key, want, imageID)
+			sb, err = m.create(ctx, key, want, hash, imageID)
 			if cerrdefs.IsConflict(err) { // another process won the name: inspect it and adopt it
 				adopted = true
 				continue
@@ -129,7 +128,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
-func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Posture, imageID string) (*driver.Sandbox, error) {
+func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
 	if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
 		return nil, err
 	}
@@ -141,7 +140,7 @@ func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Post
 			driver.LabelKey:          key.Hex(),
 			driver.LabelImage:        m.cfg.Image,
 			driver.LabelImageID:      imageID,
-			driver.LabelPosture:      want.Hash(),
+			driver.LabelPosture:      hash,
 			driver.LabelInstallation: m.home.Installation,
 			driver.LabelCreatedAt:    m.cfg.Now().UTC().Format(time.RFC3339),
 		},
@@ -188,4 +187,23 @@ func pick(cond bool, a, b Decision) Decision {
 
 func (m *Manager) decided(key identity.Key, sb *driver.Sandbox, d Decision) {
 	m.cfg.Logger.Debug("ensure", "key", key.Short(), "sandbox", sb.Name, "state", sb.State, "decision", d)
+}
+
+// keyPosture is a key's posture and its hash.
+type keyPosture struct {
+	posture driver.Posture
+	hash    string
+}
+
+// postureOf returns key's posture and its hash. Both are a pure function of the manager's configuration (fixed
+// at New) and the key, so they are built once per key rather than on every command; the driver only reads them.
+func (m *Manager) postureOf(key identity.Key) (driver.Posture, string) {
+	if v, ok := m.postures.Load(key.Hex()); ok {
+		kp := v.(keyPosture)
+		return kp.posture, kp.hash
+	}
+	p := m.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), m.uid, m.gid)
+	kp := keyPosture{posture: p, hash: p.Hash()}
+	m.postures.Store(key.Hex(), kp)
+	return kp.posture, kp.hash
 }

@@ -39,6 +39,7 @@ type Manager struct {
 	gates    *gates
 	agentDir string
 	images   *images
+	postures sync.Map // key hex -> keyPosture, built once per key (see postureOf)
 
 	mu        sync.Mutex                   // guards known and listeners
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
@@ -123,7 +124,11 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 			return nil, err
 		}
 	}
-	res, err := m.exec(ctx, key, req, preq)
+	started := func(sb *driver.Sandbox, t Transport) {
+		m.emit(ctx, events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv),
+			Workdir: preq.Workdir, TimeoutMS: preq.TimeoutMS, Transport: string(t)})
+	}
+	res, err := m.exec(ctx, key, req, preq, started)
 	if res != nil {
 		truncated := res.StdoutTruncated || res.StderrTruncated
 		m.emit(ctx, events.NameExecFinished, events.ExecFinished{ExitCode: res.ExitCode, TimedOut: res.TimedOut,
@@ -132,13 +137,14 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	return res, err
 }
 
-// exec runs preq in key's sandbox, over the channel when it is up, else the driver's exec. The caller holds
-// key's gate.
-func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, preq agentproto.Request) (*ExecResult, error) {
+// exec runs preq in key's sandbox, over the channel when it is up, else the driver's exec. started, when set,
+// is told each time the command goes out and how (the user's command reports exec_started; sandkeep's own helper
+// commands pass nil). The caller holds key's gate.
+func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, preq agentproto.Request,
+	started func(*driver.Sandbox, Transport)) (*ExecResult, error) {
 	out := driver.Output{Stdout: req.Stdout, Stderr: req.Stderr, Stdin: req.Stdin}
-	started := func(sb *driver.Sandbox, t Transport) {
-		m.emit(ctx, events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv),
-			Workdir: preq.Workdir, TimeoutMS: preq.TimeoutMS, Transport: string(t)})
+	if started == nil {
+		started = func(*driver.Sandbox, Transport) {}
 	}
 	// The listener exists before the sandbox starts, so a starting agent finds it at once.
 	l, fresh := m.listenerFor(key)

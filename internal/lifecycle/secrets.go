@@ -16,7 +16,6 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/driver"
-	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -126,7 +125,6 @@ func (m *Manager) placeSecrets(ctx context.Context, key identity.Key, secrets []
 			m.removeSecrets(ctx, key, sb, placed)
 		}
 	}
-	hctx := helperContext(ctx, m.cfg.OnEvent)
 	for _, s := range secrets {
 		var diag bytes.Buffer
 		req := ExecRequest{
@@ -139,7 +137,7 @@ func (m *Manager) placeSecrets(ctx context.Context, key identity.Key, secrets []
 		if err != nil {
 			return remove, err
 		}
-		res, err := m.exec(hctx, key, req, preq)
+		res, err := m.exec(ctx, key, req, preq, nil) // a helper command: no exec events of its own
 		// Whatever happened, the put may have reached the sandbox this process now knows for key.
 		if cur := m.cached(key); cur != nil {
 			if sb != nil && sb.ID != cur.ID {
@@ -164,7 +162,7 @@ func (m *Manager) placeSecrets(ctx context.Context, key identity.Key, secrets []
 // It never ensures a sandbox: one that is gone took its tmpfs with it. Anything that leaves the files possibly
 // in place recycles the sandbox instead, before the gate is released: its secrets must not outlive the command.
 func (m *Manager) removeSecrets(ctx context.Context, key identity.Key, sb *driver.Sandbox, paths []string) {
-	ctx, cancel := context.WithTimeout(helperContext(context.WithoutCancel(ctx), m.cfg.OnEvent), secretRemoveTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), secretRemoveTimeout)
 	defer cancel()
 	if cur := m.cached(key); cur == nil || cur.ID != sb.ID {
 		// Recycled, recreated or removed during the command (a stopped sandbox is started again by ensure, and
@@ -223,21 +221,6 @@ func (m *Manager) execIn(ctx context.Context, key identity.Key, sb *driver.Sandb
 
 // helperOutputLimit bounds what is kept of a file command's output: a one-line diagnostic.
 const helperOutputLimit = 4 << 10
-
-// helperContext routes a file command's events to the run's sink (or the manager's), minus exec_started and
-// exec_finished: those are about the user's command only. Ensure decisions made on the way still get through.
-func helperContext(ctx context.Context, fallback Sink) context.Context {
-	outer, _ := ctx.Value(sinkKey{}).(Sink)
-	if outer == nil {
-		outer = fallback
-	}
-	return context.WithValue(ctx, sinkKey{}, Sink(func(name string, payload any) {
-		if name == events.NameExecStarted || name == events.NameExecFinished || outer == nil {
-			return
-		}
-		outer(name, payload)
-	}))
-}
 
 // helperFailure says in one line why a file command failed. What the agent printed is data from the sandbox:
 // it is cut to one printable line, and withheld entirely if it contains the secret's value.

@@ -292,7 +292,8 @@ func TestSelectCallerCancel(t *testing.T) {
 }
 
 func TestSharedIsOne(t *testing.T) {
-	if Shared() != Shared() {
+	first, second := Shared(), Shared()
+	if first != second {
 		t.Error("Shared returned two selectors")
 	}
 }

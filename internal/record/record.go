@@ -90,3 +90,19 @@ func Attach(ctx context.Context, st store.Store, id, tenant, user string) (store
 	}
 	return run, nil
 }
+
+// Create records run, giving it a fresh id (a UUIDv7) when it has none, and returns it as recorded. The
+// admission verdict is in run: a refused run is created already finished.
+func Create(ctx context.Context, st store.Store, run store.Run) (store.Run, error) {
+	if run.ID == "" {
+		id, err := store.NewRunID()
+		if err != nil {
+			return run, err
+		}
+		run.ID = id
+	}
+	if err := st.CreateRun(ctx, run); err != nil {
+		return run, fault.Wrap(err, fault.StoreUnavailable, "check the store (--store, Config.Store)", "cannot record the run")
+	}
+	return run, nil
+}

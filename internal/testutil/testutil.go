@@ -38,7 +38,7 @@ var docker struct {
 func Docker(t testing.TB) *client.Client {
 	t.Helper()
 	docker.once.Do(func() {
-		cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+		cli, err := client.New(client.FromEnv)
 		if err != nil {
 			docker.err = fmt.Errorf("docker client: %w", err)
 			return

@@ -60,7 +60,7 @@ type Options struct {
 // New connects to the engine named by the environment (DOCKER_HOST etc.), negotiating the API version.
 // It does not talk to the engine; call Ping for that.
 func New(opts Options) (*Driver, error) {
-	clientOpts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	clientOpts := []client.Opt{client.FromEnv} // the client negotiates the API version by itself
 	if opts.Host != "" {
 		clientOpts = append(clientOpts, client.WithHost(opts.Host))
 	}

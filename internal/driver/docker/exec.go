@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -16,9 +15,6 @@ import (
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/driver"
 )
-
-// agentStderrLimit bounds what we keep of the agent's own diagnostics (not the command's stderr).
-const agentStderrLimit = 4 << 10
 
 // Exec runs req through `sandkeep-agent serve` in a Docker exec and speaks the agent protocol over the
 // hijacked, stdcopy-multiplexed stream: the agent's stdout carries the frames, its stderr its diagnostics.
@@ -85,14 +81,14 @@ func (c agentConn) Write(p []byte) (int, error) { return c.w.Write(p) }
 // demuxer owns the goroutine that splits Docker's multiplexed stream.
 type demuxer struct {
 	done chan struct{}
-	diag *boundedBuffer
+	diag *driver.DiagBuffer
 }
 
 // demultiplex starts copying src's stdout part into the returned reader and keeps a bounded copy of its
 // stderr part. The goroutine ends when src ends (the caller closes the connection).
 func demultiplex(src io.Reader) (io.Reader, *demuxer) {
 	pr, pw := io.Pipe()
-	dm := &demuxer{done: make(chan struct{}), diag: &boundedBuffer{limit: agentStderrLimit}}
+	dm := &demuxer{done: make(chan struct{}), diag: &driver.DiagBuffer{Limit: driver.AgentDiagLimit}}
 	go func() {
 		defer close(dm.done)
 		_, err := stdcopy.StdCopy(pw, dm.diag, src)
@@ -107,26 +103,4 @@ func demultiplex(src io.Reader) (io.Reader, *demuxer) {
 func (dm *demuxer) wait() []byte {
 	<-dm.done
 	return dm.diag.Bytes()
-}
-
-// boundedBuffer keeps the first limit bytes written to it and drops the rest.
-type boundedBuffer struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	limit int
-}
-
-func (b *boundedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.limit - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(room, len(p))])
-	}
-	return len(p), nil
-}
-
-func (b *boundedBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }

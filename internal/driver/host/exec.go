@@ -1,7 +1,6 @@
 package host
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,9 +19,6 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
-
-// agentStderrLimit bounds what we keep of the agent's own diagnostics (not the command's stderr).
-const agentStderrLimit = 4 << 10
 
 // Exec runs req through a fresh `sandkeep-agent serve` child on this host and speaks the agent protocol over its
 // stdin and stdout. The request's Workdir (/workspace or below; "" means /workspace) is rewritten to the same
@@ -138,7 +134,7 @@ type proc struct {
 }
 
 // start runs the agent with its stdin and stdout on fresh pipes. It refuses to start once p was ended.
-func (p *proc) start(agent, dir string, env []string) (*pipeConn, *boundedBuffer, error) {
+func (p *proc) start(agent, dir string, env []string) (*pipeConn, *driver.DiagBuffer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.reason != nil {
@@ -154,7 +150,7 @@ func (p *proc) start(agent, dir string, env []string) (*pipeConn, *boundedBuffer
 		inW.Close()
 		return nil, nil, fmt.Errorf("agent pipes: %w", err)
 	}
-	diag := &boundedBuffer{limit: agentStderrLimit}
+	diag := &driver.DiagBuffer{Limit: driver.AgentDiagLimit}
 	cmd := &exec.Cmd{
 		Path:   agent,
 		Args:   []string{agent, "serve"},
@@ -271,25 +267,3 @@ func (c *pipeConn) Read(b []byte) (int, error)         { return c.r.Read(b) }
 func (c *pipeConn) Write(b []byte) (int, error)        { return c.w.Write(b) }
 func (c *pipeConn) SetReadDeadline(t time.Time) error  { return c.r.SetReadDeadline(t) }
 func (c *pipeConn) SetWriteDeadline(t time.Time) error { return c.w.SetWriteDeadline(t) }
-
-// boundedBuffer keeps the first limit bytes written to it and drops the rest.
-type boundedBuffer struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	limit int
-}
-
-func (b *boundedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.limit - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(room, len(p))])
-	}
-	return len(p), nil
-}
-
-func (b *boundedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.TrimSpace(b.buf.String())
-}
