@@ -28,10 +28,11 @@ fi
 
 # as_postgres: run a command as the postgres OS user (peer authentication over the Unix socket).
 as_postgres() {
+	# From /: the caller's directory (a 0700 temp dir, say) may be closed to the postgres user.
 	if [ "$(id -u)" -eq 0 ]; then
-		runuser -u postgres -- "$@"
+		(cd / && runuser -u postgres -- "$@")
 	else
-		sudo -u postgres -- "$@"
+		(cd / && sudo -u postgres -- "$@")
 	fi
 }
 
