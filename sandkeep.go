@@ -163,6 +163,8 @@ type ExecRequest struct {
 	// Secrets are files placed under /run/secrets (a tmpfs owned by the sandbox user) for this command only,
 	// and removed when it ends. Their values travel as the agent's stdin: never in argv, env, logs or events.
 	Secrets []Secret
+	// RequestID, when set, is recorded on the command's events (the service passes its request id).
+	RequestID string
 }
 
 // Secret is one secret file for one command. Mode 0 means 0400.
@@ -204,7 +206,7 @@ func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResu
 	if err != nil {
 		return nil, err
 	}
-	rec := &record.Recorder{Store: m.st, RunID: id}
+	rec := &record.Recorder{Store: m.st, RunID: id, RequestID: req.RequestID}
 	user := req.OnEvent
 	req.OnEvent = func(name string, payload any) {
 		rec.Event(name, payload)

@@ -41,6 +41,26 @@ const (
 	SecretDeliveryFailed Code = "SECRET_DELIVERY_FAILED" // a secret file could not be placed in the sandbox; the command did not run
 	SecretUnavailable    Code = "SECRET_UNAVAILABLE"     // a secret's source (an environment variable, a host file) is missing or refused
 
+	// Egress (internal/egress, wired by lifecycle).
+	EgressUnavailable Code = "EGRESS_UNAVAILABLE" // the sandbox's egress proxy cannot be served by this process
+	NetworkInvalid    Code = "NETWORK_INVALID"    // a network block (mode, preset, rules, credentials) is refused
+
+	// Files in a sandbox's workspace (internal/files).
+	FileNotFound Code = "FILE_NOT_FOUND" // no such file or directory under /workspace
+	FileTooLarge Code = "FILE_TOO_LARGE" // an upload or download passed its configured size bound
+	FileType     Code = "FILE_TYPE"      // a special file, or a directory where a file is needed (or the reverse)
+	InvalidPath  Code = "INVALID_PATH"   // a path that escapes /workspace, or is malformed
+	PathConflict Code = "PATH_CONFLICT"  // a path exists with another type, or a parent is not a directory
+
+	// Service (internal/api, tokens in the store).
+	Unauthenticated Code = "UNAUTHENTICATED"   // no token, an unknown, revoked or expired one
+	Forbidden       Code = "FORBIDDEN"         // the token lacks the scope the route needs
+	RateLimited     Code = "RATE_LIMITED"      // a tenant limit (sandboxes, concurrent execs, request rate) was reached
+	RequestInvalid  Code = "REQUEST_INVALID"   // malformed JSON, an unknown field, a bad parameter
+	RequestTooLarge Code = "REQUEST_TOO_LARGE" // a request body or header past its bound
+	RunNotFound     Code = "RUN_NOT_FOUND"     // no run with that id for this tenant
+	ShuttingDown    Code = "SHUTTING_DOWN"     // the server is draining; retry on another instance or after restart
+
 	// Policy: degrade or refuse (internal/policy).
 	SandboxCapacity          Code = "SANDBOX_CAPACITY"           // the engine refused a sandbox for lack of capacity; retry may help
 	SandboxDriverUnavailable Code = "SANDBOX_DRIVER_UNAVAILABLE" // no usable sandboxing driver, and the mode may not run on the host

@@ -40,8 +40,9 @@ func Open(ctx context.Context, dsn string) (store.Store, error) {
 // command: the command's own result matters more than its record.
 type Recorder struct {
 	Store store.Store
-	RunID string
-	Warn  io.Writer
+	RunID     string
+	RequestID string // set on every event, when not empty
+	Warn      io.Writer
 	once  sync.Once
 }
 
@@ -49,6 +50,7 @@ type Recorder struct {
 func (r *Recorder) Event(name string, payload any) {
 	ev, err := events.New(r.RunID, name, payload)
 	if err == nil {
+		ev.RequestID = r.RequestID
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, err = r.Store.AppendEvent(ctx, ev)

@@ -265,3 +265,32 @@ func compactJSON(raw []byte) ([]byte, error) {
 	}
 	return b.Bytes(), nil
 }
+
+// Token is an API token of one tenant, as the store keeps it: never the token itself, only its SHA-256 (Hash,
+// lower-case hex). The service (sandkeep serve) looks a presented token up by that hash on every request, so
+// revocation and expiry take effect on the next request.
+type Token struct {
+	ID        string    `json:"id"`     // public, stable: "tok_" + 16 hex; what list shows and revoke takes
+	Tenant    string    `json:"tenant"` // every request made with the token is scoped to this tenant
+	Name      string    `json:"name"`   // the operator's label, e.g. "ci"; unique among a tenant's live tokens
+	Scopes    []string  `json:"scopes"` // exec, files, read, admin (admin implies the others)
+	Hash      string    `json:"-"`      // hex SHA-256 of the token
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"` // zero: never
+	RevokedAt time.Time `json:"revoked_at,omitzero"` // zero: live
+}
+
+// TokenStore keeps API tokens. Errors: ErrNotFound (no such token), ErrAlreadyExists (an id, hash, or a live
+// token's (tenant, name) reused), ErrInvalidArgument (missing field, unknown scope).
+// Implemented by every Store (sqlite, postgres); storetest checks it.
+type TokenStore interface {
+	// CreateToken records t. A zero CreatedAt is set to now.
+	CreateToken(ctx context.Context, t Token) error
+	// TokenByHash returns the token whose Hash is hash, revoked or expired ones included (the caller decides),
+	// or ErrNotFound.
+	TokenByHash(ctx context.Context, hash string) (Token, error)
+	// ListTokens returns the tokens of tenant ("" for every tenant), oldest first.
+	ListTokens(ctx context.Context, tenant string) ([]Token, error)
+	// RevokeToken marks token id revoked now; revoking a revoked token is not an error. Absent: ErrNotFound.
+	RevokeToken(ctx context.Context, id string) error
+}

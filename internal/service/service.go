@@ -1,0 +1,38 @@
+// Package service is what the HTTP API (internal/api) and the MCP server (internal/mcpserver) call: sandkeep's
+// library, its run store and its workspaces behind one tenant-aware contract. Callers scope every call to the
+// tenant of the caller's token; the Backend itself trusts the Key it is given.
+package service
+
+import (
+	"context"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/files"
+	"github.com/sandkeep/sandkeep/internal/store"
+)
+
+// Backend is the service's contract. Failures are *fault.Error values (sandkeep.CodeOf) where a caller can act.
+type Backend interface {
+	// Exec runs one command in key's sandbox (see sandkeep.Manager.Exec). req.RunID, when set, must name a
+	// running run of the same tenant and user.
+	Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error)
+	// List returns the sandboxes of tenant, sorted by user.
+	List(ctx context.Context, tenant string) ([]sandkeep.Sandbox, error)
+	// Sandbox describes key's sandbox; none is fault.NotFound.
+	Sandbox(ctx context.Context, key sandkeep.Key) (sandkeep.Sandbox, error)
+	// Stop stops key's sandbox; none is fault.NotFound.
+	Stop(ctx context.Context, key sandkeep.Key) error
+	// Remove deletes key's sandbox and its workspace; neither existing is fault.NotFound.
+	Remove(ctx context.Context, key sandkeep.Key) error
+	// Workspace opens key's workspace for host-side file access; the caller closes it. With create, a missing
+	// workspace is created (owned by the sandbox user); without, it is fault.NotFound.
+	Workspace(ctx context.Context, key sandkeep.Key, create bool) (*files.FS, error)
+	// Runs lists runs (f.Tenant is always set by the caller), newest first.
+	Runs(ctx context.Context, f store.RunFilter) ([]store.Run, error)
+	// Run returns one run, or fault.RunNotFound. The caller checks its tenant.
+	Run(ctx context.Context, id string) (store.Run, error)
+	// Events lists a run's events in sequence order.
+	Events(ctx context.Context, f store.EventFilter) ([]store.Event, error)
+	// Ready reports whether the store and the driver answer.
+	Ready(ctx context.Context) error
+}
