@@ -39,11 +39,11 @@ func Open(ctx context.Context, dsn string) (store.Store, error) {
 // Recorder appends one run's events. A store failure is reported once (on Warn, when set) and never fails the
 // command: the command's own result matters more than its record.
 type Recorder struct {
-	Store store.Store
+	Store     store.Store
 	RunID     string
 	RequestID string // set on every event, when not empty
 	Warn      io.Writer
-	once  sync.Once
+	once      sync.Once
 }
 
 // Event records one event of the run; it has the shape of a lifecycle sink.
