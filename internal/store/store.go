@@ -1,10 +1,10 @@
-// Package store is sandkeep's memory: the contract for recording runs and their events, and the validation every
-// implementation shares. Implementations live in sqlite/ (the embedded default) and postgres/; storetest/ is the
-// conformance suite both pass. Only cmd/ chooses one.
+// Package store is sandkeep's memory: the contract for recording runs and their events (and keeping the
+// service's API tokens), and the validation every implementation shares. Implementations live in sqlite/ (the
+// embedded default) and postgres/; storetest/ is the conformance suite both pass. Only cmd/ chooses one.
 //
-// Errors are classified with github.com/containerd/errdefs: ErrNotFound (no such run), ErrAlreadyExists (a run
-// id reused), ErrFailedPrecondition (a finished run cannot change again), ErrInvalidArgument (a value outside
-// its enumeration, a missing field).
+// Errors are classified with github.com/containerd/errdefs: ErrNotFound (no such run or token),
+// ErrAlreadyExists (a run id reused, a token id, hash or live name reused), ErrFailedPrecondition (a finished
+// run cannot change again), ErrInvalidArgument (a value outside its enumeration, a missing field).
 package store
 
 import (
@@ -12,6 +12,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -23,7 +25,7 @@ import (
 // Event is the record a store keeps; see package events for names and payloads.
 type Event = events.Event
 
-// Store records runs and events. It is safe for concurrent use by several goroutines, and an implementation
+// Store records runs, events and API tokens. It is safe for concurrent use by several goroutines, and an implementation
 // backed by a shared database is safe for several processes writing at once: nothing is lost.
 type Store interface {
 	// CreateRun records a new run. r.ID must be set (NewRunID); a zero CreatedAt is set to now; an empty
@@ -43,6 +45,8 @@ type Store interface {
 	AppendEvent(ctx context.Context, e Event) (int64, error)
 	// ListEvents returns the events matching f in ascending sequence order.
 	ListEvents(ctx context.Context, f EventFilter) ([]Event, error)
+	// TokenStore keeps the service's API tokens in the same database as the runs.
+	TokenStore
 	// Close releases the store's resources.
 	Close() error
 }
@@ -293,4 +297,92 @@ type TokenStore interface {
 	ListTokens(ctx context.Context, tenant string) ([]Token, error)
 	// RevokeToken marks token id revoked now; revoking a revoked token is not an error. Absent: ErrNotFound.
 	RevokeToken(ctx context.Context, id string) error
+}
+
+// Token scopes: what a token may do. ScopeAdmin implies the others; package auth decides what each allows.
+const (
+	ScopeExec  = "exec"  // run commands
+	ScopeFiles = "files" // read and write files in sandboxes
+	ScopeRead  = "read"  // list and inspect sandboxes, runs and events
+	ScopeAdmin = "admin" // everything, including stopping and removing sandboxes
+)
+
+// ValidScope reports whether s is one of the scopes above.
+func ValidScope(s string) bool {
+	switch s {
+	case ScopeExec, ScopeFiles, ScopeRead, ScopeAdmin:
+		return true
+	}
+	return false
+}
+
+// TokenIDPrefix starts every token id; 16 lower-case hex digits follow.
+const TokenIDPrefix = "tok_"
+
+// ValidTokenID reports whether id has the form of a token id: TokenIDPrefix and 16 lower-case hex digits.
+func ValidTokenID(id string) bool {
+	rest, ok := strings.CutPrefix(id, TokenIDPrefix)
+	return ok && len(rest) == 16 && lowerHex(rest)
+}
+
+// PrepareToken validates t and fills its defaults (CreatedAt now), normalising times to UTC milliseconds and
+// copying Scopes, so the caller's slice is never shared with the store. A new token is live: a set RevokedAt is
+// refused. Implementations call it in CreateToken.
+func PrepareToken(t Token) (Token, error) {
+	if !ValidTokenID(t.ID) {
+		return t, invalid("create token: id %q: want %s and 16 lower-case hex digits", t.ID, TokenIDPrefix)
+	}
+	op := "create token " + t.ID
+	switch {
+	case t.Tenant == "":
+		return t, invalid("%s: empty tenant", op)
+	case t.Name == "":
+		return t, invalid("%s: empty name", op)
+	case len(t.Hash) != 64 || !lowerHex(t.Hash):
+		return t, invalid("%s: hash: want 64 lower-case hex digits (the SHA-256 of the token)", op)
+	case len(t.Scopes) == 0:
+		return t, invalid("%s: no scopes", op)
+	case !t.RevokedAt.IsZero():
+		return t, invalid("%s: a new token cannot be revoked already", op)
+	}
+	for i, sc := range t.Scopes {
+		if !ValidScope(sc) {
+			return t, invalid("%s: unknown scope %q: want one of %q", op, sc,
+				[]string{ScopeExec, ScopeFiles, ScopeRead, ScopeAdmin})
+		}
+		if slices.Contains(t.Scopes[:i], sc) {
+			return t, invalid("%s: scope %q given twice", op, sc)
+		}
+	}
+	t.Scopes = slices.Clone(t.Scopes)
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = events.Now()
+	}
+	t.CreatedAt = events.Truncate(t.CreatedAt)
+	if !t.ExpiresAt.IsZero() {
+		t.ExpiresAt = events.Truncate(t.ExpiresAt)
+	}
+	return t, nil
+}
+
+// ErrTokenNotFound returns the error for an absent token; what names it (an id, or "with that hash": a hash is
+// half a secret and is never put in an error).
+func ErrTokenNotFound(op, what string) error {
+	return fmt.Errorf("%s: token %s: %w", op, what, errdefs.ErrNotFound)
+}
+
+// ErrTokenExists returns the error for a token that collides with a stored one: its id, its hash, or the name of
+// a live token of the same tenant.
+func ErrTokenExists(t Token, what string) error {
+	return fmt.Errorf("create token %s: %s: %w", t.ID, what, errdefs.ErrAlreadyExists)
+}
+
+func lowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

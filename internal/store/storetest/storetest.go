@@ -1,5 +1,5 @@
-// Package storetest is the conformance suite every store.Store passes: the SQLite and PostgreSQL stores, and any
-// fake that stands in for them.
+// Package storetest is the conformance suite every store.Store passes (runs, events and API tokens): the SQLite
+// and PostgreSQL stores, and any fake that stands in for them.
 //
 // The multi-process test re-executes the test binary: the suite, running in a child started with the
 // SANDKEEP_STORETEST_WRITER environment variable, becomes a writer instead of running its tests. So a test that
@@ -97,6 +97,14 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"EventInvalid", testEventInvalid},
 		{"ConcurrentAppend", testConcurrentAppend},
 		{"ConcurrentFinish", testConcurrentFinish},
+		{"TokenLifecycle", testTokenLifecycle},
+		{"TokenDefaults", testTokenDefaults},
+		{"TokenExpired", testTokenExpired},
+		{"TokenInvalid", testTokenInvalid},
+		{"TokenDuplicate", testTokenDuplicate},
+		{"TokenNotFound", testTokenNotFound},
+		{"ListTokens", testListTokens},
+		{"ConcurrentTokenName", testConcurrentTokenName},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, get(t)) })
