@@ -4,9 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"io"
 	"log"
 	"net"
@@ -38,6 +39,12 @@ const (
 	ReasonInvalidHost = "invalid-host"    // the host does not parse (NormalizeHost)
 	ReasonProxyLoop   = "proxy-loop"      // the target is the proxy's own listener
 	ReasonSilent      = "silent"          // the host is on the silent list: refused, no event
+
+	// TLS inspection and credentials.
+	ReasonSNIMismatch    = "sni-mismatch"    // the TLS hello names another host than the CONNECT (Block.Host is the hello's)
+	ReasonHostMismatch   = "host-mismatch"   // a decrypted request's Host is not the CONNECT host (Block.Host is the request's)
+	ReasonNotTLS         = "not-tls"         // inspecting, and the client sent something else than a TLS hello in its tunnel
+	ReasonCredentialLeak = "credential-leak" // a credential's placeholder or value heading to a host it may not go to (Block.Rule names it)
 )
 
 // DeniedHeader is the response header of a refusal; its value is the reason.
@@ -55,11 +62,18 @@ const (
 	maxResponseHeader = 1 << 20          // an upstream response's header block
 )
 
-// Policy is where a sandbox may connect to.
+// Policy is where a sandbox may connect to, and what the proxy does for it on the way.
 type Policy struct {
 	Mode   string   // none (also ""), allowlist, denylist or open
 	Rules  []Rule   // last match wins
 	Silent []string // rules (usually hosts: telemetry endpoints) whose hosts are always refused, without an event
+
+	// Credentials are injected into requests to their hosts and refused everywhere else (see Credential).
+	Credentials []Credential
+	// Inspect is the TLS inspection setting: "" or InspectAuto (on when there are Credentials), InspectOn or
+	// InspectOff. Off, a CONNECT is a plain tunnel: credentials reach plain-HTTP requests only, and an HTTPS
+	// request to a credential's host carries its placeholder unchanged.
+	Inspect string
 }
 
 // Block is one refusal, as OnBlocked receives it (and as the network_blocked event records it).
@@ -91,78 +105,70 @@ type Config struct {
 	OnBlocked func(Block)
 	// Self lists the proxy's own addresses: refused as targets unless a rule names them.
 	Self []netip.Addr
+	// UpstreamRoots verifies upstream servers when the proxy inspects TLS; nil is the host's roots.
+	UpstreamRoots *x509.CertPool
 }
 
 // Proxy is one sandbox's egress proxy: an HTTP/1.1 forward proxy (CONNECT tunnels and absolute-form plain
 // HTTP requests) that authenticates the sandbox by its token, decides every request by the policy, resolves
-// names itself, refuses internal addresses, and dials exactly the addresses it checked. It is an
-// http.Handler; Serve runs it on a listener and Close stops it and waits for everything it started.
+// names itself, refuses internal addresses, and dials exactly the addresses it checked. With TLS inspection
+// on it also decrypts CONNECT tunnels (HTTP/1.1 and HTTP/2) and decides, injects credentials into, and
+// forwards each request in them. It is an http.Handler; Serve runs it on a listener and Close stops it and
+// waits for everything it started. SetPolicy and SetOnBlocked may be called at any time.
 type Proxy struct {
-	mode     string
-	rules    []Rule // the policy's rules
-	ipRules  []Rule // the IP and CIDR rules among them: the only ones that unlock a refused address class
-	silent   []Rule
+	pol      atomic.Pointer[policy]      // never nil; replaced whole by SetPolicy
+	onBlock  atomic.Pointer[func(Block)] // nil: refusals are not reported
 	tokenSum [sha256.Size]byte
 	resolver Resolver
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
-	onBlock  func(Block)
 	self     []netip.Addr
 
-	srv        *http.Server
-	forward    *httputil.ReverseProxy
-	transport  *http.Transport
-	tunnelIdle time.Duration
+	srv          *http.Server
+	forward      *httputil.ReverseProxy // plain HTTP, over transport
+	transport    *http.Transport
+	inspect      *httputil.ReverseProxy // decrypted requests, over tlsTransport
+	tlsTransport *http.Transport
+	inner        *http.Server  // serves decrypted connections, handed to it through innerLn
+	innerLn      *connListener //
+	tunnelIdle   time.Duration
 
 	ctx    context.Context // cancelled by Close: ends resolutions, dials and forwarded requests
 	cancel context.CancelFunc
 
-	mu        sync.Mutex
-	closed    bool                 // set once by Close; no request starts after it
-	listeners []netip.AddrPort     // every address Serve listens on: a target there is a loop
-	tunnels   map[*tunnel]struct{} // open CONNECT tunnels, closed by Close
-	wg        sync.WaitGroup       // requests in ServeHTTP and their tunnel goroutines
+	caMu  sync.Mutex    // guards ca; SetPolicy stores pol under it too
+	ca    *authority    // nil until inspection first needs it, and while inspection is off
+	caGen atomic.Uint64 // counts CA changes
+
+	mu           sync.Mutex
+	closed       bool                       // set once by Close; no request starts after it
+	listeners    []netip.AddrPort           // every address Serve listens on: a target there is a loop
+	tunnels      map[*tunnel]struct{}       // open CONNECT tunnels, closed by Close
+	intercepts   map[*tls.Conn]*inspectConn // decrypted connections, from hijack to closed, closed by Close
+	innerStarted bool                       // inner is serving innerLn
+	wg           sync.WaitGroup             // requests, tunnel goroutines, decrypted connections, inner's Serve
 }
 
 var _ http.Handler = (*Proxy)(nil)
 
-// New checks cfg and returns a Proxy that is not serving yet.
+// New checks cfg and returns a Proxy that is not serving yet. A policy error is a fault.NetworkInvalid.
 func New(cfg Config) (*Proxy, error) {
-	mode := cfg.Policy.Mode
-	switch mode {
-	case "":
-		mode = ModeNone
-	case ModeNone, ModeAllowlist, ModeDenylist, ModeOpen:
-	default:
-		return nil, fmt.Errorf("egress proxy: unknown network mode %q: want none, allowlist, denylist or open", mode)
-	}
 	if cfg.Token == "" {
 		return nil, errors.New("egress proxy: no token: every sandbox's proxy needs its own")
 	}
-	silent, errs := ParseRules(cfg.Policy.Silent)
-	if errs != nil {
-		return nil, fmt.Errorf("egress proxy: silent list: %w", errs[0])
-	}
-	for _, r := range silent {
-		if r.Negate {
-			return nil, fmt.Errorf("egress proxy: silent list: %q is negated, which means nothing there", r.String())
-		}
+	pol, err := compile(cfg.Policy)
+	if err != nil {
+		return nil, err
 	}
 	p := &Proxy{
-		mode:       mode,
-		rules:      append([]Rule(nil), cfg.Policy.Rules...),
-		silent:     silent,
 		tokenSum:   sha256.Sum256([]byte(cfg.Token)),
 		resolver:   cfg.Resolver,
 		dial:       cfg.Dial,
-		onBlock:    cfg.OnBlocked,
 		tunnelIdle: tunnelIdleTimeout,
 		tunnels:    make(map[*tunnel]struct{}),
+		intercepts: make(map[*tls.Conn]*inspectConn),
 	}
-	for _, r := range p.rules {
-		if r.IP.IsValid() || r.Prefix.IsValid() {
-			p.ipRules = append(p.ipRules, r)
-		}
-	}
+	p.pol.Store(pol)
+	p.SetOnBlocked(cfg.OnBlocked)
 	for _, a := range cfg.Self {
 		p.self = append(p.self, a.Unmap().WithZone(""))
 	}
@@ -185,15 +191,34 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.transport.Protocols = new(http.Protocols)
 	p.transport.Protocols.SetHTTP1(true)
+	p.tlsTransport = &http.Transport{
+		Proxy:                  nil,
+		DialContext:            p.dialForward,
+		TLSClientConfig:        &tls.Config{RootCAs: cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:    headerTimeout,
+		DisableCompression:     true,
+		MaxIdleConnsPerHost:    4,
+		IdleConnTimeout:        idleTimeout,
+		ResponseHeaderTimeout:  responseTimeout,
+		MaxResponseHeaderBytes: maxResponseHeader,
+	}
+	p.tlsTransport.Protocols = new(http.Protocols)
+	p.tlsTransport.Protocols.SetHTTP1(true)
+	p.tlsTransport.Protocols.SetHTTP2(true)
 	quiet := log.New(io.Discard, "", 0)
 	p.forward = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
 		Transport:      p.transport,
 		ErrorLog:       quiet,
-		ModifyResponse: refuseSwitch,
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			http.Error(w, "sandkeep egress: upstream failed", http.StatusBadGateway)
-		},
+		ModifyResponse: modifyResponse,
+		ErrorHandler:   upstreamFailed,
+	}
+	p.inspect = &httputil.ReverseProxy{
+		Rewrite:        rewrite,
+		Transport:      p.tlsTransport,
+		ErrorLog:       quiet,
+		ModifyResponse: modifyResponse,
+		ErrorHandler:   upstreamFailed,
 	}
 	p.srv = &http.Server{
 		Handler:           p,
@@ -204,6 +229,21 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.srv.Protocols = new(http.Protocols)
 	p.srv.Protocols.SetHTTP1(true)
+	p.innerLn = newConnListener()
+	p.inner = &http.Server{
+		Handler:           http.HandlerFunc(p.serveInspected),
+		ReadHeaderTimeout: headerTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          quiet,
+		ConnContext:       p.inspectContext,
+		ConnState:         p.inspectState,
+	}
+	// HTTP/2 is served on a *tls.Conn whose ALPN chose h2: Serve configures it because TLSConfig is nil (the
+	// handshake is done before the connection is handed over, so the server needs no TLS config of its own).
+	p.inner.Protocols = new(http.Protocols)
+	p.inner.Protocols.SetHTTP1(true)
+	p.inner.Protocols.SetHTTP2(true)
 	return p, nil
 }
 
@@ -236,15 +276,25 @@ func (p *Proxy) Close() error {
 	for t := range p.tunnels {
 		tunnels = append(tunnels, t)
 	}
+	raws := make([]net.Conn, 0, len(p.intercepts))
+	for _, ic := range p.intercepts {
+		raws = append(raws, ic.raw)
+	}
 	p.mu.Unlock()
 
 	p.cancel()
 	err := p.srv.Close()
+	_ = p.inner.Close()
+	_ = p.innerLn.Close()
 	for _, t := range tunnels {
 		t.close()
 	}
+	for _, c := range raws {
+		_ = c.Close() // the raw connection, not the TLS one: no close_notify to wait on
+	}
 	p.wg.Wait()
 	p.transport.CloseIdleConnections()
+	p.tlsTransport.CloseIdleConnections()
 	return err
 }
 
@@ -317,31 +367,39 @@ type verdict struct {
 	block  Block // the refusal, when status is 400 or 403
 	silent bool  // refused without an event
 	host   string
+	ip     netip.Addr // host as an address, when isIP
+	isIP   bool
+	port   uint16
 	addrs  []netip.AddrPort // allowed: the checked addresses, to dial in this order and no other
 }
 
-// decide applies the policy to host (as the client wrote it, without its port) and port: the name against
-// the rules, then every address it resolves to against the refused address classes, which only an IP or
-// CIDR rule unlocks. It resolves at most once and returns the addresses it checked.
+// decide is decideWith under the current policy.
 func (p *Proxy) decide(ctx context.Context, rawHost string, port uint16) verdict {
+	return p.decideWith(ctx, p.pol.Load(), rawHost, port)
+}
+
+// decideWith applies pol to host (as the client wrote it, without its port) and port: the name against the
+// rules, then every address it resolves to against the refused address classes, which only an IP or CIDR
+// rule unlocks. It resolves at most once and returns the addresses it checked.
+func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, port uint16) verdict {
 	name, ip, isIP, err := NormalizeHost(rawHost)
 	if err != nil {
 		return p.refuse(http.StatusBadRequest, Block{Host: cut(rawHost), Port: port, Reason: ReasonInvalidHost})
 	}
 	b := Block{Host: name, Port: port}
-	if r, _ := match(p.silent, name, ip, isIP, port); r != nil {
+	if r, _ := match(pol.silent, name, ip, isIP, port); r != nil {
 		b.Reason = ReasonSilent
 		return verdict{status: http.StatusForbidden, block: b, silent: true}
 	}
-	if p.mode == ModeNone {
+	if pol.mode == ModeNone {
 		b.Reason = ReasonModeNone
 		return p.refuse(http.StatusForbidden, b)
 	}
-	switch r, ok := match(p.rules, name, ip, isIP, port); {
+	switch r, ok := match(pol.rules, name, ip, isIP, port); {
 	case r != nil && !ok:
 		b.Reason, b.Rule = ReasonRule, r.String()
 		return p.refuse(http.StatusForbidden, b)
-	case r == nil && p.mode == ModeAllowlist:
+	case r == nil && pol.mode == ModeAllowlist:
 		b.Reason = ReasonUnlisted
 		return p.refuse(http.StatusForbidden, b)
 	}
@@ -363,7 +421,7 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port uint16) verdict
 			b.Reason = ReasonProxyLoop
 			return p.refuse(http.StatusForbidden, b)
 		}
-		r, ok := MatchAddr(p.ipRules, a, port)
+		r, ok := MatchAddr(pol.ipRules, a, port)
 		if r != nil && !ok {
 			b.Reason, b.Rule = ReasonRule, r.String()
 			return p.refuse(http.StatusForbidden, b)
@@ -374,13 +432,13 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port uint16) verdict
 		}
 		checked = append(checked, netip.AddrPortFrom(a.WithZone(""), port))
 	}
-	return verdict{host: name, addrs: checked}
+	return verdict{host: name, ip: ip, isIP: isIP, port: port, addrs: checked}
 }
 
 // refuse reports b (unless nobody listens) and returns the refusal.
 func (p *Proxy) refuse(status int, b Block) verdict {
-	if p.onBlock != nil {
-		p.onBlock(b)
+	if f := p.onBlock.Load(); f != nil {
+		(*f)(b)
 	}
 	return verdict{status: status, block: b}
 }
@@ -465,9 +523,14 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		badRequest(w, "CONNECT needs host:port")
 		return
 	}
-	v := p.decide(ctx, host, port)
+	pol := p.pol.Load()
+	v := p.decideWith(ctx, pol, host, port)
 	if v.status != 0 {
 		respond(w, v)
+		return
+	}
+	if pol.inspect {
+		p.intercept(ctx, w, pol, v)
 		return
 	}
 	up, err := p.dialChecked(ctx, v.addrs)
@@ -526,33 +589,60 @@ func (p *Proxy) untrack(t *tunnel) {
 type tunnel struct {
 	client, upstream net.Conn
 	idle             time.Duration
-	last             atomic.Int64 // unix nanoseconds of the last byte read from either end
+	last             atomic.Int64 // unix nanoseconds when a copy last reported bytes moved, either way
 	once             sync.Once
 }
 
 // run copies both ways, one direction on a goroutine counted in wg, and returns when both have ended.
 func (t *tunnel) run(wg *sync.WaitGroup) {
 	t.touch()
-	deadline := time.Time{}
-	if t.idle > 0 {
-		deadline = time.Now().Add(t.idle)
-	}
-	_ = t.client.SetReadDeadline(deadline)
-	_ = t.upstream.SetReadDeadline(deadline)
 	done := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		defer close(done)
-		_, _ = io.Copy(idleWriter{t.upstream, t}, idleReader{t.client, t})
+		t.copy(t.upstream, t.client)
 		t.close()
 	}()
-	_, _ = io.Copy(idleWriter{t.client, t}, idleReader{t.upstream, t})
+	t.copy(t.client, t.upstream)
 	t.close()
 	<-done
 }
 
 func (t *tunnel) touch() { t.last.Store(time.Now().UnixNano()) }
+
+// copy copies src to dst until src ends, either fails, or the tunnel is idle. Between two kernel sockets
+// (TCP, or the Unix socket a sandbox reaches its proxy by) io.Copy moves the bytes with splice(2), never
+// through this process's memory. Idleness is kept with deadlines, which splice honours:
+//   - src's read deadline is a quarter of the idle timeout away, so the copy returns that often and records
+//     whether bytes moved; a direction that moved none ends only when the whole tunnel, both directions, has
+//     been idle for the timeout (a long one-way download keeps the quiet direction open);
+//   - dst's write deadline is the idle timeout away: a write that makes no progress for that long (the peer
+//     stopped reading) ends the tunnel, even when both ends are stuck writing. Bytes cut off by it are lost,
+//     which is why it ends the tunnel rather than continuing.
+//
+// A read deadline never loses bytes: splice empties its pipe into dst before it reads from src again.
+func (t *tunnel) copy(dst, src net.Conn) {
+	tick := t.idle / 4
+	for {
+		start := time.Now()
+		if t.idle > 0 {
+			_ = src.SetReadDeadline(start.Add(tick))
+			_ = dst.SetWriteDeadline(start.Add(t.idle))
+		}
+		n, err := io.Copy(dst, src)
+		if n > 0 {
+			t.touch()
+		}
+		if err == nil || t.idle <= 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return // src ended, or a real error
+		}
+		now := time.Now()
+		if now.Sub(start) >= t.idle || now.Sub(time.Unix(0, t.last.Load())) >= t.idle {
+			return // a write stalled for the timeout, or nothing moved either way for it
+		}
+	}
+}
 
 // close closes both ends, once.
 func (t *tunnel) close() {
@@ -562,55 +652,15 @@ func (t *tunnel) close() {
 	})
 }
 
-// idleReader reads from one end of a tunnel and fails only when the whole tunnel, both directions, has been
-// idle for t.idle: a long one-way download keeps the quiet direction open.
-type idleReader struct {
-	c net.Conn
-	t *tunnel
-}
-
-func (r idleReader) Read(b []byte) (int, error) {
-	for {
-		n, err := r.c.Read(b)
-		timeout := errors.Is(err, os.ErrDeadlineExceeded)
-		if n > 0 {
-			r.t.touch()
-			if timeout {
-				err = nil
-			}
-			return n, err
-		}
-		if !timeout || r.t.idle <= 0 {
-			return 0, err
-		}
-		next := time.Unix(0, r.t.last.Load()).Add(r.t.idle)
-		if !time.Now().Before(next) {
-			return 0, err
-		}
-		_ = r.c.SetReadDeadline(next)
-	}
-}
-
-// idleWriter writes to one end of a tunnel and fails when one write makes no progress for t.idle (the peer
-// stopped reading), which ends the tunnel even when both ends are stuck writing.
-type idleWriter struct {
-	c net.Conn
-	t *tunnel
-}
-
-func (w idleWriter) Write(b []byte) (int, error) {
-	if w.t.idle > 0 {
-		_ = w.c.SetWriteDeadline(time.Now().Add(w.t.idle))
-	}
-	return w.c.Write(b)
-}
-
-// forwardKey carries a forwarded request's checked target from serveForward to rewrite and dialForward.
+// forwardKey carries a forwarded request's checked target from serveForward or serveInspected to rewrite,
+// dialForward and modifyResponse.
 type forwardKey struct{}
 
 type forwardTarget struct {
+	scheme    string           // http, or https for a decrypted request
 	authority string           // the outbound URL's host[:port], normalised
 	addrs     []netip.AddrPort // the checked addresses
+	creds     credPlan         // the credentials injected, to scrub from the response headers
 }
 
 // serveForward forwards a plain-HTTP request in absolute form (GET http://host/path).
@@ -632,9 +682,14 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	if !explicit {
 		port = 80
 	}
-	v := p.decide(ctx, host, port)
+	pol := p.pol.Load()
+	v := p.decideWith(ctx, pol, host, port)
 	if v.status != 0 {
 		respond(w, v)
+		return
+	}
+	plan, ok := p.credentials(w, r, pol, v)
+	if !ok {
 		return
 	}
 	authority := v.host
@@ -644,15 +699,32 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	if explicit {
 		authority += ":" + strconv.Itoa(int(port))
 	}
-	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{authority: authority, addrs: v.addrs})
+	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "http", authority: authority, addrs: v.addrs, creds: plan})
 	p.forward.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// credentials applies pol's credentials to r, a request to v's target: it injects those the target may
+// receive, or refuses r (403, a credential-leak Block naming the credential) when it carries another's
+// placeholder or value. ok is false when r was answered.
+func (p *Proxy) credentials(w http.ResponseWriter, r *http.Request, pol *policy, v verdict) (plan credPlan, ok bool) {
+	plan = pol.planFor(v.host, v.ip, v.isIP, v.port)
+	leak, err := plan.apply(r)
+	if err != nil {
+		badRequest(w, "cannot read the request body")
+		return plan, false
+	}
+	if leak != "" {
+		respond(w, p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: leak, Reason: ReasonCredentialLeak}))
+		return plan, false
+	}
+	return plan, true
 }
 
 // rewrite makes the outbound request: to the checked target, Host from the URL, without the proxy's
 // credentials, forwarding headers or a protocol upgrade (hop-by-hop headers are already gone).
 func rewrite(pr *httputil.ProxyRequest) {
 	t, _ := pr.In.Context().Value(forwardKey{}).(forwardTarget)
-	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Scheme = t.scheme
 	pr.Out.URL.Host = t.authority
 	pr.Out.URL.User = nil
 	pr.Out.Host = ""
@@ -665,11 +737,26 @@ func rewrite(pr *httputil.ProxyRequest) {
 // that switches anyway gets a 502 and no hijacked connection outside the proxy's accounting.
 var errSwitch = errors.New("upstream switched protocols unasked")
 
-func refuseSwitch(res *http.Response) error {
+// modifyResponse refuses a protocol switch and scrubs injected credentials from the response headers.
+func modifyResponse(res *http.Response) error {
 	if res.StatusCode == http.StatusSwitchingProtocols {
 		return errSwitch
 	}
+	if t, ok := res.Request.Context().Value(forwardKey{}).(forwardTarget); ok {
+		t.creds.scrub(res.Header)
+	}
 	return nil
+}
+
+// upstreamFailed answers a request the upstream did not: 502, saying when the upstream's certificate is
+// what failed (the error itself is not shown: it may quote the request's URL).
+func upstreamFailed(w http.ResponseWriter, _ *http.Request, err error) {
+	var verr *tls.CertificateVerificationError
+	if errors.As(err, &verr) {
+		http.Error(w, "sandkeep egress: the upstream's TLS certificate is not trusted", http.StatusBadGateway)
+		return
+	}
+	http.Error(w, "sandkeep egress: upstream failed", http.StatusBadGateway)
 }
 
 // dialForward is the forwarding transport's dialer: it connects to the addresses serveForward checked, never

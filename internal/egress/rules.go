@@ -1,8 +1,9 @@
-// Package egress controls where a sandbox may connect to. This file is its rule language: a rule names a host
-// (exact, "*.x", "**.x" or "**"), an IP address or a CIDR, optionally a port, optionally negated with a
-// leading "!"; hosts are normalised (case, trailing dot, port, IDN, every numeric IPv4 spelling) before they
-// are compared, and the last matching rule wins. A bad rule is a *RuleError with a stable SK3xx code.
 package egress
+
+// The rule language: a rule names a host (exact, "*.x", "**.x" or "**"), an IP address or a CIDR, optionally
+// a port, optionally negated with a leading "!"; hosts are normalised (case, trailing dot, port, IDN, every
+// numeric IPv4 spelling) before they are compared, and the last matching rule wins. A bad rule is a
+// *RuleError with a stable SK3xx code.
 
 import (
 	"fmt"

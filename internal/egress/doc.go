@@ -1,0 +1,58 @@
+// Package egress controls where a sandbox may connect to: the rule language and matcher (rules.go), and the
+// per-sandbox forward proxy that enforces a Policy (proxy.go), optionally decrypting TLS (inspect.go, ca.go)
+// to inject credentials (creds.go).
+//
+// # Rules and decisions
+//
+// A rule names a host (exact, "*.x" one label, "**.x" any depth and x itself, "**" everything), an IP
+// address or a CIDR, optionally with a port and a leading "!" that negates it; the last matching rule wins.
+// Hosts are normalised first (case, trailing dot, IDN to punycode, every numeric IPv4 spelling read as the
+// address). The proxy resolves a name once, checks every address against the refused classes (loopback,
+// private, link-local, metadata, ...; only an IP or CIDR rule unlocks one), and dials exactly the addresses
+// it checked. Each request is decided under the policy current when it is decided: SetPolicy swaps the whole
+// compiled policy atomically, and a TLS-inspected connection is decided again on every request.
+//
+// # TLS inspection
+//
+// Policy.Inspect is "auto" (on when the policy has credentials), "on" or "off". On, the proxy holds an
+// ephemeral CA (ECDSA P-256, valid for 24 hours, backdated five minutes, private key in memory only), made on
+// first need and renewed by CACert when less than six hours remain; CAGeneration (or CA) tells the caller
+// when to rewrite the bundle the sandbox trusts. The CA is name-constrained where X.509 can express the
+// policy: in allowlist mode, its allowing host rules become permitted DNS domains (x, *.x and **.x all
+// become x, which X.509 reads as x and every name under it), its allowing IP and CIDR rules permitted IP
+// ranges, and every other IP address is excluded; an allowlist with "**", and denylist and open modes, give
+// an unconstrained CA; mode none constrains it to "invalid". SetPolicy replaces the CA when the constraints
+// change.
+//
+// An allowed CONNECT is answered 200 and the client's TLS handshake is served with a leaf for the CONNECT
+// host (leaves are cached per host, 256 per CA). A ClientHello whose SNI is not the CONNECT host is refused
+// (Block reason sni-mismatch); no SNI means the CONNECT host; a client that does not start TLS is cut off
+// (not-tls). ALPN offers h2 and http/1.1. Each decrypted request must name the CONNECT host (else
+// host-mismatch) and may not be a CONNECT or an absolute-form request for elsewhere (proxy-loop); it is
+// decided again, given its credentials, and forwarded over TLS verified against Config.UpstreamRoots (nil:
+// the host's roots) to the checked addresses; the upstream is dialed per request, so an unreachable host is
+// a 502 on a request rather than on the CONNECT. Protocol upgrades (WebSocket) in decrypted and in plain-HTTP
+// requests are not forwarded: the upstream sees no Upgrade header.
+//
+// Inspection off, a CONNECT is a plain byte tunnel (spliced in the kernel between sockets): nothing inside
+// it is seen, so credentials reach plain-HTTP requests only, and an HTTPS request to a credential's host
+// carries its placeholder unchanged.
+//
+// # Credentials
+//
+// A Credential's Value never enters the sandbox, which sees only its Placeholder (NewPlaceholder). On a
+// request to a host its Hosts rules allow, the proxy replaces the placeholder in every header value (inside
+// a Basic credential too: decoded, replaced, encoded again) and in the first 1 MiB of the body (an
+// occurrence that starts past it is left as it is; the rest of a longer body streams through unread, and
+// the Content-Length is corrected). A request to any other host that carries a placeholder or the value of a
+// credential it may not receive, in its URL (raw or unescaped), a header (a Basic credential decoded) or the
+// first 1 MiB of its body, is refused 403 with a credential-leak Block naming the credential, before any of
+// it reaches the upstream. Response headers have the injected values replaced by their placeholders again
+// (response bodies are not scrubbed). Request trailers are dropped while a policy has credentials (they
+// arrive after the request was checked). Placeholders in the URL are not replaced.
+//
+// The leak check matches the literal bytes, plus the two decodings above; a program inside the sandbox can
+// always encode a placeholder some other way. That does not leak the secret: the value is only ever written
+// into requests to the credential's own hosts. A value never appears in a Block, an error or a log, and
+// Credential's String and GoString leave it out.
+package egress
