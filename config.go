@@ -1,6 +1,7 @@
 package sandkeep
 
 import (
+	"crypto/x509"
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -61,12 +63,37 @@ type Config struct {
 	// (the CLI's default is <home>/sandkeep.db). Empty: nothing is recorded; OnEvent still reports.
 	Store string
 
+	// Network is where every command may connect to (see docs/SECURITY.md, "Egress"); nil is mode none: nowhere.
+	// A command's ExecRequest.Network is merged with it. NetworkPresets adds the operator's named rule lists to
+	// the built-in "default" (or replaces it under that name); NetworkSilent lists hosts (rules) refused without a
+	// network_blocked event, e.g. telemetry endpoints.
+	Network        *Network
+	NetworkPresets map[string][]string
+	NetworkSilent  []string
+
 	// OnEvent receives the events that belong to no command (the sweeper's stops and removals); may be nil.
 	OnEvent EventFunc
 
 	Logger *slog.Logger
 
 	envErr error // a malformed SANDKEEP_* variable, reported by Open
+
+	egressHooks egressHooks // tests: where the egress proxy resolves and which upstream roots it trusts
+}
+
+// Network is where a sandbox may connect to: a mode (none, allowlist, denylist, open), a preset, rules (last match
+// wins), credentials injected by the egress proxy, and TLS inspection. On a command, Inherit says whether it is
+// added to the Config's (append, the default) or replaces it.
+type Network = lifecycle.Network
+
+// Credential is a secret the sandbox sees only as a placeholder in the environment variable Name; the egress
+// proxy puts Value in for requests to Hosts, and refuses any other host a request carrying either.
+type Credential = lifecycle.Credential
+
+// egressHooks let the package's tests point the proxy at local "internet" servers.
+type egressHooks struct {
+	resolver egress.Resolver
+	roots    *x509.CertPool
 }
 
 // ConfigFromEnv returns a Config filled from SANDKEEP_HOME, SANDKEEP_IMAGE, SANDKEEP_AGENT and
@@ -139,6 +166,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
+		EgressResolver: c.egressHooks.resolver, EgressUpstreamRoots: c.egressHooks.roots,
 	}, nil
 }
 

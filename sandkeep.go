@@ -24,6 +24,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/driver/host"
+	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/identity"
@@ -54,6 +55,11 @@ type Manager struct {
 	lc  *lifecycle.Manager
 	drv driver.Driver
 	st  store.Store // nil unless Config.Store: then every Exec belongs to a recorded run
+
+	network *Network            // Config.Network, merged with each command's
+	presets map[string][]string // Config.NetworkPresets
+	silent  []string            // Config.NetworkSilent
+	policy  *egress.Policy      // Config.Network resolved once: what a command without a block of its own gets
 }
 
 // Open checks cfg, connects to the Docker engine (a real ping) and prepares the state home.
@@ -75,11 +81,15 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := drv.Ping(pctx); err != nil {
 		return nil, err
 	}
+	pol, err := lifecycle.ResolveNetwork(cfg.Network, cfg.NetworkPresets, cfg.NetworkSilent)
+	if err != nil {
+		return nil, err
+	}
 	lc, err := lifecycle.New(home, drv, lcfg)
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{lc: lc, drv: drv}
+	m := &Manager{lc: lc, drv: drv, network: cfg.Network, presets: cfg.NetworkPresets, silent: cfg.NetworkSilent, policy: &pol}
 	if cfg.Store != "" {
 		if m.st, err = record.Open(ctx, cfg.Store); err != nil {
 			lc.Close()
@@ -165,6 +175,9 @@ type ExecRequest struct {
 	Secrets []Secret
 	// RequestID, when set, is recorded on the command's events (the service passes its request id).
 	RequestID string
+	// Network, when set, is this command's network block, merged with Config.Network (Inherit: append or
+	// replace).
+	Network *Network
 }
 
 // Secret is one secret file for one command. Mode 0 means 0400.
@@ -247,10 +260,15 @@ func (m *Manager) exec(ctx context.Context, key Key, req ExecRequest) (*ExecResu
 	if stderr == nil {
 		stderr = &errBuf
 	}
+	pol, err := m.networkFor(req.Network)
+	if err != nil {
+		return nil, err
+	}
 	res, err := m.lc.Exec(ctx, key, lifecycle.ExecRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
 		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: lifecycle.Sink(req.OnEvent), Secrets: req.Secrets,
+		Network: pol,
 	})
 	if res == nil {
 		return nil, err
@@ -269,6 +287,22 @@ func (m *Manager) exec(ctx context.Context, key Key, req ExecRequest) (*ExecResu
 		Sandbox: SandboxRef{Name: res.Sandbox.Name, ID: res.Sandbox.ID, Driver: m.drv.Name(),
 			Tenant: key.Tenant, User: key.User},
 	}, err
+}
+
+// networkFor is the policy of a command with block cmd: the Config's, resolved once, when it has none.
+func (m *Manager) networkFor(cmd *Network) (*egress.Policy, error) {
+	if cmd == nil {
+		return m.policy, nil
+	}
+	merged, err := lifecycle.MergeNetwork(m.network, cmd)
+	if err != nil {
+		return nil, err
+	}
+	pol, err := lifecycle.ResolveNetwork(merged, m.presets, m.silent)
+	if err != nil {
+		return nil, err
+	}
+	return &pol, nil
 }
 
 // Sandbox describes one sandbox, as `sandkeep ps` shows it.

@@ -519,6 +519,7 @@ func TestParseInitArgs(t *testing.T) {
 		name    string
 		args    []string
 		channel string
+		egress  string
 		bad     bool
 	}{
 		{name: "none", args: nil},
@@ -532,12 +533,17 @@ func TestParseInitArgs(t *testing.T) {
 		{name: "relative", args: []string{"--channel", "a.sock"}, bad: true},
 		{name: "extra argument", args: []string{"--channel", "/a.sock", "x"}, bad: true},
 		{name: "unknown flag", args: []string{"--chanel", "/a.sock"}, bad: true},
+		{name: "egress", args: []string{"--channel", "/c/a.sock", "--egress", "127.0.0.1:3128"}, channel: "/c/a.sock", egress: "127.0.0.1:3128"},
+		{name: "egress v6", args: []string{"--channel", "/c/a.sock", "--egress=[::1]:3128"}, channel: "/c/a.sock", egress: "[::1]:3128"},
+		{name: "egress without channel", args: []string{"--egress", "127.0.0.1:3128"}, bad: true},
+		{name: "egress not loopback", args: []string{"--channel", "/c/a.sock", "--egress", "0.0.0.0:3128"}, bad: true},
+		{name: "egress no port", args: []string{"--channel", "/c/a.sock", "--egress", "127.0.0.1"}, bad: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseInitArgs(tt.args)
-			if (err != nil) != tt.bad || (!tt.bad && got != tt.channel) {
-				t.Fatalf("got %q, %v", got, err)
+			got, egress, err := parseInitArgs(tt.args)
+			if (err != nil) != tt.bad || (!tt.bad && (got != tt.channel || egress != tt.egress)) {
+				t.Fatalf("got %q %q, %v", got, egress, err)
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log"
 	"os"
 	"os/signal"
 	"syscall"
@@ -8,8 +9,12 @@ import (
 
 // runInit is PID 1 of a sandbox. Orphans of the whole PID namespace reparent to it, so it reaps every zombie;
 // on SIGTERM or SIGINT it exits 0 and the kernel kills the rest of the namespace. It blocks on signals and
-// never polls. With a channel path it also keeps the persistent channel to the host up (see runChannel).
-func runInit(channel string) int {
+// never polls. With a channel path it also keeps the persistent channel to the host up (see runChannel), and
+// with an egress address it forwards that address to the host's egress proxy (see startEgress).
+func runInit(channel, egress string) int {
+	if egress != "" && os.Getpid() == 1 {
+		startEgress(egress, channel, log.New(os.Stderr, "sandkeep-agent init: ", 0))
+	}
 	if channel != "" {
 		return runChannel(channel)
 	}

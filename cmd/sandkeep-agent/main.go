@@ -23,6 +23,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -39,12 +40,12 @@ func main() {
 		usage()
 	}
 	if os.Args[1] == "init" {
-		channel, err := parseInitArgs(os.Args[2:])
+		channel, egress, err := parseInitArgs(os.Args[2:])
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "sandkeep-agent init: %v\n", err)
 			usage()
 		}
-		os.Exit(runInit(channel))
+		os.Exit(runInit(channel, egress))
 	}
 	if code, ok := fileBuiltin(os.Args[1:]); ok { // put-file, rm-file: see files_linux.go
 		os.Exit(code)
@@ -62,24 +63,32 @@ func main() {
 	}
 }
 
-// parseInitArgs reads init's flags: --channel PATH (or -channel, =PATH), optional. It returns "" without it.
-func parseInitArgs(args []string) (channel string, err error) {
+// parseInitArgs reads init's flags, both optional: --channel PATH (or -channel, =PATH), and --egress ADDR, the
+// loopback address of the egress forwarder, which needs --channel (the proxy's socket is next to it).
+func parseInitArgs(args []string) (channel, egress string, err error) {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Func("channel", "the host's Unix socket to dial", func(v string) error {
 		channel = v
 		return checkChannelPath(v)
 	})
+	fs.Func("egress", "the loopback address to forward to the host's egress proxy", func(v string) error {
+		egress = v
+		return checkEgressAddr(v)
+	})
 	if err := fs.Parse(args); err != nil {
-		return "", err
+		return "", "", err
 	}
 	if fs.NArg() != 0 {
-		return "", fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return "", "", fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	return channel, nil
+	if egress != "" && channel == "" {
+		return "", "", errors.New("--egress needs --channel: the proxy's socket is in the channel directory")
+	}
+	return channel, egress, nil
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH] | serve | version | put-file PATH MODE | rm-file PATH...")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT]] | serve | version | put-file PATH MODE | rm-file PATH...")
 	os.Exit(2)
 }

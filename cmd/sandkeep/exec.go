@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -56,6 +57,7 @@ func newExec(g *globals) *cobra.Command {
 		interactive bool
 		gateWait    time.Duration
 		pf          policyFlags
+		nf          networkFlags
 	)
 	cmd := &cobra.Command{
 		Use:     "exec --user U [--tenant T] [flags] [--] COMMAND [ARG...]",
@@ -81,6 +83,7 @@ func newExec(g *globals) *cobra.Command {
 			if err := checkExec(cmd, req, gateWait); err != nil {
 				return fail(err)
 			}
+			req.Network = nf.block(cmd)
 			if interactive {
 				req.Stdin = g.stdin
 			}
@@ -112,7 +115,30 @@ func newExec(g *globals) *cobra.Command {
 	f.StringVar(&pf.trust, "trust", "trusted", "trusted, or untrusted: an untrusted run is refused rather than run outside a sandbox")
 	f.StringVar(&pf.run, "run", "", "attach this command to a running run (sandkeep runs start) instead of an implicit one; the run stays open")
 	f.StringVar(&pf.driver, "driver", "", "use this driver (docker, host); unavailable is an error, never a fallback")
+	nf.bind(f)
 	return cmd
+}
+
+// networkFlags are one command's network block: merged with the spec's (append) or instead of it (replace).
+type networkFlags struct {
+	mode, preset, inherit string
+	rules                 []string
+}
+
+func (n *networkFlags) bind(f *pflag.FlagSet) {
+	f.StringVar(&n.mode, "network", "", "network mode for this command: none, allowlist, denylist or open (default: the spec's, else none)")
+	f.StringArrayVar(&n.rules, "allow", nil, "an egress rule for this command, e.g. **.github.com, !gist.github.com, 10.0.0.0/8:443 (repeatable; added after the spec's)")
+	f.StringVar(&n.preset, "network-preset", "", "add a preset's rules, e.g. default (package registries and source hosts)")
+	f.StringVar(&n.inherit, "network-inherit", "", "append (default: add to the spec's network block) or replace it")
+}
+
+// block is the command's network block, or nil when no network flag was given.
+func (n *networkFlags) block(cmd *cobra.Command) *sandkeep.Network {
+	f := cmd.Flags()
+	if !f.Changed("network") && !f.Changed("allow") && !f.Changed("network-preset") && !f.Changed("network-inherit") {
+		return nil
+	}
+	return &sandkeep.Network{Mode: n.mode, Rules: n.rules, Preset: n.preset, Inherit: n.inherit}
 }
 
 // checkExec refuses a malformed request before anything touches the state home or the Docker engine. The

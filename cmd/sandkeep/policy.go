@@ -167,7 +167,6 @@ func unsupported(sb spec.Sandbox) error {
 	}
 	add(sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace", "workspace_folder")
 	add(sb.HostState == "auto", "host_state: auto")
-	add(sb.Network != nil && sb.Network.Mode != "" && sb.Network.Mode != "none", "network (egress)")
 	if len(fields) == 0 {
 		return nil
 	}
@@ -193,6 +192,9 @@ func apply(c *sandkeep.Config, sb spec.Sandbox) error {
 		c.Env = append(c.Env, k+"="+sb.Env[k])
 	}
 	c.Mounts = append(c.Mounts, sb.Mounts...)
+	if err := applyNetwork(c, sb.Network); err != nil {
+		return err
+	}
 	c.PostCreate = sb.PostCreate
 	c.Tmpfs = append(c.Tmpfs, sb.Tmpfs...)
 	if r := sb.Resources; r != nil {
@@ -205,6 +207,25 @@ func apply(c *sandkeep.Config, sb spec.Sandbox) error {
 			c.MemoryBytes = n
 		}
 	}
+	return nil
+}
+
+// applyNetwork puts the spec's network block into c, reading each credential's value from sandkeep's own
+// environment. The value goes to the egress proxy only; the sandbox sees a placeholder.
+func applyNetwork(c *sandkeep.Config, n *spec.Network) error {
+	if n == nil {
+		return nil
+	}
+	nw := &sandkeep.Network{Mode: n.Mode, Preset: n.Preset, Rules: n.Rules, Inspect: n.Inspect}
+	for _, cr := range n.Credentials {
+		v := os.Getenv(cr.FromEnv)
+		if v == "" {
+			return fault.New(fault.SecretUnavailable, "export "+cr.FromEnv+" in sandkeep's environment",
+				"credential %s: $%s is not set", cr.Name, cr.FromEnv)
+		}
+		nw.Credentials = append(nw.Credentials, sandkeep.Credential{Name: cr.Name, Value: v, Hosts: cr.Hosts})
+	}
+	c.Network = nw
 	return nil
 }
 

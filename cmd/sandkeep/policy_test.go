@@ -302,3 +302,41 @@ func TestSpecSecretFiles(t *testing.T) {
 	os.WriteFile(stolen, []byte("sandbox:\n  secret_files: [{name: k, path: /run/secrets/k, from_file: "+filepath.Join(ssh, "id_rsa")+"}]\n"), 0o644)
 	c.run(t, "exec", "--spec", stolen, "--tenant", ten, "--user", "s", "--", "true").wantFailure(t, "SECRET_UNAVAILABLE")
 }
+
+// TestExecNetwork: the spec's network block and the command's flags give the command a proxy; a credential's
+// value stays on the host; a credential whose variable is unset is refused before anything runs.
+func TestExecNetwork(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	repo := t.TempDir()
+	specFile := filepath.Join(repo, "sandkeep.yaml")
+	spec := "sandbox:\n  mode: inline\n  image: " + testutil.TestImage(t) + "\n  network:\n    mode: allowlist\n    preset: default\n" +
+		"    credentials: [{name: API_TOKEN, from_env: SK_TEST_CRED, hosts: [api.example.test]}]\n"
+	if err := os.WriteFile(specFile, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "sentinel-cred-8c1f"
+	r := c.runWith(t, nil, []string{"SK_TEST_CRED=" + secret}, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net",
+		"--", "sh", "-c", `echo "$HTTPS_PROXY|$API_TOKEN|$SSL_CERT_FILE"; grep -c CERTIFICATE /.sandkeep-chan/ca-bundle.pem`).want(t, 0)
+	parts := strings.Split(strings.SplitN(r.stdout, "\n", 2)[0], "|")
+	if len(parts) != 3 || !strings.HasPrefix(parts[0], "http://sandkeep:") || !strings.HasSuffix(parts[0], "@127.0.0.1:3128") ||
+		parts[1] == "" || parts[1] == secret || parts[2] != "/.sandkeep-chan/ca-bundle.pem" {
+		t.Errorf("the command's environment: %q", r.stdout)
+	}
+	if strings.Contains(r.stdout+r.stderr, secret) {
+		t.Error("the credential's value reached the sandbox")
+	}
+	c.run(t, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net", "--", "true").wantFailure(t, "SECRET_UNAVAILABLE")
+
+	// Flags only: rules on a sandbox without a network make an allowlist for this command.
+	r = c.run(t, "exec", "--tenant", c.ten("acme"), "--user", "flags", "--allow", "example.test", "--", "sh", "-c", `echo "[$HTTP_PROXY]"`).want(t, 0)
+	if !strings.Contains(r.stdout, "@127.0.0.1:3128]") {
+		t.Errorf("--allow: %q", r.stdout)
+	}
+	r = c.run(t, "exec", "--tenant", c.ten("acme"), "--user", "flags", "--", "sh", "-c", `echo "[$HTTP_PROXY]"`).want(t, 0)
+	if r.stdout != "[]\n" {
+		t.Errorf("no network flags: %q", r.stdout)
+	}
+	c.run(t, "exec", "--user", "flags", "--allow", "a..b", "--", "true").wantFailure(t, "NETWORK_INVALID")
+	c.run(t, "exec", "--user", "flags", "--network", "strict", "--", "true").wantFailure(t, "NETWORK_INVALID")
+}

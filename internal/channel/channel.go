@@ -97,7 +97,7 @@ func listenUnix(dir, path string) (*net.UnixListener, error) {
 			return nil, fmt.Errorf("channel dir: %w", err)
 		}
 		defer d.Close()
-		addr = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), SocketName)
+		addr = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), filepath.Base(path))
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
 	if err != nil {

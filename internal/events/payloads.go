@@ -113,11 +113,16 @@ type ExecFinished struct {
 	Truncated  bool   `json:"truncated,omitempty"`
 }
 
-// NetworkBlocked (network_blocked): the egress proxy refused a connection. Reserved for the egress layer.
+// NetworkBlocked (network_blocked): a sandbox's egress proxy refused a request. Hosts on the silent list are
+// refused without one. A credential's value never appears here; Rule then names the credential.
 type NetworkBlocked struct {
-	Host string `json:"host"`
-	Port int    `json:"port"`
-	Rule string `json:"rule,omitempty"` // the rule that denied it; empty when no rule allowed it
+	Host    string `json:"host"`
+	Port    int    `json:"port"`
+	Rule    string `json:"rule,omitempty"`    // the rule (or credential name) that denied it; empty when no rule allowed it
+	Reason  string `json:"reason,omitempty"`  // not-allowlisted, denied-by-rule, loopback, private, metadata, sni-mismatch, credential-leak, ...
+	Addr    string `json:"addr,omitempty"`    // the resolved address refused, for an address class
+	Sandbox string `json:"sandbox,omitempty"` // the sandbox's container name
+	Key     string `json:"key,omitempty"`     // the sandbox's key, short form
 }
 
 // maxCommand bounds ExecStarted.Command: argv[0] is usually a short program name, and an event is no place for

@@ -1,8 +1,11 @@
 package lifecycle
 
 import (
+	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -69,6 +73,11 @@ type Config struct {
 	// SetupTimeout bounds providing a sandbox (image pull, create, start, post-create); past it the command
 	// fails with SANDBOX_SETUP_TIMEOUT (a retry may help). Default 15m.
 	SetupTimeout time.Duration
+
+	// Egress test hooks: the proxy's name resolution, dialling and upstream TLS roots (nil: the system's).
+	EgressResolver      egress.Resolver
+	EgressDial          func(ctx context.Context, network, addr string) (net.Conn, error)
+	EgressUpstreamRoots *x509.CertPool
 
 	// OnEvent receives the events that belong to no caller's run (the sweeper's); may be nil.
 	OnEvent Sink
@@ -199,7 +208,7 @@ func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driv
 	initArgv := []string{driver.AgentPath, "init"}
 	if chanDir != "" {
 		mounts = append(mounts, driver.Mount{Source: chanDir, Target: channel.MountPoint, ReadOnly: true})
-		initArgv = append(initArgv, "--channel", channel.SocketPath)
+		initArgv = append(initArgv, "--channel", channel.SocketPath, "--egress", EgressListen)
 	}
 	mounts = append(mounts, c.Mounts...)
 	env := append([]string{"HOME=" + driver.HomeDir, "TMPDIR=/tmp"}, c.Env...)

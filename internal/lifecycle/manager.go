@@ -17,6 +17,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
@@ -41,9 +42,10 @@ type Manager struct {
 	images   *images
 	postures sync.Map // key hex -> keyPosture, built once per key (see postureOf)
 
-	mu        sync.Mutex                   // guards known and listeners
+	mu        sync.Mutex                   // guards known, listeners and egress
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
 	listeners map[string]*channel.Listener // key hex -> this process's agent channel listener for that key
+	egress    map[string]*keyEgress        // key hex -> the key's egress proxy, served by this process (egress.go)
 
 	nextID atomic.Uint32
 }
@@ -65,7 +67,7 @@ func New(home *Home, drv driver.Driver, cfg Config) (*Manager, error) {
 	}
 	return &Manager{
 		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home), agentDir: agentDir,
-		known: map[string]*driver.Sandbox{}, listeners: map[string]*channel.Listener{},
+		known: map[string]*driver.Sandbox{}, listeners: map[string]*channel.Listener{}, egress: map[string]*keyEgress{},
 		images: newImages(drv, cfg.Logger),
 	}, nil
 }
@@ -89,6 +91,8 @@ type ExecRequest struct {
 	Stderr      io.Writer
 	OnEvent     Sink     // receives this command's events (ensure decisions, exec started/finished); may be nil
 	Secrets     []Secret // files placed under /run/secrets for this command only (secrets.go)
+	// Network is where the command may connect to (ResolveNetwork); nil or mode none: nowhere.
+	Network *egress.Policy
 }
 
 // ExecResult is the outcome of one command.
@@ -115,6 +119,14 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	defer release()
 
 	ctx = withSink(ctx, req.OnEvent)
+	// The proxy is up, with this command's policy, before the command can use it; its refusals until the command
+	// ends belong to the command's run.
+	netEnv, releaseNet, err := m.egressFor(ctx, key, req.Network)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseNet()
+	preq.Env = append(preq.Env, netEnv...)
 	// Secrets: placed after the ensure and before the command; removed after it, whatever its outcome (the
 	// deferred remove runs before release, so within this gate hold). A failed placement runs no command.
 	if len(req.Secrets) > 0 {
@@ -282,6 +294,7 @@ func (m *Manager) Stop(ctx context.Context, key identity.Key) error {
 		return err
 	}
 	m.forget(key)
+	m.dropEgress(key)
 	return m.drv.Stop(ctx, sb, m.cfg.StopGrace)
 }
 
@@ -346,6 +359,7 @@ func (m *Manager) checkOurs(key identity.Key, sb *driver.Sandbox) error {
 // agents reconnect to the next process that serves them.
 func (m *Manager) Close() error {
 	m.images.close()
+	m.closeEgress()
 	m.mu.Lock()
 	ls := m.listeners
 	m.listeners = map[string]*channel.Listener{}

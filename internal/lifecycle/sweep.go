@@ -122,6 +122,7 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 		return nil
 	}
 	m.forget(key)
+	m.dropEgress(key)
 	switch sb.State {
 	case driver.StateRunning:
 		if err := m.drv.Stop(ctx, sb, m.cfg.StopGrace); err != nil {

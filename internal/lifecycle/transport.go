@@ -76,6 +76,7 @@ func (m *Manager) verifier(key identity.Key) channel.Verifier {
 
 // dropListener closes key's listener and removes its channel directory (the sandbox is gone).
 func (m *Manager) dropListener(key identity.Key) {
+	m.dropEgress(key)
 	m.mu.Lock()
 	l := m.listeners[key.Hex()]
 	delete(m.listeners, key.Hex())

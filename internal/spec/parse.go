@@ -158,7 +158,8 @@ var (
 	buildKeys     = []string{"dockerfile", "context", "args"}
 	resourceKeys  = []string{"cpus", "memory", "pids"}
 	secretKeys    = []string{"name", "path", "from_env", "from_file", "mode"}
-	networkKeys   = []string{"mode", "preset", "rules", "inherit"}
+	networkKeys   = []string{"mode", "preset", "rules", "inherit", "credentials", "inspect"}
+	credKeys      = []string{"name", "from_env", "hosts"}
 	misplacedKeys = map[string]string{ // a key of a nested block written one level too high
 		"dockerfile": "sandbox.build", "context": "sandbox.build", "args": "sandbox.build",
 		"cpus": "sandbox.resources", "memory": "sandbox.resources", "pids": "sandbox.resources",
@@ -197,6 +198,8 @@ var forms = map[string]string{
 	"sandbox.network.preset":         "preset: default",
 	"sandbox.network.rules":          `rules: ["**.github.com", "!gist.github.com"]`,
 	"sandbox.network.inherit":        "inherit: append",
+	"sandbox.network.inspect":        "inspect: auto",
+	"sandbox.network.credentials":    "credentials: [{name: GITHUB_TOKEN, from_env: GH_TOKEN, hosts: [api.github.com]}]",
 }
 
 // indexPart matches a list index in a field path.
@@ -386,8 +389,40 @@ func (p *parser) network(n *yaml.Node, nw *Network) {
 			nw.Rules = p.strList(v, path)
 		case "inherit":
 			nw.Inherit, _ = p.str(v, path)
+		case "inspect":
+			nw.Inspect, _ = p.str(v, path)
+		case "credentials":
+			nw.Credentials = p.credentials(v, path)
 		}
 	})
+}
+
+func (p *parser) credentials(n *yaml.Node, path string) []NetworkCredential {
+	if !p.is(n, path, yaml.SequenceNode) {
+		return nil
+	}
+	out := make([]NetworkCredential, 0, len(n.Content))
+	for i, item := range n.Content {
+		ipath := fmt.Sprintf("%s[%d]", path, i)
+		p.c.pos[ipath] = item
+		if !p.is(item, ipath, yaml.MappingNode) {
+			continue
+		}
+		var c NetworkCredential
+		p.mapping(item, ipath, ipath, credKeys, func(key string, _, v *yaml.Node) {
+			kpath := ipath + "." + key
+			switch key {
+			case "name":
+				c.Name, _ = p.str(v, kpath)
+			case "from_env":
+				c.FromEnv, _ = p.str(v, kpath)
+			case "hosts":
+				c.Hosts = p.strList(v, kpath)
+			}
+		})
+		out = append(out, c)
+	}
+	return out
 }
 
 // mapping walks the key/value pairs of n (already known to be a mapping), reports non-scalar, duplicate and

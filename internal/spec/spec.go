@@ -64,4 +64,14 @@ type Network struct {
 	Preset  string   `yaml:"preset" json:"preset,omitempty"`   // e.g. "default"
 	Rules   []string `yaml:"rules" json:"rules,omitempty"`     // see internal/egress rule syntax
 	Inherit string   `yaml:"inherit" json:"inherit,omitempty"` // append | replace
+	// Credentials are injected by the egress proxy: the sandbox sees a placeholder in $name.
+	Credentials []NetworkCredential `yaml:"credentials" json:"credentials,omitempty"`
+	Inspect     string              `yaml:"inspect" json:"inspect,omitempty"` // TLS inspection: auto | on | off
+}
+
+// NetworkCredential is a secret read on the host (from_env) that may go only to hosts.
+type NetworkCredential struct {
+	Name    string   `yaml:"name" json:"name"`         // the environment variable the sandbox sees the placeholder in
+	FromEnv string   `yaml:"from_env" json:"from_env"` // the host environment variable holding the value
+	Hosts   []string `yaml:"hosts" json:"hosts"`       // egress rules of the hosts it may be sent to
 }

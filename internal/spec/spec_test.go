@@ -138,6 +138,18 @@ func TestParseIssueExampleVerbatim(t *testing.T) {
 }
 
 // TestParseMessages pins the sentences the issue and the brief name.
+func TestParseNetworkCredentials(t *testing.T) {
+	f, list := Parse("s.yaml", []byte("sandbox:\n  network:\n    mode: allowlist\n    inspect: on\n    credentials:\n      - {name: GITHUB_TOKEN, from_env: GH_TOKEN, hosts: [api.github.com, \"**.githubusercontent.com\"]}\n"))
+	if list.HasErrors() {
+		t.Fatal(list)
+	}
+	n := f.Sandbox.Network
+	if n.Inspect != "on" || len(n.Credentials) != 1 || n.Credentials[0].Name != "GITHUB_TOKEN" || n.Credentials[0].FromEnv != "GH_TOKEN" ||
+		len(n.Credentials[0].Hosts) != 2 {
+		t.Errorf("network = %+v", n)
+	}
+}
+
 func TestParseMessages(t *testing.T) {
 	tests := []struct {
 		yaml, want, hint string
@@ -152,6 +164,12 @@ func TestParseMessages(t *testing.T) {
 		{"sandbox:\n  network:\n    rules:\n      - !x.com\n", "sandbox.network.rules[0] must be a string, not a value tagged \"!x.com\"", `quote a value that starts with '!': "!x.com"`},
 		{"sandbox: {env: {TOKEN: \"s3cret\\x01\"}}", "sandbox.env.TOKEN contains the control character U+0001", ""},
 		{"sandbox: {network: {mode: auto}}", "auto is a sandbox mode: write it under sandbox.mode", ""},
+		{"sandbox: {network: {mode: open, inspect: maybe}}", `invalid TLS inspection setting "maybe"`, "inspect: auto"},
+		{"sandbox: {network: {mode: allowlist, credentials: [{name: A-B, from_env: X, hosts: [a.com]}]}}", `sandbox.network.credentials[0].name "A-B" is not an environment variable name`, "GITHUB_TOKEN"},
+		{"sandbox: {network: {mode: allowlist, credentials: [{name: T, from_env: X}]}}", "sandbox.network.credentials[0] names no host", "hosts: [api.github.com]"},
+		{"sandbox: {network: {mode: allowlist, credentials: [{name: T, from_env: X, hosts: [\"!a.com\"]}]}}", `sandbox.network.credentials[0].hosts[0] "!a.com" is negated`, ""},
+		{"sandbox: {network: {credentials: [{name: T, from_env: X, hosts: [a.com]}]}}", "credentials need a network", "mode: allowlist"},
+		{"sandbox: {network: {mode: allowlist, credentials: [{name: T, from_env: X, hosts: [a.com], value: v}]}}", `unknown field "value"`, ""},
 	}
 	for _, tt := range tests {
 		_, list := Parse("s.yaml", []byte(tt.yaml))

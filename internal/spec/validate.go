@@ -587,6 +587,26 @@ func ParseSecretMode(s string) (fs.FileMode, error) {
 	return fs.FileMode(v), nil
 }
 
+// credName is an environment variable name, as credentials use them.
+var credName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// rule checks one egress rule at field f and reports whether it is valid.
+func (c *checker) rule(f, r string) bool {
+	if !c.text(f, r) {
+		return false
+	}
+	if _, err := egress.ParseRule(r); err != nil {
+		var re *egress.RuleError
+		if !errors.As(err, &re) {
+			c.errorf(diag.RuleHost, f, "", "%s: %v", f, err)
+			return false
+		}
+		c.errorf(re.Code, f, re.Hint, "%s", re.Message)
+		return false
+	}
+	return true
+}
+
 // presetName is the form of a preset's name; whether the preset exists is for the operator's config to say.
 var presetName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
@@ -610,19 +630,43 @@ func (c *checker) network(n *Network) {
 		c.errorf(diag.SpecNetwork, "sandbox.network.preset", "name a preset in lower-case letters, digits, - and _, e.g. preset: default",
 			"invalid network preset name %q", n.Preset)
 	}
+	switch n.Inspect {
+	case "", "auto", "on", "off":
+	default:
+		c.errorf(diag.SpecNetwork, "sandbox.network.inspect", "write inspect: auto (on when credentials are injected), on or off",
+			"invalid TLS inspection setting %q", n.Inspect)
+	}
 	for i, r := range n.Rules {
-		f := fmt.Sprintf("sandbox.network.rules[%d]", i)
-		if !c.text(f, r) {
-			continue
+		c.rule(fmt.Sprintf("sandbox.network.rules[%d]", i), r)
+	}
+	names := map[string]int{}
+	for i, cr := range n.Credentials {
+		f := fmt.Sprintf("sandbox.network.credentials[%d]", i)
+		if !credName.MatchString(cr.Name) {
+			c.errorf(diag.SpecNetwork, f+".name", "name it like an environment variable, e.g. name: GITHUB_TOKEN",
+				"%s.name %q is not an environment variable name", f, cr.Name)
+		} else if j, dup := names[cr.Name]; dup {
+			c.errorf(diag.SpecNetwork, f+".name", "give each credential its own name", "%s.name %q is also the name of credentials[%d]", f, cr.Name, j)
 		}
-		if _, err := egress.ParseRule(r); err != nil {
-			var re *egress.RuleError
-			if !errors.As(err, &re) {
-				c.errorf(diag.RuleHost, f, "", "%s: %v", f, err)
-				continue
+		names[cr.Name] = i
+		if !credName.MatchString(cr.FromEnv) {
+			c.errorf(diag.SpecNetwork, f+".from_env", "name the host environment variable that holds the value, e.g. from_env: GH_TOKEN",
+				"%s.from_env %q is not an environment variable name", f, cr.FromEnv)
+		}
+		if len(cr.Hosts) == 0 {
+			c.errorf(diag.SpecNetwork, f+".hosts", "list the hosts it may be sent to, e.g. hosts: [api.github.com]",
+				"%s names no host: the credential could go nowhere", f)
+		}
+		for j, h := range cr.Hosts {
+			hf := fmt.Sprintf("%s.hosts[%d]", f, j)
+			if c.rule(hf, h) && strings.HasPrefix(h, "!") {
+				c.errorf(diag.SpecNetwork, hf, "list only the hosts it may go to", "%s %q is negated", hf, h)
 			}
-			c.errorf(re.Code, f, re.Hint, "%s", re.Message)
 		}
+	}
+	if len(n.Credentials) > 0 && (n.Mode == "" || n.Mode == "none") {
+		c.errorf(diag.SpecNetwork, "sandbox.network.mode", "choose mode: allowlist with the credentials' hosts, or remove the credentials",
+			"credentials need a network, and the network mode is none")
 	}
 	if n.Mode == "none" && (len(n.Rules) > 0 || n.Preset != "") {
 		c.at(diag.Warning, diag.SpecNetwork, "sandbox.network.mode", "remove the rules and preset, or choose mode: allowlist",

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"log"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// The egress forwarder. A sandbox has no network (Docker's network mode none: only its own loopback), so the
+// only way out is the host's egress proxy, which listens on a Unix socket in the channel directory, bound
+// read-only into the sandbox. Most clients (curl, pip, npm, git, Go) speak to an HTTP proxy at a TCP address,
+// so init listens on the sandbox's loopback and splices each connection onto a fresh connection to that socket.
+// It adds nothing and reads nothing: the host proxy authenticates (the token in HTTP_PROXY) and decides. Init
+// dials the socket itself, so the host's SO_PEERCRED check sees PID 1, and a command that dials the socket
+// directly is turned away.
+const (
+	// egressSocketName is the host proxy's socket in the channel directory (lifecycle names the same).
+	egressSocketName = "e.sock"
+	// maxEgressConns bounds the connections forwarded at once, so a command cannot make init spend unbounded
+	// memory; past it new connections are closed at once.
+	maxEgressConns = 256
+	// egressDialTimeout bounds connecting to the host's socket; a host that is not listening fails at once.
+	egressDialTimeout = 5 * time.Second
+	// spliceBuffer is each direction's copy buffer.
+	spliceBuffer = 32 << 10
+)
+
+// startEgress listens on addr (the sandbox's loopback) and forwards to e.sock next to the channel socket. A
+// failure to listen is logged and not fatal: commands then simply have no way out.
+func startEgress(addr, channel string, logger *log.Logger) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		logger.Printf("egress forwarder: %v (commands in this sandbox have no network)", err)
+		return
+	}
+	sock := filepath.Join(filepath.Dir(channel), egressSocketName)
+	go forwardEgress(ln, sock, logger)
+}
+
+// forwardEgress accepts until the listener fails; init never closes it, so it lives as long as PID 1.
+func forwardEgress(ln net.Listener, sock string, logger *log.Logger) {
+	slots := make(chan struct{}, maxEgressConns)
+	bufs := sync.Pool{New: func() any { b := make([]byte, spliceBuffer); return &b }}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
+		go func() {
+			defer func() { <-slots }()
+			splice(c, sock, &bufs)
+		}()
+	}
+}
+
+// splice copies both ways between the sandbox's connection and a new connection to the host proxy, passing each
+// side's end of stream on to the other, and closes both once both directions are done.
+func splice(c net.Conn, sock string, bufs *sync.Pool) {
+	defer c.Close()
+	u, err := net.DialTimeout("unix", sock, egressDialTimeout)
+	if err != nil {
+		return // no proxy for this sandbox (network mode none, or its host process is gone)
+	}
+	defer u.Close()
+	done := make(chan struct{})
+	go func() {
+		copyHalf(u, c, bufs)
+		close(done)
+	}()
+	copyHalf(c, u, bufs)
+	<-done
+}
+
+type closeWriter interface{ CloseWrite() error }
+
+// copyHalf copies src to dst, then half-closes dst so the peer sees the end of stream; on a write error it
+// closes src's reading side too, so the other direction ends.
+func copyHalf(dst, src net.Conn, bufs *sync.Pool) {
+	b := bufs.Get().(*[]byte)
+	_, err := io.CopyBuffer(dst, src, *b)
+	bufs.Put(b)
+	if cw, ok := dst.(closeWriter); ok && err == nil {
+		_ = cw.CloseWrite()
+		return
+	}
+	dst.Close()
+	src.Close()
+}
+
+// checkEgressAddr checks --egress: a loopback host:port.
+func checkEgressAddr(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return errors.New("--egress must be a loopback address, e.g. 127.0.0.1:3128")
+	}
+	return nil
+}

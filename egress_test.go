@@ -1,0 +1,512 @@
+package sandkeep_test
+
+// Egress, end to end against the real engine: a sandbox reaches the network only through its own proxy, which
+// lets out what the policy allows and refuses (and reports) the rest. "The internet" is made of recording servers
+// on the host's loopback, reached by test names through a test resolver; nothing leaves the machine.
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/testutil"
+)
+
+// recorder is an upstream that counts and keeps what reached it.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []*http.Request
+	auth []string
+	body []string
+	srv  *httptest.Server
+}
+
+func newRecorder(t *testing.T, tlsOn bool) *recorder {
+	r := &recorder{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(io.LimitReader(req.Body, 1<<20))
+		r.mu.Lock()
+		r.reqs = append(r.reqs, req)
+		r.auth = append(r.auth, req.Header.Get("Authorization"))
+		r.body = append(r.body, string(b))
+		r.mu.Unlock()
+		fmt.Fprintf(w, "hello from upstream, proto %s", req.Proto)
+	})
+	if tlsOn {
+		r.srv = httptest.NewUnstartedServer(h)
+		r.srv.EnableHTTP2 = true
+		r.srv.TLS = &tls.Config{Certificates: []tls.Certificate{testCert(t, "allowed.test", "other.test")}}
+		r.srv.StartTLS()
+	} else {
+		r.srv = httptest.NewServer(h)
+	}
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// testCert is a self-signed certificate for names (the test upstream's: the proxy verifies it by name).
+func testCert(t *testing.T, names ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func (r *recorder) port() string {
+	_, p, _ := net.SplitHostPort(r.srv.Listener.Addr().String())
+	return p
+}
+
+func (r *recorder) hits() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.reqs)
+}
+
+// testResolver maps test names to addresses and remembers every name it was asked for.
+type testResolver struct {
+	mu    sync.Mutex
+	names map[string][]netip.Addr
+	asked []string
+}
+
+func (r *testResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asked = append(r.asked, host)
+	if a, ok := r.names[host]; ok {
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+func (r *testResolver) wasAsked(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.asked, name)
+}
+
+// tcpRecorder counts TCP connections and UDP datagrams on one port of every host address.
+type tcpRecorder struct {
+	mu   sync.Mutex
+	hits int
+	port int
+}
+
+func newTCPRecorder(t *testing.T) *tcpRecorder {
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &tcpRecorder{port: ln.Addr().(*net.TCPAddr).Port}
+	pc, err := net.ListenPacket("udp", "0.0.0.0:"+strconv.Itoa(r.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			r.hits++
+			r.mu.Unlock()
+			c.Close()
+		}
+	}()
+	go func() {
+		b := make([]byte, 512)
+		for {
+			if _, _, err := pc.ReadFrom(b); err != nil {
+				return
+			}
+			r.mu.Lock()
+			r.hits++
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+func (r *tcpRecorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hits
+}
+
+type egressWorld struct {
+	*suite
+	plain, secure *recorder
+	resolver      *testResolver
+	blocked       []events.NetworkBlocked
+	mu            sync.Mutex
+}
+
+// newEgressWorld opens a manager over the probe image whose proxies resolve through a test resolver and trust
+// the TLS recorder's certificate; network is the Config's block.
+func newEgressWorld(t *testing.T, network *sandkeep.Network, silent ...string) *egressWorld {
+	t.Helper()
+	w := &egressWorld{plain: newRecorder(t, false), secure: newRecorder(t, true)}
+	lo := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	w.resolver = &testResolver{names: map[string][]netip.Addr{
+		"allowed.test": lo, "other.test": lo, "denied.test": lo, "telemetry.test": lo,
+		"rebind.test": lo, "localhost": lo, "metadata.test": {netip.MustParseAddr("169.254.169.254")},
+	}}
+	roots := x509.NewCertPool()
+	roots.AddCert(w.secure.srv.Certificate())
+	cfg := baseConfig(t)
+	cfg.Image = testutil.ProbeImage(t)
+	cfg.Network = network
+	cfg.NetworkSilent = silent
+	sandkeep.SetEgressHooks(&cfg, w.resolver, roots)
+	w.suite = newSuite(t, cfg)
+	return w
+}
+
+// run runs argv and collects its network_blocked events.
+func (w *egressWorld) run(key sandkeep.Key, req sandkeep.ExecRequest) *sandkeep.ExecResult {
+	w.t.Helper()
+	req.OnEvent = func(name string, payload any) {
+		if b, ok := payload.(events.NetworkBlocked); ok && name == events.NameNetworkBlocked {
+			w.mu.Lock()
+			w.blocked = append(w.blocked, b)
+			w.mu.Unlock()
+		}
+	}
+	return w.execReq(w.m, key, req)
+}
+
+func (w *egressWorld) probe(key sandkeep.Key, args ...string) *sandkeep.ExecResult {
+	w.t.Helper()
+	return w.run(key, sandkeep.ExecRequest{Argv: append([]string{testutil.ProbePath}, args...), Timeout: time.Minute})
+}
+
+func (w *egressWorld) blocks() []events.NetworkBlocked {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.blocked)
+}
+
+func (w *egressWorld) blockedFor(host string) (events.NetworkBlocked, bool) {
+	for _, b := range w.blocks() {
+		if b.Host == host {
+			return b, true
+		}
+	}
+	return events.NetworkBlocked{}, false
+}
+
+// TestEgressAllowlist: an allowed host is reached through the proxy from inside the sandbox; an unlisted one gets
+// 403 with the reason and a network_blocked event carrying the key, and no request reaches it.
+func TestEgressAllowlist(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, nil)
+	p := w.plain.port()
+	key := w.key("acme", "egress")
+	net := &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test", "127.0.0.1:" + p}}
+
+	res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", "http://allowed.test:" + p + "/x"}, Network: net})
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "status 200") || !strings.Contains(res.Stdout, "hello from upstream") {
+		t.Fatalf("allowed host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if w.plain.hits() != 1 {
+		t.Fatalf("upstream got %d requests, want 1", w.plain.hits())
+	}
+
+	res = w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", "http://denied.test:" + p + "/x"}, Network: net})
+	if !strings.Contains(res.Stdout, "status 403 denied=not-allowlisted") {
+		t.Fatalf("unlisted host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if w.plain.hits() != 1 {
+		t.Fatalf("the refused request reached the upstream (%d hits)", w.plain.hits())
+	}
+	if w.resolver.wasAsked("denied.test") {
+		t.Error("the proxy resolved a name the allowlist refuses: a DNS query leaves for every refused name")
+	}
+	b, ok := w.blockedFor("denied.test")
+	if !ok {
+		t.Fatalf("no network_blocked event for denied.test; got %+v", w.blocks())
+	}
+	if b.Reason != "not-allowlisted" || b.Key != key.Short() || b.Sandbox != key.ContainerName() || b.Port == 0 {
+		t.Errorf("network_blocked = %+v", b)
+	}
+
+	// Without a network block the command has no network at all: no proxy in its environment.
+	res = w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo proxy=$HTTP_PROXY; " + testutil.ProbePath + " http http://allowed.test:" + p + "/"}})
+	if !strings.Contains(res.Stdout, "proxy=\n") || res.ExitCode == 0 {
+		t.Errorf("mode none: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if w.plain.hits() != 1 {
+		t.Errorf("mode none reached the upstream")
+	}
+}
+
+// TestEgressNoBypass: nothing but the proxy is reachable. Direct TCP and UDP to the host's addresses (the
+// recording server listens on all of them, the bridge gateway included) fail with zero hits; the sandbox has no
+// interface but loopback and no route; DNS through any server fails and reaches no recording resolver.
+func TestEgressNoBypass(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, &sandkeep.Network{Mode: "open"})
+	rec := newTCPRecorder(t)
+	key := w.key("acme", "bypass")
+	port := strconv.Itoa(rec.port)
+
+	targets := []string{"127.0.0.1", "172.17.0.1"}
+	if gw := bridgeGateway(t, w.cli); gw != "" && gw != "172.17.0.1" {
+		targets = append(targets, gw)
+	}
+	for _, a := range hostIPv4s(t) {
+		targets = append(targets, a)
+	}
+	for _, host := range targets {
+		addr := net.JoinHostPort(host, port)
+		if res := w.probe(key, "tcp", addr); res.ExitCode == 0 {
+			t.Errorf("direct TCP to %s connected from inside the sandbox: %s", addr, res.Stdout)
+		}
+		w.probe(key, "udp", addr, "hello")
+		// A DNS query to a resolver on the host (the recording server on the same port).
+		w.probe(key, "dns", "unique-"+w.id+".test", addr)
+	}
+	time.Sleep(200 * time.Millisecond) // a datagram in flight would land by now
+	if n := rec.count(); n != 0 {
+		t.Errorf("the recording server on the host got %d connections or datagrams from the sandbox", n)
+	}
+	out := w.sh(key, "cat /proc/net/dev; echo routes; cat /proc/net/route; echo v6; cat /proc/net/ipv6_route 2>/dev/null; echo end")
+	for _, line := range strings.Split(out, "\n") {
+		if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.Contains(name, "|") && name != "lo" && name != "Inter-" {
+			t.Errorf("the sandbox has a network interface besides lo: %q", line)
+		}
+	}
+	routes := out[strings.Index(out, "routes"):]
+	if lines := strings.Count(strings.TrimSpace(routes[:strings.Index(routes, "v6")]), "\n"); lines > 1 {
+		t.Errorf("the sandbox has IPv4 routes:\n%s", routes)
+	}
+	if res := w.probe(key, "dns", "unique2-"+w.id+".test"); res.ExitCode == 0 {
+		t.Errorf("a name resolved inside the sandbox: %s", res.Stdout)
+	}
+	if w.resolver.wasAsked("unique-"+w.id+".test") || w.resolver.wasAsked("unique2-"+w.id+".test") {
+		t.Error("a DNS query made inside the sandbox reached the proxy's resolver")
+	}
+	// The proxy itself, dialled as a target, is refused (no chaining through its own listener).
+	res := w.probe(key, "proxied", "http://127.0.0.1:3128/")
+	if !strings.Contains(res.Stdout, "status 403") {
+		t.Errorf("request to the proxy's own address: %s%s", res.Stdout, res.Stderr)
+	}
+}
+
+// TestEgressAddressClasses: numeric spellings of loopback and metadata addresses, IPv6-mapped forms, and names
+// that resolve to them (rebinding) are all refused, even in open mode, and nothing is dialled.
+func TestEgressAddressClasses(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, &sandkeep.Network{Mode: "open"})
+	p := w.plain.port()
+	key := w.key("acme", "classes")
+	for _, host := range []string{"127.0.0.1", "127.1", "0x7f.1", "2130706433", "0177.0.0.1", "[::1]", "[::ffff:127.0.0.1]",
+		"[::ffff:7f00:1]", "169.254.169.254", "[::ffff:a9fe:a9fe]", "rebind.test", "metadata.test", "localhost"} {
+		res := w.probe(key, "proxied", "http://"+host+":"+p+"/")
+		if !strings.Contains(res.Stdout, "status 403") {
+			t.Errorf("%s: want 403, got exit %d: %s%s", host, res.ExitCode, res.Stdout, res.Stderr)
+		}
+	}
+	if n := w.plain.hits(); n != 0 {
+		t.Errorf("refused addresses reached the upstream %d times", n)
+	}
+	for _, name := range []string{"rebind.test", "metadata.test"} {
+		b, ok := w.blockedFor(name)
+		if !ok || (b.Reason != "loopback" && b.Reason != "metadata") || b.Addr == "" {
+			t.Errorf("%s: network_blocked = %+v, %v", name, b, ok)
+		}
+	}
+}
+
+// TestEgressSilent: a host on the silent list is refused without an event.
+func TestEgressSilent(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, &sandkeep.Network{Mode: "open"}, "telemetry.test")
+	key := w.key("acme", "silent")
+	res := w.probe(key, "http", "http://telemetry.test:"+w.plain.port()+"/")
+	if !strings.Contains(res.Stdout, "status 403") {
+		t.Fatalf("silent host: %s%s", res.Stdout, res.Stderr)
+	}
+	if _, ok := w.blockedFor("telemetry.test"); ok || w.plain.hits() != 0 {
+		t.Errorf("silent host: event %v, upstream hits %d", ok, w.plain.hits())
+	}
+}
+
+// TestEgressCredentials: a credential is injected for its host only. Inside the sandbox it is a placeholder; the
+// upstream of its host gets the real value, over TLS the proxy inspects; a request carrying it to any other host
+// is refused and never arrives; the real value appears nowhere the sandbox or an operator's tools can see it.
+func TestEgressCredentials(t *testing.T) {
+	t.Parallel()
+	sentinel := "sk-live-" + randHex(16)
+	w := newEgressWorld(t, &sandkeep.Network{
+		Mode:        "allowlist",
+		Rules:       []string{"allowed.test", "other.test", "127.0.0.1"},
+		Credentials: []sandkeep.Credential{{Name: "API_TOKEN", Value: sentinel, Hosts: []string{"allowed.test"}}},
+	})
+	key := w.key("acme", "creds")
+	sp := w.secure.port()
+
+	res := w.probe(key, "http", "https://allowed.test:"+sp+"/api", "Authorization=Bearer $API_TOKEN")
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "status 200") {
+		t.Fatalf("credential host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	w.secure.mu.Lock()
+	got := slices.Clone(w.secure.auth)
+	w.secure.mu.Unlock()
+	if len(got) != 1 || got[0] != "Bearer "+sentinel {
+		t.Fatalf("upstream Authorization = %q, want the real value", got)
+	}
+	// The body too.
+	res = w.probe(key, "post", "https://allowed.test:"+sp+"/api", "token=${API_TOKEN}")
+	if !strings.Contains(res.Stdout, "status 200") {
+		t.Fatalf("POST with the placeholder in the body: %s%s", res.Stdout, res.Stderr)
+	}
+
+	placeholder := strings.TrimSpace(w.sh(key, "echo $API_TOKEN"))
+	if placeholder == "" || strings.Contains(placeholder, sentinel) {
+		t.Fatalf("the sandbox sees %q as API_TOKEN", placeholder)
+	}
+	before := w.secure.hits()
+	res = w.probe(key, "http", "https://other.test:"+sp+"/steal", "Authorization=Bearer $API_TOKEN")
+	if !strings.Contains(res.Stdout, "status 403 denied=credential-leak") {
+		t.Errorf("placeholder to another host: %s%s", res.Stdout, res.Stderr)
+	}
+	res = w.probe(key, "http", "http://other.test:"+w.plain.port()+"/steal", "X-Leak="+sentinel)
+	if !strings.Contains(res.Stdout, "status 403") {
+		t.Errorf("the real value to another host: %s%s", res.Stdout, res.Stderr)
+	}
+	if w.secure.hits() != before || w.plain.hits() != 0 {
+		t.Errorf("a refused credential request reached an upstream")
+	}
+	if b, ok := w.blockedFor("other.test"); !ok || b.Reason != "credential-leak" || b.Rule != "API_TOKEN" {
+		t.Errorf("network_blocked for the leak = %+v, %v", b, ok)
+	}
+
+	// TLS inspection: an SNI that differs from the CONNECT host is refused.
+	res = w.probe(key, "sni", "allowed.test:"+sp, "other.test")
+	if res.ExitCode == 0 {
+		t.Errorf("SNI mismatch was let through: %s", res.Stdout)
+	}
+	if !slices.ContainsFunc(w.blocks(), func(b events.NetworkBlocked) bool { return b.Reason == "sni-mismatch" }) {
+		t.Errorf("no network_blocked event for the SNI mismatch: %+v", w.blocks())
+	}
+
+	// The value is nowhere to be seen: not in the sandbox's environment or files, docker inspect, logs, events.
+	if out := w.sh(key, "cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'; ls -R /workspace /.sandkeep-chan; cat /.sandkeep-chan/*.pem | head -c 0"); strings.Contains(out, sentinel) {
+		t.Error("the real value is visible inside the sandbox")
+	}
+	raw, err := w.cli.ContainerInspect(context.Background(), key.ContainerName(), client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := json.Marshal(raw.Container)
+	if strings.Contains(string(js), sentinel) {
+		t.Error("the real value is in docker inspect")
+	}
+	logs, err := w.cli.ContainerLogs(context.Background(), key.ContainerName(), client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
+	if err == nil {
+		b, _ := io.ReadAll(logs)
+		logs.Close()
+		if strings.Contains(string(b), sentinel) {
+			t.Error("the real value is in the container's logs")
+		}
+	}
+	for _, b := range w.blocks() {
+		if js, _ := json.Marshal(b); strings.Contains(string(js), sentinel) {
+			t.Errorf("the real value is in an event: %s", js)
+		}
+	}
+}
+
+// TestEgressPresetAndInherit: a command's block appends to the Config's (its rules win) or replaces it.
+func TestEgressPresetAndInherit(t *testing.T) {
+	t.Parallel()
+	p := ""
+	w := newEgressWorld(t, &sandkeep.Network{Mode: "allowlist", Preset: "default"})
+	p = w.plain.port()
+	key := w.key("acme", "inherit")
+	url := "http://allowed.test:" + p + "/"
+	if res := w.probe(key, "http", url); !strings.Contains(res.Stdout, "status 403 denied=not-allowlisted") {
+		t.Fatalf("preset only: %s%s", res.Stdout, res.Stderr)
+	}
+	add := &sandkeep.Network{Rules: []string{"allowed.test", "127.0.0.1:" + p}}
+	if res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}, Network: add}); !strings.Contains(res.Stdout, "status 200") {
+		t.Fatalf("appended rules: %s%s", res.Stdout, res.Stderr)
+	}
+	deny := &sandkeep.Network{Rules: []string{"!allowed.test"}}
+	if res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}, Network: deny}); !strings.Contains(res.Stdout, "status 403") {
+		t.Fatalf("appended negation: %s%s", res.Stdout, res.Stderr)
+	}
+	none := &sandkeep.Network{Mode: "none", Inherit: "replace"}
+	if res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo [$HTTPS_PROXY]"}, Network: none}); trim(res.Stdout) != "[]" {
+		t.Fatalf("replaced by none: %q", res.Stdout)
+	}
+	_, err := w.m.Exec(t.Context(), key, sandkeep.ExecRequest{Argv: []string{"true"}, Network: &sandkeep.Network{Preset: "nope"}})
+	if sandkeep.CodeOf(err) != "NETWORK_INVALID" || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("unknown preset: %v", err)
+	}
+}
+
+func bridgeGateway(t *testing.T, cli *client.Client) string {
+	res, err := cli.NetworkInspect(context.Background(), "bridge", client.NetworkInspectOptions{})
+	if err != nil {
+		return ""
+	}
+	for _, c := range res.Network.IPAM.Config {
+		if c.Gateway.IsValid() {
+			return c.Gateway.String()
+		}
+	}
+	return ""
+}
+
+func hostIPv4s(t *testing.T) []string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() {
+			out = append(out, p.Addr().String())
+		}
+	}
+	return out
+}

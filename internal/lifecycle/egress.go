@@ -1,0 +1,259 @@
+package lifecycle
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/channel"
+	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// The egress path of a sandbox: it has no network of its own (mode none), and its init forwards EgressListen, on
+// the sandbox's loopback, to the key's proxy socket in the channel directory, where this process serves the
+// key's egress.Proxy. Commands get the proxy in HTTP(S)_PROXY, with the proxy's token as the password.
+const (
+	// EgressListen is the proxy's address inside every sandbox.
+	EgressListen = "127.0.0.1:3128"
+	// caBundleName is the CA bundle's file in the channel directory, written when TLS inspection is on.
+	caBundleName = "ca-bundle.pem"
+	// CABundlePath is where a command finds it.
+	CABundlePath = channel.MountPoint + "/" + caBundleName
+	// noProxy: the sandbox's own loopback is never proxied.
+	noProxy = "localhost,127.0.0.1,::1"
+)
+
+// keyEgress is one key's proxy, served by this process for as long as the key's sandbox is known to it.
+type keyEgress struct {
+	proxy        *egress.Proxy
+	ln           *channel.SideListener
+	token        string
+	placeholders map[string]string // credential name -> its placeholder, stable for the proxy's life
+	caGen        uint64            // the CA generation written to the bundle file; 0: none
+	served       chan struct{}     // closed when Serve returns
+}
+
+// egressFor brings key's proxy up with pol as the policy for the command about to run, routes its refusals to
+// ctx's sink, and returns the environment the command needs to use it. Mode none needs nothing. The caller holds
+// key's gate and calls the returned release when the command is over.
+func (m *Manager) egressFor(ctx context.Context, key identity.Key, pol *egress.Policy) (env []string, release func(), err error) {
+	release = func() {}
+	if pol == nil || pol.Mode == "" || pol.Mode == egress.ModeNone {
+		return nil, release, nil
+	}
+	dir := m.channelDir(key)
+	if dir == "" {
+		// The driver cannot confine a network (the host passthrough): there is nothing to enforce, and the run's
+		// sandbox_skipped already says the command is not isolated.
+		m.cfg.Logger.Warn("network policy not applied: the driver has no sandbox network", "driver", m.drv.Name(), "key", key.Short())
+		return nil, release, nil
+	}
+	ke, err := m.egressOf(key, dir)
+	if err != nil {
+		return nil, release, err
+	}
+	p := *pol
+	p.Credentials = make([]egress.Credential, len(pol.Credentials))
+	for i, c := range pol.Credentials {
+		ph, ok := ke.placeholders[c.Name]
+		if !ok {
+			ph = egress.NewPlaceholder(c.Name)
+			ke.placeholders[c.Name] = ph
+		}
+		c.Placeholder = ph
+		p.Credentials[i] = c
+		env = append(env, c.Name+"="+ph)
+	}
+	if err := ke.proxy.SetPolicy(p); err != nil {
+		return nil, release, fault.Wrap(err, fault.NetworkInvalid, "check the network block", "network policy refused")
+	}
+	ke.proxy.SetOnBlocked(m.blockedSink(ctx, key))
+	release = func() { ke.proxy.SetOnBlocked(m.blockedSink(context.Background(), key)) }
+	proxyURL := "http://sandkeep:" + ke.token + "@" + EgressListen
+	env = append(env,
+		"HTTP_PROXY="+proxyURL, "HTTPS_PROXY="+proxyURL, "http_proxy="+proxyURL, "https_proxy="+proxyURL,
+		"NO_PROXY="+noProxy, "no_proxy="+noProxy)
+	if ca, gen := ke.proxy.CA(); ca != nil {
+		if err := m.writeBundle(key, ke, dir, ca, gen); err != nil {
+			release()
+			return nil, func() {}, err
+		}
+		for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
+			env = append(env, k+"="+CABundlePath)
+		}
+	}
+	return env, release, nil
+}
+
+// egressOf returns key's proxy, starting it when this process has none yet.
+func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ke, ok := m.egress[key.Hex()]; ok {
+		return ke, nil
+	}
+	ln, err := channel.ListenSide(dir, channel.EgressSocketName, m.verifier(key), m.cfg.Logger)
+	if errors.Is(err, channel.ErrInUse) {
+		return nil, fault.New(fault.EgressUnavailable,
+			"run the command through the sandkeep process that serves this user (e.g. the server), or stop it",
+			"another sandkeep process serves the network of sandbox %s", key.ContainerName())
+	}
+	if err != nil {
+		return nil, fault.Wrap(err, fault.EgressUnavailable, "check that the state home is writable", "cannot start the egress proxy")
+	}
+	token, err := newToken()
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	proxy, err := egress.New(egress.Config{
+		Policy:        egress.Policy{Mode: egress.ModeNone},
+		Token:         token,
+		Resolver:      m.cfg.EgressResolver,
+		Dial:          m.cfg.EgressDial,
+		UpstreamRoots: m.cfg.EgressUpstreamRoots,
+		Self:          hostAddrs(),
+		OnBlocked:     m.blockedSink(context.Background(), key),
+	})
+	if err != nil {
+		ln.Close()
+		return nil, fault.Wrap(err, fault.Internal, "", "cannot create the egress proxy")
+	}
+	ke := &keyEgress{proxy: proxy, ln: ln, token: token, placeholders: map[string]string{}, served: make(chan struct{})}
+	go func() {
+		defer close(ke.served)
+		if err := proxy.Serve(ln); err != nil {
+			m.cfg.Logger.Warn("egress proxy stopped", "key", key.Short(), "err", err)
+		}
+	}()
+	m.egress[key.Hex()] = ke
+	return ke, nil
+}
+
+// blockedSink reports the proxy's refusals as network_blocked events: to ctx's sink (the command's run) while a
+// command runs, else to the manager's.
+func (m *Manager) blockedSink(ctx context.Context, key identity.Key) func(egress.Block) {
+	return func(b egress.Block) {
+		ev := events.NetworkBlocked{Host: b.Host, Port: int(b.Port), Rule: b.Rule, Reason: b.Reason,
+			Sandbox: key.ContainerName(), Key: key.Short()}
+		if b.Addr.IsValid() {
+			ev.Addr = b.Addr.String()
+		}
+		m.emit(ctx, events.NameNetworkBlocked, ev)
+	}
+}
+
+// writeBundle writes the CA bundle the sandbox trusts when the proxy's CA changed: the proxy's CA first, then the
+// image's own roots, so clients that replace their trust store with SSL_CERT_FILE still trust what they did.
+func (m *Manager) writeBundle(key identity.Key, ke *keyEgress, dir string, ca []byte, gen uint64) error {
+	if gen == ke.caGen {
+		return nil
+	}
+	bundle := append([]byte(nil), ca...)
+	bundle = append(bundle, m.imageRoots(key)...)
+	tmp, err := os.CreateTemp(dir, ".ca-*")
+	if err == nil {
+		_, err = tmp.Write(bundle)
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Chmod(tmp.Name(), 0o644)
+		}
+		if err == nil {
+			err = os.Rename(tmp.Name(), filepath.Join(dir, caBundleName))
+		}
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}
+	if err != nil {
+		return fault.Wrap(err, fault.EgressUnavailable, "check that the state home is writable", "cannot write the sandbox's CA bundle")
+	}
+	ke.caGen = gen
+	return nil
+}
+
+// imageRoots is the image's own trust store, when the driver can read it; nil otherwise.
+func (m *Manager) imageRoots(key identity.Key) []byte {
+	r, ok := m.drv.(interface {
+		ReadRoots(ctx context.Context, name string) ([]byte, error)
+	})
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := r.ReadRoots(ctx, key.ContainerName())
+	if err != nil {
+		m.cfg.Logger.Debug("image roots unavailable", "key", key.Short(), "err", err)
+		return nil
+	}
+	return b
+}
+
+// dropEgress stops key's proxy (the sandbox is stopped or gone).
+func (m *Manager) dropEgress(key identity.Key) {
+	m.mu.Lock()
+	ke := m.egress[key.Hex()]
+	delete(m.egress, key.Hex())
+	m.mu.Unlock()
+	if ke != nil {
+		ke.close()
+	}
+}
+
+func (ke *keyEgress) close() {
+	ke.proxy.Close()
+	ke.ln.Close()
+	<-ke.served
+}
+
+// closeEgress stops every proxy of this process.
+func (m *Manager) closeEgress() {
+	m.mu.Lock()
+	all := m.egress
+	m.egress = map[string]*keyEgress{}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ke := range all {
+		wg.Go(ke.close)
+	}
+	wg.Wait()
+}
+
+func newToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("egress token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// hostAddrs are this host's own addresses: the proxy refuses them as targets (they reach the host's services)
+// unless a rule names them.
+func hostAddrs() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		// Loopback is a refused class of its own, named as such in events.
+		if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLoopback() {
+			out = append(out, p.Addr())
+		}
+	}
+	return out
+}
