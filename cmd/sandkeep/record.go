@@ -15,25 +15,34 @@ import (
 // openStore opens the store named by --store or $SANDKEEP_STORE: a postgres:// URL, or an SQLite file; by
 // default <home>/sandkeep.db.
 func (g *globals) openStore(ctx context.Context) (store.Store, error) {
+	dsn, err := g.storeDSN()
+	if err != nil {
+		return nil, err
+	}
+	return record.Open(ctx, dsn)
+}
+
+// storeDSN is the store openStore opens.
+func (g *globals) storeDSN() (string, error) {
 	dsn := g.store
 	if dsn == "" {
 		dsn = os.Getenv("SANDKEEP_STORE")
 	}
-	if dsn == "" {
-		c, err := g.config()
-		if err != nil {
-			return nil, err
-		}
-		home := c.Home
-		if home == "" {
-			home = sandkeep.DefaultHome()
-		}
-		if err := os.MkdirAll(home, 0o700); err != nil {
-			return nil, fault.Wrap(err, fault.StoreUnavailable, "set SANDKEEP_HOME to a directory you can write", "state home %s", home)
-		}
-		dsn = filepath.Join(home, "sandkeep.db")
+	if dsn != "" {
+		return dsn, nil
 	}
-	return record.Open(ctx, dsn)
+	c, err := g.config()
+	if err != nil {
+		return "", err
+	}
+	home := c.Home
+	if home == "" {
+		home = sandkeep.DefaultHome()
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return "", fault.Wrap(err, fault.StoreUnavailable, "set SANDKEEP_HOME to a directory you can write", "state home %s", home)
+	}
+	return filepath.Join(home, "sandkeep.db"), nil
 }
 
 // openRun records the implicit run of plan p for key (admitted, or refused and already finished).

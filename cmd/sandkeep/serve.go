@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/api"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/mcpserver"
+	"github.com/sandkeep/sandkeep/internal/service"
+)
+
+const serveLong = `Serve sandkeep's HTTP API (/v1, see docs/API.md) and MCP (/mcp, see docs/MCP.md) to many tenants.
+
+Every request carries a token (sandkeep token create) and is scoped to its tenant. Commands run in one warm
+sandbox per (tenant, user), as with sandkeep exec, and every command is recorded as a run in the store.
+--config names sandkeep-server.yaml (limits, file bounds, network presets; docs/API.md); flags override it.
+
+On SIGTERM or SIGINT the server stops admitting commands (503 SHUTTING_DOWN), lets running ones finish for
+up to shutdown_grace (30s), then closes. Sandboxes keep running: they are persistent.`
+
+const serveExample = `  sandkeep serve --listen 127.0.0.1:7878
+  sandkeep serve --config /etc/sandkeep/sandkeep-server.yaml --store postgres://sandkeep@db/sandkeep
+  sandkeep serve --listen :7878 --tls-cert server.crt --tls-key server.key --spec sandkeep.yaml`
+
+func newServe(g *globals) *cobra.Command {
+	var (
+		configPath, listen, certFile, keyFile, specPath string
+	)
+	cmd := &cobra.Command{
+		Use:     "serve [--listen ADDR] [--config FILE] [--tls-cert F --tls-key F] [--spec FILE]",
+		Short:   "Serve the HTTP API and MCP to many tenants",
+		Long:    serveLong,
+		Example: serveExample,
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sc, err := loadServerConfig(configPath)
+			if err != nil {
+				return err
+			}
+			f := cmd.Flags()
+			override := func(dst *string, flag, v string) {
+				if f.Changed(flag) || *dst == "" {
+					*dst = v
+				}
+			}
+			override(&sc.Listen, "listen", listen)
+			override(&sc.TLS.Cert, "tls-cert", certFile)
+			override(&sc.TLS.Key, "tls-key", keyFile)
+			override(&sc.Spec, "spec", specPath)
+			if sc.Store != "" && g.store == "" {
+				g.store = sc.Store
+			}
+			if (sc.TLS.Cert == "") != (sc.TLS.Key == "") {
+				return fault.New(fault.InvalidArgument, "pass both --tls-cert and --tls-key, or neither", "TLS needs a certificate and its key")
+			}
+			return serve(cmd.Context(), g, sc)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&configPath, "config", "", "sandkeep-server.yaml: limits, file bounds, network presets (docs/API.md)")
+	fl.StringVar(&listen, "listen", "127.0.0.1:7878", "address to listen on")
+	fl.StringVar(&certFile, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
+	fl.StringVar(&keyFile, "tls-key", "", "the certificate's private key (PEM)")
+	fl.StringVar(&specPath, "spec", "", "the sandkeep.yaml every tenant's sandboxes follow (image, env, resources, network)")
+	return cmd
+}
+
+func serve(ctx context.Context, g *globals, sc serverConfig) error {
+	svc, err := g.openService(ctx, sc.Spec, sc.fileLimits(), func(c *sandkeep.Config) {
+		c.NetworkPresets = sc.Network.Presets
+		c.NetworkSilent = sc.Network.Silent
+	})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	c, err := g.config()
+	if err != nil {
+		return err
+	}
+	access := slog.New(slog.NewJSONHandler(g.stderr, nil))
+	var metricsToken string
+	if sc.MetricsTokenEnv != "" {
+		if metricsToken = os.Getenv(sc.MetricsTokenEnv); metricsToken == "" {
+			return fault.New(fault.InvalidArgument, "export "+sc.MetricsTokenEnv+", or remove metrics_token_env",
+				"metrics_token_env names %s, which is not set", sc.MetricsTokenEnv)
+		}
+	}
+	srv, err := api.New(api.Config{
+		Backend: svc.backend, Tokens: svc.st,
+		Limits: sc.Limits.api(), TenantLimits: sc.tenantLimits(),
+		MaxBodyBytes: size(sc.MaxBody), MaxUploadBytes: sc.fileLimits().MaxFileBytes,
+		Logger: access, MetricsToken: metricsToken,
+		MCP: func(b service.Backend, h api.MCPHooks) http.Handler {
+			return mcpserver.Handler(b, h.KeyFor, mcpserver.Options{
+				Version: version(), Logger: c.Logger, RequestID: h.RequestID,
+				Authorize: func(r *http.Request, tool string) error { return h.Authorize(r, mcpserver.Scope(tool)) },
+			})
+		},
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", sc.Listen)
+	if err != nil {
+		return fault.Wrap(err, fault.InvalidArgument, "choose a free address with --listen", "cannot listen on %s", sc.Listen)
+	}
+	hs := srv.HTTPServer(sc.Listen)
+	scheme := "http"
+	if sc.TLS.Cert != "" {
+		scheme = "https"
+	}
+	fmt.Fprintf(g.stderr, "sandkeep: serving %s://%s (API /v1, MCP /mcp)\n", scheme, ln.Addr())
+	served := make(chan error, 1)
+	go func() {
+		if sc.TLS.Cert != "" {
+			served <- hs.ServeTLS(ln, sc.TLS.Cert, sc.TLS.Key)
+			return
+		}
+		served <- hs.Serve(ln)
+	}()
+	select {
+	case err := <-served: // the listener failed (or the TLS files did not load)
+		return fault.Wrap(err, fault.InvalidArgument, "check the listen address and TLS files", "serving stopped: %v", err)
+	case <-ctx.Done():
+	}
+	// Graceful: refuse new commands, let running ones finish (bounded), then close the listener and connections.
+	fmt.Fprintln(g.stderr, "sandkeep: draining: no new commands; waiting for running ones")
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.shutdownGrace())
+	defer cancel()
+	derr := srv.Drain(gctx)
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer scancel()
+	serr := hs.Shutdown(sctx)
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serr = errors.Join(serr, err)
+	}
+	if derr != nil || serr != nil {
+		fmt.Fprintf(g.stderr, "sandkeep: shutdown: %v\n", errors.Join(derr, serr))
+	}
+	fmt.Fprintln(g.stderr, "sandkeep: stopped")
+	return nil
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/sandkeep/sandkeep/internal/api"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/files"
+	"github.com/sandkeep/sandkeep/internal/spec"
+)
+
+// serverConfig is sandkeep-server.yaml: what an operator sets for `sandkeep serve`. Flags override the fields
+// they name. Unknown fields are errors, as in the spec.
+type serverConfig struct {
+	Listen string `yaml:"listen"`
+	TLS    struct {
+		Cert string `yaml:"cert"`
+		Key  string `yaml:"key"`
+	} `yaml:"tls"`
+	Store string `yaml:"store"`
+	// Spec is the sandkeep.yaml every tenant's sandboxes follow: image, user, env, mounts, resources, network.
+	Spec string `yaml:"spec"`
+	// ShutdownGrace bounds how long SIGTERM waits for running commands (default 30s).
+	ShutdownGrace string `yaml:"shutdown_grace"`
+	// MetricsTokenEnv names the environment variable holding the bearer token /metrics requires; empty: no auth.
+	MetricsTokenEnv string `yaml:"metrics_token_env"`
+	// Limits bound every tenant; Tenants replaces them for the tenants it names.
+	Limits  limitsConfig            `yaml:"limits"`
+	Tenants map[string]limitsConfig `yaml:"tenants"`
+	// Request and file bounds, as sizes ("1m", "4g").
+	MaxBody string `yaml:"max_body"`
+	Files   struct {
+		MaxFile       string `yaml:"max_file"`
+		MaxTar        string `yaml:"max_tar"`
+		MaxTarEntries int    `yaml:"max_tar_entries"`
+	} `yaml:"files"`
+	// Network: the operator's presets (named rule lists) and the hosts refused without an event.
+	Network struct {
+		Presets map[string][]string `yaml:"presets"`
+		Silent  []string            `yaml:"silent"`
+	} `yaml:"network"`
+}
+
+type limitsConfig struct {
+	MaxSandboxes       int     `yaml:"max_sandboxes"`
+	MaxConcurrentExecs int     `yaml:"max_concurrent_execs"`
+	RequestsPerSecond  float64 `yaml:"requests_per_second"`
+	Burst              int     `yaml:"burst"`
+}
+
+func (l limitsConfig) api() api.Limits {
+	return api.Limits{MaxSandboxes: l.MaxSandboxes, MaxConcurrentExecs: l.MaxConcurrentExecs,
+		RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst}
+}
+
+// loadServerConfig reads path ("" is the zero config) strictly.
+func loadServerConfig(path string) (serverConfig, error) {
+	var c serverConfig
+	if path == "" {
+		return c, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return c, fault.Wrap(err, fault.InvalidArgument, "check the --config path", "cannot read the server config %s", path)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return c, fault.New(fault.InvalidArgument, "see docs/API.md, \"Server configuration\", for the fields",
+			"server config %s: %v", path, err)
+	}
+	return c, c.check(path)
+}
+
+// check validates what decoding cannot: sizes, durations, limits.
+func (c serverConfig) check(path string) error {
+	bad := func(format string, args ...any) error {
+		return fault.New(fault.InvalidArgument, "see docs/API.md, \"Server configuration\"", "server config %s: "+format, append([]any{path}, args...)...)
+	}
+	for name, v := range map[string]string{"max_body": c.MaxBody, "files.max_file": c.Files.MaxFile, "files.max_tar": c.Files.MaxTar} {
+		if v == "" {
+			continue
+		}
+		if _, err := spec.ParseSize(v); err != nil {
+			return bad("%s: %v", name, err)
+		}
+	}
+	if c.ShutdownGrace != "" {
+		if d, err := time.ParseDuration(c.ShutdownGrace); err != nil || d < 0 {
+			return bad("shutdown_grace %q is not a duration such as 30s", c.ShutdownGrace)
+		}
+	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		return bad("tls needs both cert and key")
+	}
+	limits := map[string]limitsConfig{"limits": c.Limits}
+	for t, l := range c.Tenants {
+		limits["tenants."+t] = l
+	}
+	for name, l := range limits {
+		if l.MaxSandboxes < 0 || l.MaxConcurrentExecs < 0 || l.RequestsPerSecond < 0 || l.Burst < 0 {
+			return bad("%s: limits cannot be negative", name)
+		}
+	}
+	if c.Files.MaxTarEntries < 0 {
+		return bad("files.max_tar_entries cannot be negative")
+	}
+	return nil
+}
+
+func size(s string) int64 {
+	n, _ := spec.ParseSize(s) // checked by check
+	return n
+}
+
+func (c serverConfig) fileLimits() files.Limits {
+	return files.Limits{MaxFileBytes: size(c.Files.MaxFile), MaxTarBytes: size(c.Files.MaxTar), MaxTarEntries: c.Files.MaxTarEntries}
+}
+
+func (c serverConfig) shutdownGrace() time.Duration {
+	if d, err := time.ParseDuration(c.ShutdownGrace); err == nil {
+		return d
+	}
+	return 30 * time.Second
+}
+
+func (c serverConfig) tenantLimits() map[string]api.Limits {
+	out := make(map[string]api.Limits, len(c.Tenants))
+	for t, l := range c.Tenants {
+		out[t] = l.api()
+	}
+	return out
+}

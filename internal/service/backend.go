@@ -1,0 +1,109 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/files"
+	"github.com/sandkeep/sandkeep/internal/store"
+)
+
+// Service is the Backend over a library Manager and the run store it records into.
+type Service struct {
+	m     *sandkeep.Manager
+	st    store.Store
+	limit files.Limits
+}
+
+var _ Backend = (*Service)(nil)
+
+// New returns the Backend over m and st (the store m records into, opened by the caller); lim bounds file
+// operations.
+func New(m *sandkeep.Manager, st store.Store, lim files.Limits) *Service {
+	return &Service{m: m, st: st, limit: lim}
+}
+
+// Exec runs one command.
+func (s *Service) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	return s.m.Exec(ctx, key, req)
+}
+
+// List returns tenant's sandboxes.
+func (s *Service) List(ctx context.Context, tenant string) ([]sandkeep.Sandbox, error) {
+	all, err := s.m.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandkeep.Sandbox, 0, len(all))
+	for _, sb := range all {
+		if sb.Tenant == tenant {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+// Sandbox describes key's sandbox.
+func (s *Service) Sandbox(ctx context.Context, key sandkeep.Key) (sandkeep.Sandbox, error) {
+	return s.m.Sandbox(ctx, key)
+}
+
+// Stop stops key's sandbox.
+func (s *Service) Stop(ctx context.Context, key sandkeep.Key) error { return s.m.Stop(ctx, key) }
+
+// Remove deletes key's sandbox and workspace.
+func (s *Service) Remove(ctx context.Context, key sandkeep.Key) error {
+	return s.m.Remove(ctx, key, false)
+}
+
+// Workspace opens key's workspace.
+func (s *Service) Workspace(_ context.Context, key sandkeep.Key, create bool) (*files.FS, error) {
+	return s.m.Files(key, create, s.limit)
+}
+
+// Runs lists runs.
+func (s *Service) Runs(ctx context.Context, f store.RunFilter) ([]store.Run, error) {
+	runs, err := s.st.ListRuns(ctx, f)
+	return runs, storeErr(err)
+}
+
+// Run returns one run.
+func (s *Service) Run(ctx context.Context, id string) (store.Run, error) {
+	r, err := s.st.GetRun(ctx, id)
+	if errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) {
+		return store.Run{}, fault.New(fault.RunNotFound, "GET /v1/runs lists the runs that exist", "no run %q", id)
+	}
+	return r, storeErr(err)
+}
+
+// Events lists a run's events.
+func (s *Service) Events(ctx context.Context, f store.EventFilter) ([]store.Event, error) {
+	evs, err := s.st.ListEvents(ctx, f)
+	return evs, storeErr(err)
+}
+
+// Ready checks the driver and the store.
+func (s *Service) Ready(ctx context.Context) error {
+	if err := s.m.Ping(ctx); err != nil {
+		return fault.Wrap(err, fault.DriverUnavailable, "check the container engine (docker info)", "the driver does not answer")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := s.st.ListRuns(ctx, store.RunFilter{Limit: 1})
+	return storeErr(err)
+}
+
+func storeErr(err error) error {
+	if err == nil || fault.CodeOf(err) != "" || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fault.Wrap(err, fault.StoreUnavailable, "check the run store (SQLite file or PostgreSQL)", "the run store failed")
+}
+
+// ListAll returns every sandbox of the installation (the API's sandboxes gauge).
+func (s *Service) ListAll(ctx context.Context) ([]sandkeep.Sandbox, error) { return s.m.List(ctx) }
