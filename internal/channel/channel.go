@@ -55,28 +55,9 @@ type Listener struct {
 // Listen creates dir (mode 0755, the sandbox's agent must traverse it) and listens on dir/a.sock. A socket file
 // left by a process that is gone is replaced; one that a live process serves is not (ErrInUse).
 func Listen(dir string, verify Verifier, log *slog.Logger) (*Listener, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("channel dir: %w", err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("channel dir: %w", err)
-	}
-	path := filepath.Join(dir, SocketName)
-	if live(path) {
-		return nil, ErrInUse
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("channel socket: %w", err)
-	}
-	ln, err := listenUnix(dir, path)
+	ln, path, err := listenIn(dir, SocketName)
 	if err != nil {
 		return nil, err
-	}
-	ln.SetUnlinkOnClose(false) // we remove the file ourselves, and only our own (see Close)
-	// The agent runs as the sandbox user; connect(2) needs write permission on the socket.
-	if err := os.Chmod(path, 0o666); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("channel socket: %w", err)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -85,6 +66,36 @@ func Listen(dir string, verify Verifier, log *slog.Logger) (*Listener, error) {
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
+}
+
+// listenIn creates dir (mode 0755, the sandbox's init must traverse it) and listens on dir/name, replacing a
+// socket file left by a process that is gone but not one a live process serves (ErrInUse). The socket is mode
+// 0666: the sandbox user connects, and connect(2) needs write permission on it. Its file is removed by the
+// caller's Close, and only while it is still ours.
+func listenIn(dir, name string) (*net.UnixListener, string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", fmt.Errorf("channel dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, "", fmt.Errorf("channel dir: %w", err)
+	}
+	path := filepath.Join(dir, name)
+	if live(path) {
+		return nil, "", ErrInUse
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, "", fmt.Errorf("channel socket: %w", err)
+	}
+	ln, err := listenUnix(dir, path)
+	if err != nil {
+		return nil, "", err
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
+		return nil, "", fmt.Errorf("channel socket: %w", err)
+	}
+	return ln, path, nil
 }
 
 // listenUnix binds path. sockaddr_un holds 108 bytes; a longer path is bound through /proc/self/fd/N of the

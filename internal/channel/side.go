@@ -2,7 +2,6 @@ package channel
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -30,24 +29,9 @@ var _ net.Listener = (*SideListener)(nil)
 // ListenSide listens on dir/name. A socket left by a process that is gone is replaced; one a live process
 // serves is not (ErrInUse): that process owns this sandbox's side service.
 func ListenSide(dir, name string, verify Verifier, log *slog.Logger) (*SideListener, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("channel dir: %w", err)
-	}
-	path := filepath.Join(dir, name)
-	if live(path) {
-		return nil, ErrInUse
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("side socket: %w", err)
-	}
-	ln, err := listenUnix(dir, path)
+	ln, path, err := listenIn(dir, name)
 	if err != nil {
 		return nil, err
-	}
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(path, 0o666); err != nil { // the sandbox user's init connects
-		ln.Close()
-		return nil, fmt.Errorf("side socket: %w", err)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
