@@ -101,6 +101,8 @@ type ExecStarted struct {
 	Workdir   string `json:"workdir,omitempty"`
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
 	Transport string `json:"transport,omitempty"` // agent, exec, host
+	// GateWaitMS is how long the command waited for its key's gate (another command of the same user).
+	GateWaitMS int64 `json:"gate_wait_ms"`
 }
 
 // ExecFinished (exec_finished): a command ended with ExitCode (or hit its deadline: TimedOut). Output is never

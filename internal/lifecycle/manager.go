@@ -112,11 +112,13 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	if err := checkSecrets(req.Secrets); err != nil { // secrets: refused before anything runs
 		return nil, err
 	}
+	waitStart := time.Now()
 	release, err := m.gates.acquire(ctx, key, m.cfg.GateWait)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	gateWait := time.Since(waitStart).Milliseconds()
 
 	ctx = withSink(ctx, req.OnEvent)
 	// The proxy is up, with this command's policy, before the command can use it; its refusals until the command
@@ -138,7 +140,7 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	}
 	started := func(sb *driver.Sandbox, t Transport) {
 		m.emit(ctx, events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv),
-			Workdir: preq.Workdir, TimeoutMS: preq.TimeoutMS, Transport: string(t)})
+			Workdir: preq.Workdir, TimeoutMS: preq.TimeoutMS, Transport: string(t), GateWaitMS: gateWait})
 	}
 	res, err := m.exec(ctx, key, req, preq, started)
 	if res != nil {
