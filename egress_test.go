@@ -13,6 +13,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
@@ -20,6 +21,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +33,8 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/record"
+	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
@@ -237,6 +241,8 @@ func (w *egressWorld) blockedFor(host string) (events.NetworkBlocked, bool) {
 func TestEgressAllowlist(t *testing.T) {
 	t.Parallel()
 	w := newEgressWorld(t, nil)
+	dsn := filepath.Join(t.TempDir(), "runs.db")
+	w.m = w.open(withStore(w.cfg, dsn))
 	p := w.plain.port()
 	key := w.key("acme", "egress")
 	net := &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test", "127.0.0.1:" + p}}
@@ -265,6 +271,30 @@ func TestEgressAllowlist(t *testing.T) {
 	}
 	if b.Reason != "not-allowlisted" || b.Key != key.Short() || b.Sandbox != key.ContainerName() || b.Port == 0 {
 		t.Errorf("network_blocked = %+v", b)
+	}
+	// The event is recorded in the run of the command that made the request.
+	st, err := record.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	evs, err := st.ListEvents(t.Context(), store.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recorded bool
+	for _, ev := range evs {
+		if ev.Name != events.NameNetworkBlocked || !strings.Contains(string(ev.Payload), `"denied.test"`) {
+			continue
+		}
+		run, err := st.GetRun(t.Context(), ev.RunID)
+		if err != nil || run.Tenant != key.Tenant || run.User != key.User || run.Status != store.StatusSucceeded {
+			t.Errorf("network_blocked recorded in run %q: %+v, %v", ev.RunID, run, err)
+		}
+		recorded = true
+	}
+	if !recorded {
+		t.Error("no network_blocked event in the store")
 	}
 
 	// Without a network block the command has no network at all: no proxy in its environment.
@@ -482,6 +512,42 @@ func TestEgressPresetAndInherit(t *testing.T) {
 	if sandkeep.CodeOf(err) != "NETWORK_INVALID" || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("unknown preset: %v", err)
 	}
+}
+
+// TestEgressBundleKeepsImageRoots: with TLS inspection, the bundle the sandbox trusts holds the proxy's CA and
+// the image's own trust store, so a client pointed at it still trusts what it trusted before.
+func TestEgressBundleKeepsImageRoots(t *testing.T) {
+	t.Parallel()
+	imageRoot := testCert(t, "image-root.test")
+	block := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: imageRoot.Certificate[0]})
+	cfg := baseConfig(t)
+	cfg.Image = testutil.ImageWithFiles(t, testutil.TestImage(t), map[string][]byte{
+		"/etc/ssl/certs/ca-certificates.crt": append([]byte("# an image's trust store\n"), block...),
+	})
+	cfg.Network = &sandkeep.Network{Mode: "allowlist", Rules: []string{"api.example.test"}, Inspect: "on"}
+	s := newSuite(t, cfg)
+	key := s.key("acme", "bundle")
+	out := s.sh(key, "cat $SSL_CERT_FILE")
+	var subjects []string
+	for rest := []byte(out); ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatalf("the bundle holds a block that is not a certificate: %v", err)
+		}
+		subjects = append(subjects, c.Subject.CommonName)
+	}
+	if len(subjects) != 2 || subjects[1] != "image-root.test" || !strings.Contains(subjects[0], "sandkeep") {
+		t.Errorf("bundle subjects = %q, want the proxy's CA then the image's root", subjects)
+	}
+}
+
+func withStore(cfg sandkeep.Config, dsn string) sandkeep.Config {
+	cfg.Store = dsn
+	return cfg
 }
 
 func bridgeGateway(t *testing.T, cli *client.Client) string {

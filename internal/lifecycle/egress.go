@@ -10,10 +10,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/channel"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -41,13 +43,15 @@ type keyEgress struct {
 	token        string
 	placeholders map[string]string // credential name -> its placeholder, stable for the proxy's life
 	caGen        uint64            // the CA generation written to the bundle file; 0: none
+	rootsOf      string            // the container whose image roots the bundle holds
+	roots        []byte            // those roots (PEM), read once per container
 	served       chan struct{}     // closed when Serve returns
 }
 
 // egressFor brings key's proxy up with pol as the policy for the command about to run, routes its refusals to
 // ctx's sink, and returns the environment the command needs to use it. Mode none needs nothing. The caller holds
 // key's gate and calls the returned release when the command is over.
-func (m *Manager) egressFor(ctx context.Context, key identity.Key, pol *egress.Policy) (env []string, release func(), err error) {
+func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sandbox, pol *egress.Policy) (env []string, release func(), err error) {
 	release = func() {}
 	if pol == nil || pol.Mode == "" || pol.Mode == egress.ModeNone {
 		return nil, release, nil
@@ -85,7 +89,7 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, pol *egress.P
 		"HTTP_PROXY="+proxyURL, "HTTPS_PROXY="+proxyURL, "http_proxy="+proxyURL, "https_proxy="+proxyURL,
 		"NO_PROXY="+noProxy, "no_proxy="+noProxy)
 	if ca, gen := ke.proxy.CA(); ca != nil {
-		if err := m.writeBundle(key, ke, dir, ca, gen); err != nil {
+		if err := m.writeBundle(sb, ke, dir, ca, gen); err != nil {
 			release()
 			return nil, func() {}, err
 		}
@@ -156,12 +160,14 @@ func (m *Manager) blockedSink(ctx context.Context, key identity.Key) func(egress
 
 // writeBundle writes the CA bundle the sandbox trusts when the proxy's CA changed: the proxy's CA first, then the
 // image's own roots, so clients that replace their trust store with SSL_CERT_FILE still trust what they did.
-func (m *Manager) writeBundle(key identity.Key, ke *keyEgress, dir string, ca []byte, gen uint64) error {
-	if gen == ke.caGen {
+func (m *Manager) writeBundle(sb *driver.Sandbox, ke *keyEgress, dir string, ca []byte, gen uint64) error {
+	if gen == ke.caGen && sb.ID == ke.rootsOf {
 		return nil
 	}
-	bundle := append([]byte(nil), ca...)
-	bundle = append(bundle, m.imageRoots(key)...)
+	if sb.ID != ke.rootsOf {
+		ke.roots, ke.rootsOf = m.imageRoots(sb), sb.ID
+	}
+	bundle := append(slices.Clip(ca), ke.roots...)
 	tmp, err := os.CreateTemp(dir, ".ca-*")
 	if err == nil {
 		_, err = tmp.Write(bundle)
@@ -185,8 +191,8 @@ func (m *Manager) writeBundle(key identity.Key, ke *keyEgress, dir string, ca []
 	return nil
 }
 
-// imageRoots is the image's own trust store, when the driver can read it; nil otherwise.
-func (m *Manager) imageRoots(key identity.Key) []byte {
+// imageRoots is the trust store of sb's image, when the driver can read it; nil otherwise.
+func (m *Manager) imageRoots(sb *driver.Sandbox) []byte {
 	r, ok := m.drv.(interface {
 		ReadRoots(ctx context.Context, name string) ([]byte, error)
 	})
@@ -195,9 +201,9 @@ func (m *Manager) imageRoots(key identity.Key) []byte {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := r.ReadRoots(ctx, key.ContainerName())
+	b, err := r.ReadRoots(ctx, sb.ID)
 	if err != nil {
-		m.cfg.Logger.Debug("image roots unavailable", "key", key.Short(), "err", err)
+		m.cfg.Logger.Debug("image roots unavailable", "sandbox", sb.Name, "err", err)
 		return nil
 	}
 	return b

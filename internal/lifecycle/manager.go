@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,14 +122,6 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	gateWait := time.Since(waitStart).Milliseconds()
 
 	ctx = withSink(ctx, req.OnEvent)
-	// The proxy is up, with this command's policy, before the command can use it; its refusals until the command
-	// ends belong to the command's run.
-	netEnv, releaseNet, err := m.egressFor(ctx, key, req.Network)
-	if err != nil {
-		return nil, err
-	}
-	defer releaseNet()
-	preq.Env = append(preq.Env, netEnv...)
 	// Secrets: placed after the ensure and before the command; removed after it, whatever its outcome (the
 	// deferred remove runs before release, so within this gate hold). A failed placement runs no command.
 	if len(req.Secrets) > 0 {
@@ -162,12 +155,21 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 	}
 	// The listener exists before the sandbox starts, so a starting agent finds it at once.
 	l, fresh := m.listenerFor(key)
+	baseEnv := preq.Env
 	for attempt := 0; ; attempt++ {
 		sb, decision, err := m.ensure(ctx, key)
 		if err != nil {
 			return nil, coded(ctx, err, key)
 		}
 		m.home.Touch(key, m.cfg.Now())
+		// The proxy is up, with this command's policy, before the command can use it (after the ensure: the
+		// CA bundle keeps the sandbox's image roots); its refusals until the command ends belong to its run.
+		netEnv, releaseNet, err := m.egressFor(ctx, key, sb, req.Network)
+		if err != nil {
+			return nil, err
+		}
+		defer releaseNet()
+		preq.Env = append(slices.Clip(baseEnv), netEnv...)
 		conn, err := m.takeChannel(ctx, l, fresh || decision != DecisionReuse)
 		if err != nil {
 			return nil, err

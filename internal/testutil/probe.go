@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,6 +54,53 @@ func ProbeImage(t testing.TB) string {
 	}
 	if err := buildImage(ctx, cli, &buf, tag); err != nil {
 		t.Fatalf("probe image: %v", err)
+	}
+	return tag
+}
+
+// ImageWithFiles builds, under a tag derived from base and the files, an image FROM base with each file added
+// (path in the image -> content, mode 0644). Parallel test processes share it; nothing is pulled.
+func ImageWithFiles(t testing.TB, base string, files map[string][]byte) string {
+	t.Helper()
+	h := sha256.New()
+	h.Write([]byte(base))
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	var df strings.Builder
+	fmt.Fprintf(&df, "FROM %s\n", base)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i, p := range paths {
+		h.Write([]byte("\x00" + p + "\x00"))
+		h.Write(files[p])
+		name := fmt.Sprintf("f%d", i)
+		fmt.Fprintf(&df, "COPY %s %s\n", name, p)
+		if err := addFile(tw, name, files[p], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := addFile(tw, "Dockerfile", []byte(df.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tag := "sandkeep-test-files:" + hex.EncodeToString(h.Sum(nil)[:6])
+	cli := Docker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	testImageMu.Lock()
+	defer testImageMu.Unlock()
+	if ok, err := imageExists(ctx, cli, tag); err != nil {
+		t.Fatal(err)
+	} else if ok {
+		return tag
+	}
+	if err := buildImage(ctx, cli, &buf, tag); err != nil {
+		t.Fatalf("image with files: %v", err)
 	}
 	return tag
 }
