@@ -30,6 +30,8 @@ ratio of medians. Scenarios (in run order):
   concurrent  100 concurrent first calls for one key: time to all done, containers created for the key
   throughput  --keys keys x N warm commands in parallel: execs/s and p99, agent channel vs raw exec
   footprint   --footprint idle sandboxes: agent RSS inside each, host memory per sandbox, engine overhead
+  api         warm exec through the HTTP API (Go SDK, loopback TCP) vs the library, side by side; then
+              --requests execs by 50 clients over 20 users: execs/s, errors, lost results, Go heap growth
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created
@@ -43,9 +45,10 @@ func newBench(g *globals) *cobra.Command {
 		n         int
 		keys      int
 		footprint int
+		requests  int
 	)
 	cmd := &cobra.Command{
-		Use:   "bench [--json] [--scenario warm,output,...] [--n N] [--keys K] [--footprint K]",
+		Use:   "bench [--json] [--scenario warm,output,...] [--n N] [--keys K] [--footprint K] [--requests R]",
 		Short: "Benchmark sandkeep against the raw Docker Engine API on this machine",
 		Long:  benchLong,
 		Example: "  sandkeep bench\n" +
@@ -59,7 +62,7 @@ func newBench(g *globals) *cobra.Command {
 				}
 				return err
 			}
-			opts, err := benchOptions(cmd, scenarios, n, keys, footprint)
+			opts, err := benchOptions(cmd, scenarios, n, keys, footprint, requests)
 			if err != nil {
 				return fail(err)
 			}
@@ -82,10 +85,11 @@ func newBench(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, `print one JSON document {"machine": ..., "results": [...], "footprint": ...}`)
 	f.StringVar(&scenarios, "scenario", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
-	f.IntVar(&n, "n", 0, fmt.Sprintf("samples per series of every timed scenario, and commands per key of throughput (default: warm %d, output %d, first %d, throughput %d)",
-		bench.DefaultWarmN, bench.DefaultOutputN, bench.DefaultFirstN, bench.DefaultThroughputN))
+	f.IntVar(&n, "n", 0, fmt.Sprintf("samples per series of every timed scenario, and commands per key of throughput (default: warm %d, output %d, first %d, throughput %d, api %d)",
+		bench.DefaultWarmN, bench.DefaultOutputN, bench.DefaultFirstN, bench.DefaultThroughputN, bench.DefaultAPIN))
 	f.IntVar(&keys, "keys", bench.DefaultKeys, "keys running in parallel in the throughput scenario")
 	f.IntVar(&footprint, "footprint", bench.DefaultFootprint, "idle sandboxes in the footprint scenario")
+	f.IntVar(&requests, "requests", bench.DefaultAPIRequests, "requests of the api scenario's sustained load (and as many through the library)")
 	return cmd
 }
 
@@ -97,7 +101,7 @@ const (
 )
 
 // benchOptions checks the flags before anything touches the engine.
-func benchOptions(cmd *cobra.Command, scenarios string, n, keys, footprint int) (bench.Options, error) {
+func benchOptions(cmd *cobra.Command, scenarios string, n, keys, footprint, requests int) (bench.Options, error) {
 	help := fmt.Sprintf("see '%s --help'", cmd.CommandPath())
 	for _, flag := range []string{"home", "transport"} {
 		if cmd.Flags().Changed(flag) {
@@ -126,8 +130,10 @@ func benchOptions(cmd *cobra.Command, scenarios string, n, keys, footprint int) 
 		return bench.Options{}, fault.New(fault.InvalidArgument, help, "--keys %d is out of range 1..%d", keys, maxBenchKeys)
 	case footprint < 1 || footprint > maxBenchFootprint:
 		return bench.Options{}, fault.New(fault.InvalidArgument, help, "--footprint %d is out of range 1..%d", footprint, maxBenchFootprint)
+	case requests < 1 || requests > maxBenchN:
+		return bench.Options{}, fault.New(fault.InvalidArgument, help, "--requests %d is out of range 1..%d", requests, maxBenchN)
 	}
-	return bench.Options{Scenarios: names, N: n, Keys: keys, Footprint: footprint}, nil
+	return bench.Options{Scenarios: names, N: n, Keys: keys, Footprint: footprint, Requests: requests}, nil
 }
 
 // runBench sets up the bench environment on a fresh temporary home, runs the scenarios and removes everything

@@ -25,10 +25,11 @@ const (
 	ScenarioConcurrent = "concurrent"
 	ScenarioThroughput = "throughput"
 	ScenarioFootprint  = "footprint"
+	ScenarioAPI        = "api"
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI}
 
 // Defaults of Options' zero fields.
 const (
@@ -50,6 +51,7 @@ type Options struct {
 	Keys      int
 	Footprint int
 	Idle      time.Duration
+	Requests  int // requests of the api scenario's sustained load; zero: DefaultAPIRequests
 }
 
 // Machine describes where a run happened.
@@ -169,6 +171,9 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 			}
 			rep.Footprint = &f
 			return []Result{f.Result()}, nil
+		}},
+		{ScenarioAPI, func() ([]Result, error) {
+			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests)})
 		}},
 	}
 	begin := time.Now()
