@@ -1,0 +1,59 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/fault"
+)
+
+func TestServerConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", `listen: 127.0.0.1:9000
+shutdown_grace: 5s
+limits: {max_sandboxes: 3, max_concurrent_execs: 2, requests_per_second: 1.5, burst: 4}
+tenants: {acme: {max_concurrent_execs: 1}}
+max_body: 2m
+files: {max_file: 10m, max_tar: 1g, max_tar_entries: 50}
+network: {presets: {corp: ["**.corp.example"]}, silent: [t.example]}
+`)
+	c, err := loadServerConfig(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:9000" || c.shutdownGrace() != 5*time.Second || c.Limits.api().Burst != 4 ||
+		c.tenantLimits()["acme"].MaxConcurrentExecs != 1 || size(c.MaxBody) != 2<<20 ||
+		c.fileLimits().MaxFileBytes != 10<<20 || c.fileLimits().MaxTarEntries != 50 ||
+		len(c.Network.Presets["corp"]) != 1 || c.Network.Silent[0] != "t.example" {
+		t.Errorf("config = %+v", c)
+	}
+	if c, err := loadServerConfig(""); err != nil || c.shutdownGrace() != 30*time.Second {
+		t.Errorf("no config: %+v, %v", c, err)
+	}
+	for _, tt := range []struct{ body, want string }{
+		{"listn: x\n", "field listn not found"},
+		{"max_body: lots\n", "max_body"},
+		{"shutdown_grace: soon\n", "shutdown_grace"},
+		{"tls: {cert: a.pem}\n", "both cert and key"},
+		{"tenants: {acme: {burst: -1}}\n", "tenants.acme"},
+		{"limits: [1]\n", "cannot unmarshal"},
+	} {
+		_, err := loadServerConfig(write("bad.yaml", tt.body))
+		if fault.CodeOf(err) != fault.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: %v, want INVALID_ARGUMENT mentioning %q", tt.body, err, tt.want)
+		}
+	}
+	if _, err := loadServerConfig(filepath.Join(dir, "absent.yaml")); fault.CodeOf(err) != fault.InvalidArgument {
+		t.Errorf("absent file: %v", err)
+	}
+}
