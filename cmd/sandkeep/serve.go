@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -79,6 +80,8 @@ func serve(ctx context.Context, g *globals, sc serverConfig) error {
 	svc, err := g.openService(ctx, sc.Spec, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.NetworkPresets = sc.Network.Presets
 		c.NetworkSilent = sc.Network.Silent
+		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
+		c.Retention = duration(sc.Sweep.Retention, 0)
 	})
 	if err != nil {
 		return err
@@ -121,6 +124,18 @@ func serve(ctx context.Context, g *globals, sc serverConfig) error {
 		scheme = "https"
 	}
 	fmt.Fprintf(g.stderr, "sandkeep: serving %s://%s (API /v1, MCP /mcp)\n", scheme, ln.Addr())
+	// The sweeper stops idle sandboxes and removes old stopped ones (one sweeper per state home: another
+	// process holding the lock keeps it). It ends with the server.
+	sweepCtx, stopSweep := context.WithCancel(context.WithoutCancel(ctx))
+	var sweeping sync.WaitGroup
+	if every := duration(sc.Sweep.Interval, time.Minute); every > 0 {
+		sweeping.Go(func() {
+			if err := svc.m.RunSweeper(sweepCtx, every); err != nil {
+				fmt.Fprintf(g.stderr, "sandkeep: sweeper stopped: %v\n", err)
+			}
+		})
+	}
+	defer func() { stopSweep(); sweeping.Wait() }()
 	served := make(chan error, 1)
 	go func() {
 		if sc.TLS.Cert != "" {

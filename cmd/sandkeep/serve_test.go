@@ -1024,3 +1024,38 @@ func TestServeLimits(t *testing.T) {
 		t.Errorf("a command after the first ended: %+v, %v", res, err)
 	}
 }
+
+// TestServeSweeps: the server runs the sweeper, so an idle sandbox is stopped without anyone calling sandkeep
+// sweep, and the next command starts it again with its workspace.
+func TestServeSweeps(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	tenant := c.ten("acme")
+	config := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	if err := os.WriteFile(config, []byte("sweep: {interval: 1s, idle_timeout: 2s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := c.startServer(t, "--config", config)
+	cl := s.client(t, c.createToken(t, tenant, "sdk", "exec,read").Token)
+	if res, err := cl.Exec(bounded(t), "idle", client.ExecRequest{Command: "echo kept > /workspace/f"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v, %v", res, err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		sb, err := cl.Sandbox(bounded(t), "idle")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.State != "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the idle sandbox was never stopped by the server's sweeper")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	res, err := cl.Exec(bounded(t), "idle", client.ExecRequest{Command: "cat /workspace/f"})
+	if err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("after the sweep: %+v, %v", res, err)
+	}
+}

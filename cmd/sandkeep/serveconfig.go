@@ -28,6 +28,13 @@ type serverConfig struct {
 	Spec string `yaml:"spec"`
 	// ShutdownGrace bounds how long SIGTERM waits for running commands (default 30s).
 	ShutdownGrace string `yaml:"shutdown_grace"`
+	// Sweep: how often the server's sweeper runs (default 1m; "0" turns it off), and the idle time after which
+	// a sandbox is stopped and the age after which a stopped one is removed (the library's defaults: 30m, 24h).
+	Sweep struct {
+		Interval    string `yaml:"interval"`
+		IdleTimeout string `yaml:"idle_timeout"`
+		Retention   string `yaml:"retention"`
+	} `yaml:"sweep"`
 	// MetricsTokenEnv names the environment variable holding the bearer token /metrics requires; empty: no auth.
 	MetricsTokenEnv string `yaml:"metrics_token_env"`
 	// Limits bound every tenant; Tenants replaces them for the tenants it names.
@@ -91,9 +98,13 @@ func (c serverConfig) check(path string) error {
 			return bad("%s: %v", name, err)
 		}
 	}
-	if c.ShutdownGrace != "" {
-		if d, err := time.ParseDuration(c.ShutdownGrace); err != nil || d < 0 {
-			return bad("shutdown_grace %q is not a duration such as 30s", c.ShutdownGrace)
+	for name, v := range map[string]string{"shutdown_grace": c.ShutdownGrace, "sweep.interval": c.Sweep.Interval,
+		"sweep.idle_timeout": c.Sweep.IdleTimeout, "sweep.retention": c.Sweep.Retention} {
+		if v == "" {
+			continue
+		}
+		if d, err := time.ParseDuration(v); err != nil || d < 0 {
+			return bad("%s %q is not a duration such as 30s", name, v)
 		}
 	}
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
@@ -123,11 +134,14 @@ func (c serverConfig) fileLimits() files.Limits {
 	return files.Limits{MaxFileBytes: size(c.Files.MaxFile), MaxTarBytes: size(c.Files.MaxTar), MaxTarEntries: c.Files.MaxTarEntries}
 }
 
-func (c serverConfig) shutdownGrace() time.Duration {
-	if d, err := time.ParseDuration(c.ShutdownGrace); err == nil {
+func (c serverConfig) shutdownGrace() time.Duration { return duration(c.ShutdownGrace, 30*time.Second) }
+
+// duration is a checked duration field, or def when it is empty.
+func duration(v string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(v); err == nil {
 		return d
 	}
-	return 30 * time.Second
+	return def
 }
 
 func (c serverConfig) tenantLimits() map[string]api.Limits {

@@ -21,6 +21,7 @@ func TestServerConfig(t *testing.T) {
 	}
 	good := write("good.yaml", `listen: 127.0.0.1:9000
 shutdown_grace: 5s
+sweep: {interval: 10s, idle_timeout: 5m, retention: 1h}
 limits: {max_sandboxes: 3, max_concurrent_execs: 2, requests_per_second: 1.5, burst: 4}
 tenants: {acme: {max_concurrent_execs: 1}}
 max_body: 2m
@@ -31,7 +32,7 @@ network: {presets: {corp: ["**.corp.example"]}, silent: [t.example]}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Listen != "127.0.0.1:9000" || c.shutdownGrace() != 5*time.Second || c.Limits.api().Burst != 4 ||
+	if c.Listen != "127.0.0.1:9000" || c.shutdownGrace() != 5*time.Second || duration(c.Sweep.Interval, 0) != 10*time.Second || c.Limits.api().Burst != 4 ||
 		c.tenantLimits()["acme"].MaxConcurrentExecs != 1 || size(c.MaxBody) != 2<<20 ||
 		c.fileLimits().MaxFileBytes != 10<<20 || c.fileLimits().MaxTarEntries != 50 ||
 		len(c.Network.Presets["corp"]) != 1 || c.Network.Silent[0] != "t.example" {
@@ -44,6 +45,7 @@ network: {presets: {corp: ["**.corp.example"]}, silent: [t.example]}
 		{"listn: x\n", "field listn not found"},
 		{"max_body: lots\n", "max_body"},
 		{"shutdown_grace: soon\n", "shutdown_grace"},
+		{"sweep: {interval: -1s}\n", "sweep.interval"},
 		{"tls: {cert: a.pem}\n", "both cert and key"},
 		{"tenants: {acme: {burst: -1}}\n", "tenants.acme"},
 		{"limits: [1]\n", "cannot unmarshal"},
