@@ -235,6 +235,9 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 	if err != nil {
 		return abort(err)
 	}
+	if err := operatorNetwork(&c); err != nil {
+		return abort(err)
+	}
 	if gateWait > 0 {
 		c.GateWait = gateWait
 	}

@@ -338,5 +338,17 @@ func TestExecNetwork(t *testing.T) {
 		t.Errorf("no network flags: %q", r.stdout)
 	}
 	c.run(t, "exec", "--user", "flags", "--allow", "a..b", "--", "true").wantFailure(t, "NETWORK_INVALID")
+
+	// The operator's presets come from $SANDKEEP_CONFIG.
+	r = c.run(t, "exec", "--tenant", c.ten("acme"), "--user", "flags", "--network-preset", "corp", "--", "true").wantFailure(t, "NETWORK_INVALID")
+	if !strings.Contains(r.stderr, `"corp"`) || !strings.Contains(r.stderr, "default") {
+		t.Errorf("unknown preset: %s", r.stderr)
+	}
+	operator := filepath.Join(repo, "sandkeep-server.yaml")
+	if err := os.WriteFile(operator, []byte("network: {presets: {corp: [\"**.corp.example\"]}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.runWith(t, nil, []string{"SANDKEEP_CONFIG=" + operator}, "exec", "--tenant", c.ten("acme"), "--user", "flags",
+		"--network-preset", "corp", "--", "true").want(t, 0)
 	c.run(t, "exec", "--user", "flags", "--network", "strict", "--", "true").wantFailure(t, "NETWORK_INVALID")
 }

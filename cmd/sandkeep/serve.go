@@ -44,6 +44,9 @@ func newServe(g *globals) *cobra.Command {
 		Example: serveExample,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath == "" {
+				configPath = os.Getenv(envConfig)
+			}
 			sc, err := loadServerConfig(configPath)
 			if err != nil {
 				return err
@@ -68,7 +71,7 @@ func newServe(g *globals) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&configPath, "config", "", "sandkeep-server.yaml: limits, file bounds, network presets (docs/API.md)")
+	fl.StringVar(&configPath, "config", "", "sandkeep-server.yaml: limits, file bounds, network presets (docs/API.md); default $SANDKEEP_CONFIG")
 	fl.StringVar(&listen, "listen", "127.0.0.1:7878", "address to listen on")
 	fl.StringVar(&certFile, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
 	fl.StringVar(&keyFile, "tls-key", "", "the certificate's private key (PEM)")

@@ -9,6 +9,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/api"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
@@ -64,6 +65,25 @@ type limitsConfig struct {
 func (l limitsConfig) api() api.Limits {
 	return api.Limits{MaxSandboxes: l.MaxSandboxes, MaxConcurrentExecs: l.MaxConcurrentExecs,
 		RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst}
+}
+
+// envConfig names the operator's configuration file (sandkeep-server.yaml). sandkeep serve reads all of it;
+// sandkeep exec reads its network block (the operator's presets and silent list).
+const envConfig = "SANDKEEP_CONFIG"
+
+// operatorNetwork applies the network block of $SANDKEEP_CONFIG, when set, to c.
+func operatorNetwork(c *sandkeep.Config) error {
+	path := os.Getenv(envConfig)
+	if path == "" {
+		return nil
+	}
+	sc, err := loadServerConfig(path)
+	if err != nil {
+		return err
+	}
+	c.NetworkPresets = sc.Network.Presets
+	c.NetworkSilent = sc.Network.Silent
+	return nil
 }
 
 // loadServerConfig reads path ("" is the zero config) strictly.

@@ -59,3 +59,30 @@ network: {presets: {corp: ["**.corp.example"]}, silent: [t.example]}
 		t.Errorf("absent file: %v", err)
 	}
 }
+
+// FuzzServerConfig: any file is either a config or an INVALID_ARGUMENT; it never panics, and what it accepts
+// has sizes and durations the accessors can use.
+func FuzzServerConfig(f *testing.F) {
+	f.Add([]byte("listen: 127.0.0.1:7878\nlimits: {max_sandboxes: 3}\n"))
+	f.Add([]byte("files: {max_file: 1g}\nmax_body: 64k\nsweep: {interval: 0}\n"))
+	f.Add([]byte("network: {presets: {a: [x]}, silent: [y]}\ntenants: {t: {burst: 2}}\n"))
+	f.Add([]byte("tls: {cert: a}\n"))
+	f.Add([]byte("- a\n- b\n"))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := loadServerConfig(p)
+		if err != nil {
+			if fault.CodeOf(err) != fault.InvalidArgument {
+				t.Fatalf("error without INVALID_ARGUMENT: %v", err)
+			}
+			return
+		}
+		if size(c.MaxBody) < 0 || c.fileLimits().MaxFileBytes < 0 || c.shutdownGrace() < 0 || duration(c.Sweep.Interval, 0) < 0 {
+			t.Fatalf("accepted a negative bound: %+v", c)
+		}
+	})
+}
