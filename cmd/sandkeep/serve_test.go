@@ -800,6 +800,14 @@ func TestServeIsolation(t *testing.T) {
 	if got := s.raw(t, "GET", "/v1/runs/"+runA, tokA, nil); got.status != http.StatusOK {
 		t.Errorf("A cannot read its own run: %d %s", got.status, got.body)
 	}
+	// Attaching a command to A's run is, for B, attaching it to a run that does not exist.
+	attached := s.raw(t, "POST", "/v1/sandboxes/alice/exec", tokB, strings.NewReader(`{"command":"true","run_id":"`+runA+`"}`))
+	unknown := s.raw(t, "POST", "/v1/sandboxes/alice/exec", tokB, strings.NewReader(`{"command":"true","run_id":"`+missing+`"}`))
+	if attached.status != http.StatusNotFound || !strings.Contains(attached.body, `"code":"RUN_NOT_FOUND"`) ||
+		stripRequestID(attached.body) != strings.ReplaceAll(stripRequestID(unknown.body), missing, runA) {
+		t.Errorf("exec with A's run_id and B's token: %d %s; with a missing run: %d %s",
+			attached.status, attached.body, unknown.status, unknown.body)
+	}
 
 	// What B writes and runs for "alice" lands in B's own sandbox, never in A's.
 	b := s.client(t, tokB)
@@ -1023,6 +1031,11 @@ func TestServeLimits(t *testing.T) {
 	if res, err := cl.Exec(bounded(t), "bob", client.ExecRequest{Command: "echo again"}); err != nil || res.Stdout != "again\n" {
 		t.Errorf("a command after the first ended: %+v, %v", res, err)
 	}
+}
+
+// stripRequestID blanks the request id an error body may carry, so two answers can be compared.
+func stripRequestID(body string) string {
+	return regexp.MustCompile(`req_[0-9a-f]+`).ReplaceAllString(body, "req_")
 }
 
 // TestServeSweeps: the server runs the sweeper, so an idle sandbox is stopped without anyone calling sandkeep

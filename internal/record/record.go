@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/policy"
@@ -82,13 +84,15 @@ func Attach(ctx context.Context, st store.Store, id, tenant, user string) (store
 	run, err := st.GetRun(ctx, id)
 	const hint = "start a run first (sandkeep runs start); `sandkeep runs` lists them"
 	switch {
-	case err != nil:
-		return run, fault.Wrap(err, fault.NotFound, hint, "no run %q", id)
-	case run.Tenant != tenant || run.User != user:
-		return run, fault.New(fault.InvalidArgument, hint, "run %s belongs to %s/%s, not to %s/%s",
-			run.ID, run.Tenant, run.User, tenant, user)
+	case err != nil && !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err):
+		return store.Run{}, fault.Wrap(err, fault.StoreUnavailable, "check the run store", "cannot read run %q", id)
+	case err != nil || run.Tenant != tenant:
+		// Another tenant's run answers exactly like a missing one: a caller learns nothing about other tenants.
+		return store.Run{}, fault.New(fault.RunNotFound, hint, "no run %q", id)
+	case run.User != user:
+		return store.Run{}, fault.New(fault.InvalidArgument, hint, "run %s belongs to user %s, not to %s", run.ID, run.User, user)
 	case run.Status != store.StatusRunning:
-		return run, fault.New(fault.InvalidArgument, hint, "run %s is %s: only a running run takes commands", run.ID, run.Status)
+		return store.Run{}, fault.New(fault.InvalidArgument, hint, "run %s is %s: only a running run takes commands", run.ID, run.Status)
 	}
 	return run, nil
 }
