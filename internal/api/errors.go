@@ -53,6 +53,8 @@ var statusOf = map[fault.Code]int{
 
 	fault.RateLimited: http.StatusTooManyRequests,
 
+	fault.WorkspaceFull: http.StatusInsufficientStorage,
+
 	// Something this server depends on is not there now; retrying later or on another instance may help.
 	fault.DriverUnavailable:        http.StatusServiceUnavailable,
 	fault.SandboxDriverUnavailable: http.StatusServiceUnavailable,

@@ -46,11 +46,12 @@ const (
 	NetworkInvalid    Code = "NETWORK_INVALID"    // a network block (mode, preset, rules, credentials) is refused
 
 	// Files in a sandbox's workspace (internal/files).
-	FileNotFound Code = "FILE_NOT_FOUND" // no such file or directory under /workspace
-	FileTooLarge Code = "FILE_TOO_LARGE" // an upload or download passed its configured size bound
-	FileType     Code = "FILE_TYPE"      // a special file, or a directory where a file is needed (or the reverse)
-	InvalidPath  Code = "INVALID_PATH"   // a path that escapes /workspace, or is malformed
-	PathConflict Code = "PATH_CONFLICT"  // a path exists with another type, or a parent is not a directory
+	FileNotFound  Code = "FILE_NOT_FOUND" // no such file or directory under /workspace
+	FileTooLarge  Code = "FILE_TOO_LARGE" // an upload or download passed its configured size bound
+	FileType      Code = "FILE_TYPE"      // a special file, or a directory where a file is needed (or the reverse)
+	InvalidPath   Code = "INVALID_PATH"   // a path that escapes /workspace, or is malformed
+	PathConflict  Code = "PATH_CONFLICT"  // a path exists with another type, or a parent is not a directory
+	WorkspaceFull Code = "WORKSPACE_FULL" // the host's disk (or quota) under the workspace is full
 
 	// Service (internal/api, tokens in the store).
 	Unauthenticated Code = "UNAUTHENTICATED"   // no token, an unknown, revoked or expired one

@@ -283,6 +283,9 @@ func classify(err error, op string, at []string) error {
 		return fault.Wrap(err, fault.FileType, linkHint, "%s is a symbolic link", display(at))
 	case errors.Is(err, syscall.ENAMETOOLONG):
 		return fault.Wrap(err, fault.InvalidPath, pathHint, "%s is too long", display(at))
+	case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT):
+		return fault.Wrap(err, fault.WorkspaceFull, "free space in the workspace (or on the host), then retry",
+			"no space left to write %s", display(at))
 	}
 	return fmt.Errorf("%s %s: %w", op, display(at), err)
 }
