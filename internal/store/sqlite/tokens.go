@@ -59,7 +59,7 @@ func tokenConflict(ctx context.Context, tx *sql.Tx, t store.Token) error {
 
 // TokenByHash implements store.TokenStore.
 func (s *Store) TokenByHash(ctx context.Context, hash string) (store.Token, error) {
-	t, err := scanToken(s.db.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE hash = ?`, hash))
+	t, err := scanToken(s.tokenByHash.QueryRowContext(ctx, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Token{}, store.ErrTokenNotFound("token by hash", "with that hash")
 	}
