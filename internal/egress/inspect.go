@@ -73,6 +73,13 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 			if hello.ServerName != "" { // no SNI (an IP target, or an old client): the CONNECT host
 				if name, _, _, err := NormalizeHost(hello.ServerName); err != nil || name != ic.host {
 					sni = hello.ServerName
+					// Reported here, before the alert reaches the client: once the client has seen the
+					// handshake fail, its command may end, and the refusal must still belong to its run.
+					host := cut(sni)
+					if err == nil {
+						host = name
+					}
+					p.refuse(http.StatusForbidden, Block{Host: host, Port: v.port, Reason: ReasonSNIMismatch})
 					return nil, errSNIMismatch
 				}
 			}
@@ -96,12 +103,7 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 	if err := tc.HandshakeContext(ctx); err != nil {
 		var notTLS tls.RecordHeaderError
 		switch {
-		case sni != "":
-			host := cut(sni)
-			if name, _, _, err := NormalizeHost(sni); err == nil {
-				host = name
-			}
-			p.refuse(http.StatusForbidden, Block{Host: host, Port: v.port, Reason: ReasonSNIMismatch})
+		case sni != "": // reported by GetCertificate
 		case errors.As(err, &notTLS):
 			p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Reason: ReasonNotTLS})
 		}

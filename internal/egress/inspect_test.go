@@ -284,6 +284,11 @@ func TestInspectSNI(t *testing.T) {
 	if _, err := h.tlsThrough(target, "other.test"); err == nil {
 		t.Fatal("handshake with SNI other.test in a CONNECT to api.test succeeded")
 	}
+	// Reported before the client learns of the failure: a command that exits on it must find the refusal in
+	// its run (the lifecycle routes refusals to the running command's run only while it runs).
+	if got := h.reported(); len(got) != 1 {
+		t.Errorf("when the client's handshake failed, %d refusals were reported, want 1 already", len(got))
+	}
 	if n := len(up.seen()); n != 0 {
 		t.Errorf("upstream got %d requests", n)
 	}
