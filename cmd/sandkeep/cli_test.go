@@ -51,8 +51,14 @@ func newCLI(t *testing.T) *cli {
 	agent := testutil.AgentBinary(t)
 	bin := testutil.BuildBinary(t, "./cmd/sandkeep", "sandkeep", false)
 	home := t.TempDir()
-	c := &cli{bin: bin, home: home, env: cleanEnv(
-		"SANDKEEP_HOME="+home, "SANDKEEP_IMAGE="+image, "SANDKEEP_AGENT="+agent)}
+	// scripts/test.sh runs the suite once per transport. Its exec pass reaches every process here; its agent
+	// pass does not: the CLI's default, auto, already prefers the channel, and forcing it would fail the tests
+	// where several one-shot processes share a sandbox by design (only one can own its channel).
+	env := []string{"SANDKEEP_HOME=" + home, "SANDKEEP_IMAGE=" + image, "SANDKEEP_AGENT=" + agent}
+	if os.Getenv("SANDKEEP_TRANSPORT") == "exec" {
+		env = append(env, "SANDKEEP_TRANSPORT=exec")
+	}
+	c := &cli{bin: bin, home: home, env: cleanEnv(env...)}
 	// Any command that opens the home creates its installation id; ps touches no container.
 	c.run(t, "ps").want(t, 0)
 	id, err := os.ReadFile(filepath.Join(home, "installation-id"))

@@ -89,6 +89,9 @@ func TestDegradeOrRefuse(t *testing.T) {
 		t.Errorf("auto degrade events: %v %s", n, evs[0].Payload)
 	}
 
+	// A forced agent transport is about sandboxes: a run degraded to the host still runs.
+	c.runWith(t, nil, noDocker, "--transport", "agent", "exec", "--tenant", ten, "--user", "u", "--sandbox", "auto", "--", "true").want(t, 0)
+
 	c.runWith(t, nil, noDocker, "exec", "--tenant", ten, "--user", "u", "--sandbox", "inline", "--", "true").wantFailure(t, "SANDBOX_DRIVER_UNAVAILABLE")
 	run, evs = c.lastRun(t)
 	if run.Admission != "refused" || run.Status != "failed" || run.FailureCode != "SANDBOX_DRIVER_UNAVAILABLE" || run.Disposition != "deterministic" {

@@ -92,8 +92,10 @@ func (m *Manager) dropListener(key identity.Key) {
 // takeChannel returns the connection to use for this command, or nil to use the engine's exec.
 func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bool) (*net.UnixConn, error) {
 	if l == nil {
-		if m.cfg.Transport == TransportAgent {
-			return nil, unavailable("this process cannot serve the sandbox's channel (another process does, or the driver has none)")
+		// A driver without a channel (the host passthrough) has only its own way to run a command: the transport
+		// choice is about sandboxes, and a run degraded to the host must not fail over it.
+		if m.cfg.Transport == TransportAgent && m.drv.Capabilities().Channel {
+			return nil, unavailable("this process cannot serve the sandbox's channel (another process serves it)")
 		}
 		return nil, nil
 	}
