@@ -521,8 +521,8 @@ func TestEgressBundleKeepsImageRoots(t *testing.T) {
 	imageRoot := testCert(t, "image-root.test")
 	block := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: imageRoot.Certificate[0]})
 	cfg := baseConfig(t)
-	cfg.Image = testutil.ImageWithFiles(t, testutil.TestImage(t), map[string][]byte{
-		"/etc/ssl/certs/ca-certificates.crt": append([]byte("# an image's trust store\n"), block...),
+	cfg.Image = testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{
+		"/etc/ssl/certs/ca-certificates.crt": {Data: append([]byte("# an image's trust store\n"), block...)},
 	})
 	cfg.Network = &sandkeep.Network{Mode: "allowlist", Rules: []string{"api.example.test"}, Inspect: "on"}
 	s := newSuite(t, cfg)

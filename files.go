@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
 )
 
@@ -32,16 +31,11 @@ func (m *Manager) Files(key Key, create bool, lim FileLimits) (*Files, error) {
 
 // Sandbox describes key's sandbox; none is SANDBOX_NOT_FOUND.
 func (m *Manager) Sandbox(ctx context.Context, key Key) (Sandbox, error) {
-	all, err := m.List(ctx)
+	in, err := m.lc.Info(ctx, key)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	for _, sb := range all {
-		if sb.Key == key.Hex() {
-			return sb, nil
-		}
-	}
-	return Sandbox{}, errNoSandbox(key)
+	return sandboxOf(in), nil
 }
 
 // Ping checks that the driver answers.
@@ -49,8 +43,4 @@ func (m *Manager) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return m.drv.Ping(ctx)
-}
-
-func errNoSandbox(key Key) error {
-	return fault.New(fault.NotFound, "`sandkeep ps` lists the sandboxes that exist", "no sandbox for %s", key)
 }

@@ -327,13 +327,17 @@ func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
 	}
 	out := make([]Sandbox, 0, len(infos))
 	for _, in := range infos {
-		out = append(out, Sandbox{
-			Tenant: in.Key.Tenant, User: in.Key.User, Key: in.Key.Hex(), Name: in.Name, ID: in.ID,
-			State: string(in.State), Image: in.Image, CreatedAt: in.CreatedAt, LastUsed: in.LastUsed,
-			IdleFor: in.IdleFor.String(),
-		})
+		out = append(out, sandboxOf(in))
 	}
 	return out, nil
+}
+
+func sandboxOf(in lifecycle.Info) Sandbox {
+	return Sandbox{
+		Tenant: in.Key.Tenant, User: in.Key.User, Key: in.Key.Hex(), Name: in.Name, ID: in.ID,
+		State: string(in.State), Image: in.Image, CreatedAt: in.CreatedAt, LastUsed: in.LastUsed,
+		IdleFor: in.IdleFor.String(),
+	}
 }
 
 // Stop stops key's sandbox (waiting for its gate); the next Exec starts the same container again.

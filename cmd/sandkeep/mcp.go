@@ -38,8 +38,7 @@ func newMCP(g *globals) *cobra.Command {
 				return err
 			}
 			defer svc.Close()
-			c, _ := g.config()
-			return mcpserver.ServeStdio(cmd.Context(), svc.backend, key, mcpserver.Options{Version: version(), Logger: c.Logger})
+			return mcpserver.ServeStdio(cmd.Context(), svc.backend, key, mcpserver.Options{Version: version(), Logger: svc.log})
 		},
 	}
 	w.bind(cmd)

@@ -90,10 +90,6 @@ func serve(ctx context.Context, g *globals, sc serverConfig) error {
 		return err
 	}
 	defer svc.Close()
-	c, err := g.config()
-	if err != nil {
-		return err
-	}
 	access := slog.New(slog.NewJSONHandler(g.stderr, nil))
 	var metricsToken string
 	if sc.MetricsTokenEnv != "" {
@@ -109,7 +105,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig) error {
 		Logger: access, MetricsToken: metricsToken,
 		MCP: func(b service.Backend, h api.MCPHooks) http.Handler {
 			return mcpserver.Handler(b, h.KeyFor, mcpserver.Options{
-				Version: version(), Logger: c.Logger, RequestID: h.RequestID,
+				Version: version(), Logger: svc.log, RequestID: h.RequestID,
 				Authorize: func(r *http.Request, tool string) error { return h.Authorize(r, mcpserver.Scope(tool)) },
 			})
 		},

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -15,6 +16,7 @@ import (
 // openedService is what `sandkeep serve` and `sandkeep mcp` run on: a long-lived Manager that records every
 // command into the store, the store itself (tokens, runs, events), and the service Backend over both.
 type openedService struct {
+	log     *slog.Logger // the Manager's logger (sandkeep's own log, on stderr)
 	m       *sandkeep.Manager
 	st      store.Store
 	backend *service.Service
@@ -59,7 +61,7 @@ func (g *globals) openService(ctx context.Context, specPath string, lim files.Li
 		m.Close()
 		return nil, err
 	}
-	return &openedService{m: m, st: st, backend: service.New(m, st, lim)}, nil
+	return &openedService{log: c.Logger, m: m, st: st, backend: service.New(m, st, lim)}, nil
 }
 
 func (s *openedService) Close() error {

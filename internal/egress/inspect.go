@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,14 +56,7 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 		b, _ := brw.Reader.Peek(n)
 		conn = &prefixConn{Conn: client, r: io.MultiReader(bytes.NewReader(slices.Clone(b)), client)}
 	}
-	authority := v.host
-	if strings.Contains(authority, ":") {
-		authority = "[" + authority + "]"
-	}
-	if v.port != 443 {
-		authority += ":" + strconv.Itoa(int(v.port))
-	}
-	ic := &inspectConn{raw: client, host: v.host, port: v.port, authority: authority, pol: pol, v: v}
+	ic := &inspectConn{raw: client, host: v.host, port: v.port, authority: hostPort(v.host, v.port, v.port != 443), pol: pol, v: v}
 	sni := ""
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,

@@ -692,14 +692,7 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	if !ok {
 		return
 	}
-	authority := v.host
-	if strings.Contains(authority, ":") {
-		authority = "[" + authority + "]"
-	}
-	if explicit {
-		authority += ":" + strconv.Itoa(int(port))
-	}
-	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "http", authority: authority, addrs: v.addrs, creds: plan})
+	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "http", authority: hostPort(v.host, port, explicit), addrs: v.addrs, creds: plan})
 	p.forward.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -767,4 +760,15 @@ func (p *Proxy) dialForward(ctx context.Context, _, _ string) (net.Conn, error) 
 		return nil, errors.New("egress proxy: forward dial without a checked address")
 	}
 	return p.dialChecked(ctx, t.addrs)
+}
+
+// hostPort is the host[:port] authority of an upstream URL: an IPv6 host in brackets, the port only when withPort.
+func hostPort(host string, port uint16, withPort bool) string {
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	if withPort {
+		host += ":" + strconv.Itoa(int(port))
+	}
+	return host
 }

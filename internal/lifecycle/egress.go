@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -168,23 +168,7 @@ func (m *Manager) writeBundle(sb *driver.Sandbox, ke *keyEgress, dir string, ca 
 		ke.roots, ke.rootsOf = m.imageRoots(sb), sb.ID
 	}
 	bundle := append(slices.Clip(ca), ke.roots...)
-	tmp, err := os.CreateTemp(dir, ".ca-*")
-	if err == nil {
-		_, err = tmp.Write(bundle)
-		if cerr := tmp.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = os.Chmod(tmp.Name(), 0o644)
-		}
-		if err == nil {
-			err = os.Rename(tmp.Name(), filepath.Join(dir, caBundleName))
-		}
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-	}
-	if err != nil {
+	if err := replaceFile(filepath.Join(dir, caBundleName), bytes.NewReader(bundle), 0o644); err != nil {
 		return fault.Wrap(err, fault.EgressUnavailable, "check that the state home is writable", "cannot write the sandbox's CA bundle")
 	}
 	ke.caGen = gen

@@ -180,18 +180,27 @@ func (h *Home) InstallAgent(src string) (string, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".agent-*")
-	if err != nil {
-		return "", fmt.Errorf("install agent: %w", err)
-	}
-	_, cerr := io.Copy(tmp, f)
-	if err := errors.Join(cerr, tmp.Chmod(0o755), tmp.Close()); err != nil {
-		os.Remove(tmp.Name())
-		return "", fmt.Errorf("install agent: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		os.Remove(tmp.Name())
+	if err := replaceFile(dst, f, 0o755); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
 	return dir, nil
+}
+
+// replaceFile writes r to path with mode through a temporary file in the same directory renamed into place, so
+// a reader (a sandbox's agent or its commands) sees the old file or the new one, never a part.
+func replaceFile(path string, r io.Reader, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	_, cerr := io.Copy(tmp, r)
+	if err := errors.Join(cerr, tmp.Chmod(mode), tmp.Close()); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return nil
 }

@@ -339,7 +339,7 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 func (m *Manager) owned(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
 	sb, err := m.drv.Inspect(ctx, key.ContainerName())
 	if cerrdefs.IsNotFound(err) {
-		return nil, fault.New(fault.NotFound, "`sandkeep ps` lists the sandboxes that exist", "no sandbox for %s", key)
+		return nil, errNoSandbox(key)
 	}
 	if err != nil {
 		return nil, err
@@ -348,6 +348,10 @@ func (m *Manager) owned(ctx context.Context, key identity.Key) (*driver.Sandbox,
 		return nil, err
 	}
 	return sb, nil
+}
+
+func errNoSandbox(key identity.Key) error {
+	return fault.New(fault.NotFound, "`sandkeep ps` lists the sandboxes that exist", "no sandbox for %s", key)
 }
 
 func (m *Manager) checkOurs(key identity.Key, sb *driver.Sandbox) error {

@@ -3,12 +3,12 @@ package lifecycle
 import (
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
 // Network is where a sandbox may connect to, as a caller writes it: a spec's network block, a library Config's,
@@ -65,8 +65,6 @@ var defaultPreset = []string{
 func DefaultPresets() map[string][]string {
 	return map[string][]string{PresetDefault: slices.Clone(defaultPreset)}
 }
-
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // MergeNetwork combines a sandbox's block with one command's. A nil side yields the other; replace takes the
 // command's block as it is; append (the default) takes the command's mode, preset and inspection where it sets
@@ -191,7 +189,7 @@ func resolveCredentials(in []Credential) ([]egress.Credential, error) {
 	out := make([]egress.Credential, 0, len(in))
 	seen := map[string]bool{}
 	for _, c := range in {
-		if !envName.MatchString(c.Name) {
+		if !spec.ValidCredentialName(c.Name) {
 			return nil, fault.New(fault.NetworkInvalid, "name it like an environment variable, e.g. GITHUB_TOKEN",
 				"credential name %q is not an environment variable name", c.Name)
 		}

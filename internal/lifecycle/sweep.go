@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -28,6 +29,33 @@ type Info struct {
 	IdleFor   time.Duration
 }
 
+// Info describes key's sandbox (one inspect); none is SANDBOX_NOT_FOUND, and so is a container of that name that
+// is not this installation's: like List, Info does not describe what is not ours.
+func (m *Manager) Info(ctx context.Context, key identity.Key) (Info, error) {
+	sb, err := m.owned(ctx, key)
+	if fault.Is(err, fault.ForeignContainer) {
+		err = errNoSandbox(key)
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	return m.info(key, sb), nil
+}
+
+// info describes sb, the sandbox of key.
+func (m *Manager) info(key identity.Key, sb *driver.Sandbox) Info {
+	created, _ := time.Parse(time.RFC3339, sb.Labels[driver.LabelCreatedAt])
+	used := m.home.LastUsed(key)
+	idleFrom := used
+	if idleFrom.IsZero() {
+		idleFrom = created
+	}
+	return Info{
+		Key: key, Name: sb.Name, ID: sb.ID, State: sb.State, Image: sb.Labels[driver.LabelImage],
+		CreatedAt: created, LastUsed: used, IdleFor: max(0, m.cfg.Now().Sub(idleFrom)).Round(time.Second),
+	}
+}
+
 // List returns every sandbox of this installation, sorted by tenant then user. Containers whose labels do
 // not make a valid key are left out (they are not ours to describe).
 func (m *Manager) List(ctx context.Context) ([]Info, error) {
@@ -35,23 +63,11 @@ func (m *Manager) List(ctx context.Context) ([]Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := m.cfg.Now()
 	out := make([]Info, 0, len(sbs))
 	for _, sb := range sbs {
-		key, ok := m.keyOf(sb)
-		if !ok {
-			continue
+		if key, ok := m.keyOf(sb); ok {
+			out = append(out, m.info(key, sb))
 		}
-		created, _ := time.Parse(time.RFC3339, sb.Labels[driver.LabelCreatedAt])
-		used := m.home.LastUsed(key)
-		idleFrom := used
-		if idleFrom.IsZero() {
-			idleFrom = created
-		}
-		out = append(out, Info{
-			Key: key, Name: sb.Name, ID: sb.ID, State: sb.State, Image: sb.Labels[driver.LabelImage],
-			CreatedAt: created, LastUsed: used, IdleFor: max(0, now.Sub(idleFrom)).Round(time.Second),
-		})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Key.Tenant != out[j].Key.Tenant {

@@ -344,18 +344,14 @@ func (p *parser) resources(n *yaml.Node, r *Resources) {
 }
 
 func (p *parser) secretFiles(n *yaml.Node, path string) []SecretFile {
-	if !p.is(n, path, yaml.SequenceNode) {
-		return nil
+	var out []SecretFile
+	if n.Kind == yaml.SequenceNode {
+		out = make([]SecretFile, 0, len(n.Content)) // secret_files: [] is an overlay's "none", not "unset"
 	}
-	out := make([]SecretFile, 0, len(n.Content))
-	for i, item := range n.Content {
-		ipath := fmt.Sprintf("%s[%d]", path, i)
-		p.c.pos[ipath] = item
-		if !p.is(item, ipath, yaml.MappingNode) {
-			continue
-		}
-		var sf SecretFile
-		p.mapping(item, ipath, ipath, secretKeys, func(key string, _, v *yaml.Node) {
+	p.mappings(n, path, secretKeys, func(ipath string) func(key string, v *yaml.Node) {
+		out = append(out, SecretFile{})
+		sf := &out[len(out)-1]
+		return func(key string, v *yaml.Node) {
 			kpath := ipath + "." + key
 			switch key {
 			case "name":
@@ -371,10 +367,26 @@ func (p *parser) secretFiles(n *yaml.Node, path string) []SecretFile {
 					sf.Mode = v.Value // as written: "0400", not the number YAML may read it as
 				}
 			}
-		})
-		out = append(out, sf)
-	}
+		}
+	})
 	return out
+}
+
+// mappings walks a sequence of mappings at path (secret files, credentials): item(ipath) is called once per
+// mapping item and returns the setter for its keys, used before the next item is called.
+func (p *parser) mappings(n *yaml.Node, path string, keys []string, item func(ipath string) func(key string, v *yaml.Node)) {
+	if !p.is(n, path, yaml.SequenceNode) {
+		return
+	}
+	for i, it := range n.Content {
+		ipath := fmt.Sprintf("%s[%d]", path, i)
+		p.c.pos[ipath] = it
+		if !p.is(it, ipath, yaml.MappingNode) {
+			continue
+		}
+		set := item(ipath)
+		p.mapping(it, ipath, ipath, keys, func(key string, _, v *yaml.Node) { set(key, v) })
+	}
 }
 
 func (p *parser) network(n *yaml.Node, nw *Network) {
@@ -398,18 +410,14 @@ func (p *parser) network(n *yaml.Node, nw *Network) {
 }
 
 func (p *parser) credentials(n *yaml.Node, path string) []NetworkCredential {
-	if !p.is(n, path, yaml.SequenceNode) {
-		return nil
+	var out []NetworkCredential
+	if n.Kind == yaml.SequenceNode {
+		out = make([]NetworkCredential, 0, len(n.Content))
 	}
-	out := make([]NetworkCredential, 0, len(n.Content))
-	for i, item := range n.Content {
-		ipath := fmt.Sprintf("%s[%d]", path, i)
-		p.c.pos[ipath] = item
-		if !p.is(item, ipath, yaml.MappingNode) {
-			continue
-		}
-		var c NetworkCredential
-		p.mapping(item, ipath, ipath, credKeys, func(key string, _, v *yaml.Node) {
+	p.mappings(n, path, credKeys, func(ipath string) func(key string, v *yaml.Node) {
+		out = append(out, NetworkCredential{})
+		c := &out[len(out)-1]
+		return func(key string, v *yaml.Node) {
 			kpath := ipath + "." + key
 			switch key {
 			case "name":
@@ -419,9 +427,8 @@ func (p *parser) credentials(n *yaml.Node, path string) []NetworkCredential {
 			case "hosts":
 				c.Hosts = p.strList(v, kpath)
 			}
-		})
-		out = append(out, c)
-	}
+		}
+	})
 	return out
 }
 

@@ -587,8 +587,12 @@ func ParseSecretMode(s string) (fs.FileMode, error) {
 	return fs.FileMode(v), nil
 }
 
-// credName is an environment variable name, as credentials use them.
+// credName is an environment variable name, as credentials use them: one a shell can expand ($NAME).
 var credName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// ValidCredentialName reports whether name may name a network credential (and the variable its placeholder is
+// in): a shell identifier of at most 128 bytes.
+func ValidCredentialName(name string) bool { return credName.MatchString(name) }
 
 // rule checks one egress rule at field f and reports whether it is valid.
 func (c *checker) rule(f, r string) bool {
