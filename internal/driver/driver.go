@@ -102,6 +102,7 @@ const (
 	LabelPosture      = LabelPrefix + "posture"  // Posture.Hash()
 	LabelInstallation = LabelPrefix + "installation"
 	LabelCreatedAt    = LabelPrefix + "created-at" // RFC 3339, UTC
+	LabelTemplate     = LabelPrefix + "template"   // the operator template the sandbox was made for; absent for none
 )
 
 // Sandbox is what a driver knows of one sandbox.

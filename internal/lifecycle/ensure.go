@@ -29,10 +29,10 @@ const (
 
 // ensure returns key's running, compatible sandbox and what it did to get it, within SetupTimeout. The caller
 // holds key's gate.
-func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox, Decision, error) {
+func (m *Manager) ensure(ctx context.Context, key identity.Key, sh *Shape) (*driver.Sandbox, Decision, error) {
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.SetupTimeout)
 	defer cancel()
-	sb, d, err := m.provide(sctx, key)
+	sb, d, err := m.provide(sctx, key, sh)
 	if err != nil && ctx.Err() == nil && (sctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
 		return nil, "", fault.Wrap(err, fault.SandboxSetupTimeout,
 			"retry; if it keeps happening, pull or build the image ahead of time (or raise the setup bound)",
@@ -43,13 +43,13 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key) (*driver.Sandbox
 }
 
 // provide is ensure's body: reuse, start, recreate, create or adopt.
-func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbox, Decision, error) {
-	imageID, err := m.images.resolve(ctx, m.cfg.Image)
+func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*driver.Sandbox, Decision, error) {
+	imageID, err := m.images.resolve(ctx, sh.cfg.Image)
 	if err != nil {
 		return nil, "", err
 	}
 	chanDir := m.channelDir(key)
-	want, hash := m.postureOf(key)
+	want, hash := m.postureOf(key, sh)
 	if sb := m.cached(key); sb != nil && compatible(sb, imageID, hash) {
 		// Trust this process's last ensure: if the sandbox was stopped or removed since, Exec fails before
 		// running anything and the caller ensures again.
@@ -65,7 +65,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 		sb, err := m.drv.Inspect(ctx, key.ContainerName())
 		switch {
 		case cerrdefs.IsNotFound(err):
-			sb, err = m.create(ctx, key, want, hash, imageID)
+			sb, err = m.create(ctx, key, sh, want, hash, imageID)
 			if cerrdefs.IsConflict(err) { // another process won the name: inspect it and adopt it
 				adopted = true
 				continue
@@ -75,12 +75,12 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 			}
 			m.decided(key, sb, DecisionCreate)
 			m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
-				Image: m.cfg.Image, Created: true})
+				Image: sh.cfg.Image, Created: true})
 			running, d, err := m.started(ctx, key, sb, DecisionCreate)
 			if err != nil {
 				return nil, "", err
 			}
-			if err := m.postCreate(ctx, key, running); err != nil {
+			if err := m.postCreate(ctx, key, running, sh); err != nil {
 				return nil, "", err
 			}
 			return running, d, nil
@@ -103,12 +103,12 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 		case ok && sb.State == driver.StateStopped:
 			d := pick(adopted, DecisionAdopt, DecisionStart)
 			m.decided(key, sb, d)
-			if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
+			if _, err := m.home.EnsureWorkspace(key, sh.uid, sh.gid); err != nil {
 				return nil, "", err
 			}
 			if err := m.drv.Start(ctx, sb); err == nil {
 				m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
-					Image: m.cfg.Image})
+					Image: sh.cfg.Image})
 				return m.started(ctx, key, sb, d)
 			} else if ctx.Err() != nil {
 				return nil, "", err // the caller gave up: a start cut short says nothing about the sandbox
@@ -128,22 +128,25 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
-func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
-	if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
+func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
+	if _, err := m.home.EnsureWorkspace(key, sh.uid, sh.gid); err != nil {
 		return nil, err
 	}
 	spec := &driver.CreateSpec{
-		Key: key, Name: key.ContainerName(), Image: m.cfg.Image, ImageID: imageID, Posture: want,
+		Key: key, Name: key.ContainerName(), Image: sh.cfg.Image, ImageID: imageID, Posture: want,
 		Labels: map[string]string{
 			driver.LabelTenant:       key.Tenant,
 			driver.LabelUser:         key.User,
 			driver.LabelKey:          key.Hex(),
-			driver.LabelImage:        m.cfg.Image,
+			driver.LabelImage:        sh.cfg.Image,
 			driver.LabelImageID:      imageID,
 			driver.LabelPosture:      hash,
 			driver.LabelInstallation: m.home.Installation,
 			driver.LabelCreatedAt:    m.cfg.Now().UTC().Format(time.RFC3339),
 		},
+	}
+	if sh.Template != "" {
+		spec.Labels[driver.LabelTemplate] = sh.Template
 	}
 	sb, err := m.drv.Create(ctx, spec)
 	if err != nil {
@@ -195,15 +198,21 @@ type keyPosture struct {
 	hash    string
 }
 
-// postureOf returns key's posture and its hash. Both are a pure function of the manager's configuration (fixed
-// at New) and the key, so they are built once per key rather than on every command; the driver only reads them.
-func (m *Manager) postureOf(key identity.Key) (driver.Posture, string) {
-	if v, ok := m.postures.Load(key.Hex()); ok {
+// postureOf returns key's posture in shape sh and its hash. Both are a pure function of the shape (fixed when it
+// was made) and the key, so they are built once per key and shape rather than on every command; the driver only
+// reads them.
+func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string) {
+	if v, ok := sh.postures.Load(key.Hex()); ok {
 		kp := v.(keyPosture)
 		return kp.posture, kp.hash
 	}
-	p := m.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), m.uid, m.gid)
+	p := sh.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), sh.uid, sh.gid)
+	if sh.Template != "" {
+		// The template is part of what the sandbox is: asking for another one recycles it, even when both
+		// happen to describe the same container.
+		p.Env = append(p.Env, EnvTemplate+"="+sh.Template)
+	}
 	kp := keyPosture{posture: p, hash: p.Hash()}
-	m.postures.Store(key.Hex(), kp)
+	sh.postures.Store(key.Hex(), kp)
 	return kp.posture, kp.hash
 }

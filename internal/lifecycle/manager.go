@@ -41,7 +41,7 @@ type Manager struct {
 	gates    *gates
 	agentDir string
 	images   *images
-	postures sync.Map // key hex -> keyPosture, built once per key (see postureOf)
+	def      *Shape // the shape of cfg itself: what a command without a Shape of its own gets
 
 	mu        sync.Mutex                   // guards known, listeners and egress
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
@@ -66,11 +66,13 @@ func New(home *Home, drv driver.Driver, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home), agentDir: agentDir,
 		known: map[string]*driver.Sandbox{}, listeners: map[string]*channel.Listener{}, egress: map[string]*keyEgress{},
 		images: newImages(drv, cfg.Logger),
-	}, nil
+	}
+	m.def = &Shape{cfg: cfg, uid: uid, gid: gid}
+	return m, nil
 }
 
 // Home is the manager's state home.
@@ -94,6 +96,9 @@ type ExecRequest struct {
 	Secrets     []Secret // files placed under /run/secrets for this command only (secrets.go)
 	// Network is where the command may connect to (ResolveNetwork); nil or mode none: nowhere.
 	Network *egress.Policy
+	// Shape is the sandbox the command runs in (NewShape); nil is the Manager's own Config. A key's sandbox made
+	// for another shape has drifted and is recycled.
+	Shape *Shape
 }
 
 // ExecResult is the outcome of one command.
@@ -125,7 +130,7 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	// Secrets: placed after the ensure and before the command; removed after it, whatever its outcome (the
 	// deferred remove runs before release, so within this gate hold). A failed placement runs no command.
 	if len(req.Secrets) > 0 {
-		remove, err := m.placeSecrets(ctx, key, req.Secrets)
+		remove, err := m.placeSecrets(ctx, key, req.Secrets, req.Shape)
 		defer remove()
 		if err != nil {
 			return nil, err
@@ -157,7 +162,7 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 	l, fresh := m.listenerFor(key)
 	baseEnv := preq.Env
 	for attempt := 0; ; attempt++ {
-		sb, decision, err := m.ensure(ctx, key)
+		sb, decision, err := m.ensure(ctx, key, m.shapeOf(req.Shape))
 		if err != nil {
 			return nil, coded(ctx, err, key)
 		}

@@ -19,14 +19,14 @@ const postCreateTail = 2 << 10
 // postCreate runs the configured post-create command in a sandbox that was just created. It runs through the
 // engine's exec (the channel may not be up yet) with its own deadline. On failure the sandbox is removed, so
 // that a half-prepared sandbox never serves a command and the next run tries again.
-func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.Sandbox) error {
-	if m.cfg.PostCreate == "" {
+func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.Sandbox, sh *Shape) error {
+	if sh.cfg.PostCreate == "" {
 		return nil
 	}
 	var out tail
 	req := agentproto.Request{
-		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", m.cfg.PostCreate},
-		Workdir: driver.WorkspaceDir, TimeoutMS: m.cfg.PostCreateTimeout.Milliseconds(),
+		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", sh.cfg.PostCreate},
+		Workdir: driver.WorkspaceDir, TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
 		GraceMS: m.cfg.Grace.Milliseconds(), StdoutLimit: agentproto.DefaultLimit, StderrLimit: agentproto.DefaultLimit,
 	}
 	start := time.Now()
@@ -42,7 +42,7 @@ func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.S
 	case err != nil:
 		why = err.Error()
 	case res.TimedOut:
-		why = "timed out after " + m.cfg.PostCreateTimeout.String()
+		why = "timed out after " + sh.cfg.PostCreateTimeout.String()
 	case res.ExitCode == 127:
 		why += " (is there a sh in the image?)"
 	}

@@ -117,7 +117,7 @@ func checkSecrets(secrets []Secret) error {
 // A put that the agent refused (or that timed out) is SECRET_DELIVERY_FAILED. An error on the way there (the
 // sandbox could not be provided, the channel broke, the caller gave up) is returned as the command would have
 // met it: it already carries its code.
-func (m *Manager) placeSecrets(ctx context.Context, key identity.Key, secrets []Secret) (remove func(), err error) {
+func (m *Manager) placeSecrets(ctx context.Context, key identity.Key, secrets []Secret, shape *Shape) (remove func(), err error) {
 	var sb *driver.Sandbox // the sandbox the files went into
 	var placed []string    // paths that may exist in sb, half-written ones included
 	remove = func() {
@@ -131,7 +131,7 @@ func (m *Manager) placeSecrets(ctx context.Context, key identity.Key, secrets []
 			Argv:   []string{driver.AgentPath, "put-file", s.Path, s.mode()},
 			Stdin:  bytes.NewReader(s.Value),
 			Stdout: &diag, Stderr: &diag, StdoutLimit: helperOutputLimit, StderrLimit: helperOutputLimit,
-			Timeout: secretPutTimeout,
+			Timeout: secretPutTimeout, Shape: shape,
 		}
 		preq, err := m.agentRequest(req)
 		if err != nil {

@@ -24,6 +24,7 @@ type Info struct {
 	ID        string
 	State     driver.State
 	Image     string
+	Template  string // the operator template it was made for; "" for none
 	CreatedAt time.Time
 	LastUsed  time.Time // zero when never used
 	IdleFor   time.Duration
@@ -52,7 +53,7 @@ func (m *Manager) info(key identity.Key, sb *driver.Sandbox) Info {
 	}
 	return Info{
 		Key: key, Name: sb.Name, ID: sb.ID, State: sb.State, Image: sb.Labels[driver.LabelImage],
-		CreatedAt: created, LastUsed: used, IdleFor: max(0, m.cfg.Now().Sub(idleFrom)).Round(time.Second),
+		Template: sb.Labels[driver.LabelTemplate], CreatedAt: created, LastUsed: used, IdleFor: max(0, m.cfg.Now().Sub(idleFrom)).Round(time.Second),
 	}
 }
 
