@@ -85,6 +85,9 @@ func (e *InvalidModeError) Error() string {
 //     it does not take part: --sandbox auto stands.
 //   - --sandbox none wins over everything, and so does --sandbox inline; neither yields.
 //   - An explicit none, from any tier, is silent: the Note explains, nothing warns.
+//   - The spec is the repository tier: it may raise isolation over SANDKEEP_SANDBOX_DEFAULT (auto -> inline),
+//     never lower it; a weaker spec mode yields to the operator's default (source env). (A repository's none is
+//     refused before this, by internal/tier.)
 //
 // Every input is checked, including those a higher tier overrides: a value that is not understood is an error
 // (fail closed), an *fault.Error with code INVALID_ARGUMENT wrapping an *InvalidModeError for the first bad
@@ -109,6 +112,11 @@ func ResolveMode(in ModeInputs) (Resolution, error) {
 			Note: fmt.Sprintf("mode %s from the spec: --sandbox auto yields to a spec that names an image or a build", mode)}, nil
 	case in.CLI != spec.ModeInherit:
 		return resolved(in.CLI, SourceCLI), nil
+	case in.Spec != spec.ModeInherit && in.Env != spec.ModeInherit && strength(in.Env) > strength(in.Spec):
+		// A repository may raise isolation, never lower it: the operator's stricter default stands.
+		r := resolved(in.Env, SourceEnv)
+		r.Note += fmt.Sprintf(" (the spec's %s is weaker and may not lower it)", in.Spec)
+		return r, nil
 	case in.Spec != spec.ModeInherit:
 		return resolved(in.Spec, SourceSpec), nil
 	case in.Env != spec.ModeInherit:
@@ -130,6 +138,17 @@ func validMode(m string) bool {
 }
 
 // activeMode reports whether m asks for a sandbox.
+// strength orders modes by how much isolation they demand: none < auto (and unset) < inline.
+func strength(m string) int {
+	switch m {
+	case spec.ModeNone:
+		return 0
+	case spec.ModeInline:
+		return 2
+	}
+	return 1
+}
+
 func activeMode(m string) bool { return m == spec.ModeAuto || m == spec.ModeInline }
 
 func modeHint(src Source) string {

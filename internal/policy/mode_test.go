@@ -23,6 +23,10 @@ func expectMode(cli, specMode string, specNamesImage bool, env string) (string, 
 	if cli != "" {
 		return cli, SourceCLI
 	}
+	rank := map[string]int{"none": 0, "auto": 1, "inline": 2}
+	if specMode != "" && env != "" && rank[env] > rank[specMode] {
+		return env, SourceEnv // the repository may raise isolation, never lower the operator's default
+	}
 	if specMode != "" {
 		return specMode, SourceSpec
 	}
@@ -65,7 +69,9 @@ func TestResolveMode(t *testing.T) {
 	rows = append(rows,
 		row{name: "nothing set: built-in default", in: ModeInputs{}, wantMode: "auto", wantSource: SourceDefault},
 		row{name: "env decides when cli and spec inherit", in: ModeInputs{Env: "inline"}, wantMode: "inline", wantSource: SourceEnv},
-		row{name: "spec beats env", in: ModeInputs{Spec: "none", Env: "inline"}, wantMode: "none", wantSource: SourceSpec},
+		row{name: "a stricter spec beats env", in: ModeInputs{Spec: "inline", Env: "auto"}, wantMode: "inline", wantSource: SourceSpec},
+		row{name: "a weaker spec does not lower env", in: ModeInputs{Spec: "none", Env: "inline"}, wantMode: "inline", wantSource: SourceEnv},
+		row{name: "spec auto does not lower env inline", in: ModeInputs{Spec: "auto", Env: "inline"}, wantMode: "inline", wantSource: SourceEnv},
 		row{name: "cli beats spec", in: ModeInputs{CLI: "inline", Spec: "none"}, wantMode: "inline", wantSource: SourceCLI},
 		row{name: "cli none wins over a spec with image and inline",
 			in: ModeInputs{CLI: "none", Spec: "inline", SpecNamesImage: true, Env: "inline"}, wantMode: "none", wantSource: SourceCLI},
