@@ -12,10 +12,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/spec"
+	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 // DefaultImage is the image used when neither Config.Image nor SANDKEEP_IMAGE names one. On a machine with
@@ -49,9 +52,31 @@ type Config struct {
 	// Docker exec), "agent" (the channel only) or "exec" (Docker exec only). Default $SANDKEEP_TRANSPORT, else auto.
 	Transport string
 
-	// Driver makes the sandboxes: "docker" (default) or "host", which runs commands on the host itself with no
-	// isolation at all and must only be chosen when policy allows it.
-	Driver string
+	// Drivers are what admission may choose from (package sandkeep/drivers; HostDriver for the passthrough); the
+	// host kind's preference order ranks them and one probe each says which are usable. None offered: every
+	// active mode is refused. HostKind is local (docker, podman, then host) or cloud (kubernetes, then host); ""
+	// is local (ConfigFromEnv reads SANDKEEP_HOST_KIND and KUBERNETES_SERVICE_HOST).
+	Drivers  []DriverOption
+	HostKind string
+
+	// SandboxDefault is the operator's mode for runs that neither ask for one nor get one from their spec: none,
+	// auto or inline ("" is auto). ConfigFromEnv reads SANDKEEP_SANDBOX_DEFAULT; it is the "env" source.
+	SandboxDefault string
+	// Spec is the repository's sandkeep.yaml (with devcontainer.json beside it) that runs follow unless their
+	// RunRequest names another; ConfigFromEnv reads SANDKEEP_SPEC. Its files are the repository tier: they may
+	// only ask for what Repository allows.
+	Spec       string
+	Repository RepositoryPolicy
+
+	// Templates are the operator's sandbox shapes an API caller picks by name; a run that names none gets
+	// TenantTemplates[tenant], else DefaultTemplate, else the Config's own shape.
+	Templates       map[string]Template
+	DefaultTemplate string
+	TenantTemplates map[string]string
+
+	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
+	MaxTimeout     time.Duration
+	MaxOutputLimit int64
 
 	// PostCreate runs once (sh -c) in every newly created sandbox before its first command; a failure removes
 	// the sandbox again (POST_CREATE_FAILED). SetupTimeout bounds providing a sandbox (pull, create, start,
@@ -59,9 +84,10 @@ type Config struct {
 	PostCreate   string
 	SetupTimeout time.Duration
 
-	// Store, when set, records a run for every Exec and its events: an SQLite file path or a postgres:// URL
-	// (the CLI's default is <home>/sandkeep.db). Empty: nothing is recorded; OnEvent still reports.
-	Store string
+	// Store, when set, records every run and its events (package sandkeep/stores opens SQLite or PostgreSQL;
+	// the CLI's default is <home>/sandkeep.db). The caller owns it and closes it after the Manager. Nil: nothing
+	// is recorded; OnEvent still reports.
+	Store Store
 
 	// Network is where every command may connect to (see docs/SECURITY.md, "Egress"); nil is mode none: nowhere.
 	// A command's ExecRequest.Network is merged with it. NetworkPresets adds the operator's named rule lists to
@@ -90,16 +116,28 @@ type Network = lifecycle.Network
 // proxy puts Value in for requests to Hosts, and refuses any other host a request carrying either.
 type Credential = lifecycle.Credential
 
+// Store is where runs, events and API tokens are recorded (package sandkeep/stores opens one).
+type Store = store.Store
+
 // egressHooks let the package's tests point the proxy at local "internet" servers.
 type egressHooks struct {
 	resolver egress.Resolver
 	roots    *x509.CertPool
 }
 
-// ConfigFromEnv returns a Config filled from SANDKEEP_HOME, SANDKEEP_IMAGE, SANDKEEP_AGENT and
-// SANDKEEP_GATE_WAIT; everything else is left to the defaults. A malformed variable is reported by Open.
+// ConfigFromEnv returns a Config filled from the operator's environment: SANDKEEP_HOME, SANDKEEP_IMAGE,
+// SANDKEEP_AGENT, SANDKEEP_GATE_WAIT, SANDKEEP_SANDBOX_DEFAULT, SANDKEEP_SPEC, SANDKEEP_SANDBOX_USER and the
+// host kind (SANDKEEP_HOST_KIND, else cloud when KUBERNETES_SERVICE_HOST is set). Drivers and the store are
+// not chosen here: offer them (package drivers, package stores). A malformed variable is reported by Open.
 func ConfigFromEnv() Config {
-	c := Config{Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT")}
+	c := Config{Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT"),
+		SandboxDefault: os.Getenv(policy.EnvSandboxDefault), Spec: os.Getenv("SANDKEEP_SPEC"),
+		User: os.Getenv("SANDKEEP_SANDBOX_USER")}
+	if kind, err := policy.HostKind(os.Getenv); err != nil {
+		c.envErr = err
+	} else {
+		c.HostKind = string(kind)
+	}
 	if v := os.Getenv("SANDKEEP_GATE_WAIT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
@@ -128,6 +166,12 @@ func DefaultHome() string {
 func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if c.envErr != nil {
 		return lifecycle.Config{}, c.envErr
+	}
+	if c.MaxTimeout <= 0 || c.MaxTimeout > lifecycle.MaxTimeout {
+		c.MaxTimeout = lifecycle.MaxTimeout
+	}
+	if c.MaxOutputLimit <= 0 || c.MaxOutputLimit > agentproto.MaxOutputLimit {
+		c.MaxOutputLimit = agentproto.MaxOutputLimit
 	}
 	if c.Home == "" {
 		c.Home = DefaultHome()

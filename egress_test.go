@@ -33,9 +33,9 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
-	"github.com/sandkeep/sandkeep/internal/record"
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/testutil"
+	"github.com/sandkeep/sandkeep/stores"
 )
 
 // recorder is an upstream that counts and keeps what reached it.
@@ -242,7 +242,7 @@ func TestEgressAllowlist(t *testing.T) {
 	t.Parallel()
 	w := newEgressWorld(t, nil)
 	dsn := filepath.Join(t.TempDir(), "runs.db")
-	w.m = w.open(withStore(w.cfg, dsn))
+	w.m = w.open(withStore(t, w.cfg, dsn))
 	p := w.plain.port()
 	key := w.key("acme", "egress")
 	net := &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test", "127.0.0.1:" + p}}
@@ -273,7 +273,7 @@ func TestEgressAllowlist(t *testing.T) {
 		t.Errorf("network_blocked = %+v", b)
 	}
 	// The event is recorded in the run of the command that made the request.
-	st, err := record.Open(t.Context(), dsn)
+	st, err := stores.Open(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,8 +545,13 @@ func TestEgressBundleKeepsImageRoots(t *testing.T) {
 	}
 }
 
-func withStore(cfg sandkeep.Config, dsn string) sandkeep.Config {
-	cfg.Store = dsn
+func withStore(t *testing.T, cfg sandkeep.Config, dsn string) sandkeep.Config {
+	st, err := stores.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	cfg.Store = st
 	return cfg
 }
 

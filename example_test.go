@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/drivers"
 )
 
 // ExampleManager_Exec runs a command in the persistent sandbox of user alice of tenant acme, streaming its
@@ -15,9 +16,11 @@ import (
 // compiled but not run by `go test`.
 func ExampleManager_Exec() {
 	ctx := context.Background()
-	m, err := sandkeep.Open(ctx, sandkeep.ConfigFromEnv()) // SANDKEEP_HOME, SANDKEEP_IMAGE, SANDKEEP_AGENT
+	cfg := sandkeep.ConfigFromEnv()                         // SANDKEEP_HOME, SANDKEEP_IMAGE, SANDKEEP_AGENT, SANDKEEP_SANDBOX_DEFAULT...
+	cfg.Drivers = []sandkeep.DriverOption{drivers.Docker()} // no host passthrough: nothing runs unsandboxed
+	m, err := sandkeep.Open(ctx, cfg)
 	if err != nil {
-		log.Fatal(err) // e.g. DRIVER_UNAVAILABLE: the Docker daemon did not answer: start the Docker daemon ...
+		log.Fatal(err)
 	}
 	defer m.Close()
 

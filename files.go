@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/files"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // Files is one sandbox's workspace, opened on the host: reads and writes confined to it, whatever the sandbox
@@ -22,7 +23,7 @@ type FileEntry = files.Entry
 // sandbox itself: no exec, no `docker cp`. With create, a missing workspace is created (owned by the sandbox
 // user); without, it is FILE_NOT_FOUND. The caller closes it.
 func (m *Manager) Files(key Key, create bool, lim FileLimits) (*Files, error) {
-	dir, uid, gid, err := m.lc.Workspace(key, create)
+	dir, uid, gid, err := lifecycle.HomeWorkspace(m.home, m.lcfg, key, create)
 	if err != nil {
 		return nil, err
 	}
@@ -31,16 +32,24 @@ func (m *Manager) Files(key Key, create bool, lim FileLimits) (*Files, error) {
 
 // Sandbox describes key's sandbox; none is SANDBOX_NOT_FOUND.
 func (m *Manager) Sandbox(ctx context.Context, key Key) (Sandbox, error) {
-	in, err := m.lc.Info(ctx, key)
+	lc, err := m.primary(ctx)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	in, err := lc.Info(ctx, key)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	return sandboxOf(in), nil
 }
 
-// Ping checks that the driver answers.
+// Ping checks that a sandboxing driver is usable and answers now; the error says why not.
 func (m *Manager) Ping(ctx context.Context) error {
+	lc, err := m.primary(ctx)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return m.drv.Ping(ctx)
+	return lc.Driver().Ping(ctx)
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/store"
-	"github.com/sandkeep/sandkeep/internal/store/sqlite"
 )
 
 // TestLibraryRuns: with Config.Store, every library Exec belongs to a run, recorded with its events; a failure
@@ -15,16 +14,12 @@ import (
 func TestLibraryRuns(t *testing.T) {
 	t.Parallel()
 	cfg := baseConfig(t)
-	cfg.Store = filepath.Join(t.TempDir(), "runs.db")
+	dsn := filepath.Join(t.TempDir(), "runs.db")
+	cfg = withStore(t, cfg, dsn)
+	st := cfg.Store
 	s := newSuite(t, cfg)
 	key := s.key("acme", "lib")
 	s.exec(s.m, key, "true")
-
-	st, err := sqlite.Open(t.Context(), cfg.Store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	runs, err := st.ListRuns(t.Context(), store.RunFilter{})
 	if err != nil || len(runs) != 1 || runs[0].Status != store.StatusSucceeded || runs[0].Driver != "docker" {
 		t.Fatalf("runs: %+v, %v", runs, err)
@@ -51,7 +46,7 @@ func TestLibraryRuns(t *testing.T) {
 	}
 
 	bad := baseConfig(t)
-	bad.Store, bad.Image = cfg.Store, "localhost:1/sandkeep-missing:none"
+	bad.Store, bad.Image = st, "localhost:1/sandkeep-missing:none"
 	m, err := sandkeep.Open(t.Context(), bad)
 	if err != nil {
 		t.Fatal(err)

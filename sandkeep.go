@@ -3,15 +3,20 @@
 // A Manager keeps one sandbox per Key (tenant, user), reused across commands, sessions and processes, and runs
 // each command with an exact deadline, exact exit status and bounded output:
 //
-//	m, err := sandkeep.Open(ctx, sandkeep.ConfigFromEnv())
+//	cfg := sandkeep.ConfigFromEnv()
+//	cfg.Drivers = drivers.Local() // package github.com/sandkeep/sandkeep/drivers
+//	m, err := sandkeep.Open(ctx, cfg)
 //	key, _ := sandkeep.NewKey("acme", "alice")
 //	res, err := m.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo hi"}})
+//
+// Every command is admitted first (Manager.Admit, or implicitly by Exec): the mode (none, auto, inline) is
+// resolved from the operator's Config and the repository's spec, a driver is selected, and the run is
+// sandboxed, degraded to the host (auto, loudly) or refused, and recorded in Config.Store.
 //
 // Failures that a caller can act on are *Error values with a stable Code and a Hint.
 package sandkeep
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -19,18 +24,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
-	"github.com/sandkeep/sandkeep/internal/driver/docker"
-	"github.com/sandkeep/sandkeep/internal/driver/host"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
-	"github.com/sandkeep/sandkeep/internal/record"
-	"github.com/sandkeep/sandkeep/internal/spec"
+	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
@@ -49,22 +52,33 @@ type Code = fault.Code
 // CodeOf returns the Code carried by err, or "" when err is not a sandkeep *Error.
 func CodeOf(err error) Code { return fault.CodeOf(err) }
 
-// Manager runs commands in per-key sandboxes. It is safe for concurrent use, and several processes may use
-// managers over the same Home at once.
+// Manager admits runs and runs their commands in per-key sandboxes. It is safe for concurrent use, and several
+// processes may use managers over the same Home at once. Every command goes through admission (Admit): the
+// CLI, the HTTP API, MCP and library callers get the same decisions, run rows and events.
 type Manager struct {
-	lc  *lifecycle.Manager
-	drv driver.Driver
-	st  store.Store // nil unless Config.Store: then every Exec belongs to a recorded run
+	cfg      Config           // the operator tier, defaults applied
+	lcfg     lifecycle.Config // cfg as the lifecycle reads it
+	home     *lifecycle.Home
+	drivers  *driverSet
+	selector *policy.Selector
+	kind     policy.Kind
+	st       store.Store // nil unless Config.Store: then every Exec belongs to a recorded run
 
-	network *Network            // Config.Network, merged with each command's
-	presets map[string][]string // Config.NetworkPresets
-	silent  []string            // Config.NetworkSilent
-	policy  *egress.Policy      // Config.Network resolved once: what a command without a block of its own gets
+	mu  sync.Mutex                    // guards lcs
+	lcs map[string]*lifecycle.Manager // driver name -> the lifecycle over it, made on first admission to it
+
+	policy *egress.Policy // Config.Network resolved once: what a run without a block of its own gets
 }
 
-// Open checks cfg, connects to the Docker engine (a real ping) and prepares the state home.
+// Open checks cfg and prepares the state home. It does not talk to any engine: admission probes the offered
+// drivers when a run first needs one, so a Manager opens (and a server starts) while its engine is down, and
+// each run is then sandboxed, degraded or refused by its mode.
 func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	lcfg, err := cfg.lifecycle()
+	if err != nil {
+		return nil, err
+	}
+	kind, err := hostKind(cfg.HostKind)
 	if err != nil {
 		return nil, err
 	}
@@ -72,57 +86,61 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := newDriver(cfg.Driver, cfg.PullTimeout, lcfg.AgentPath)
+	ds, err := newDriverSet(cfg.Drivers, DriverEnv{AgentPath: lcfg.AgentPath, PullTimeout: cfg.PullTimeout})
 	if err != nil {
-		return nil, err
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := drv.Ping(pctx); err != nil {
 		return nil, err
 	}
 	pol, err := lifecycle.ResolveNetwork(cfg.Network, cfg.NetworkPresets, cfg.NetworkSilent)
 	if err != nil {
 		return nil, err
 	}
-	lc, err := lifecycle.New(home, drv, lcfg)
-	if err != nil {
+	m := &Manager{cfg: cfg, lcfg: lcfg, home: home, drivers: ds, selector: policy.NewSelector(0),
+		kind: kind, st: cfg.Store, lcs: map[string]*lifecycle.Manager{}, policy: &pol}
+	if err := m.checkTemplates(); err != nil {
 		return nil, err
-	}
-	m := &Manager{lc: lc, drv: drv, network: cfg.Network, presets: cfg.NetworkPresets, silent: cfg.NetworkSilent, policy: &pol}
-	if cfg.Store != "" {
-		if m.st, err = record.Open(ctx, cfg.Store); err != nil {
-			lc.Close()
-			return nil, err
-		}
 	}
 	return m, nil
 }
 
-// newDriver makes the driver cfg names: docker by default; host (no isolation at all) only when named.
-func newDriver(name string, pullTimeout time.Duration, agent string) (driver.Driver, error) {
-	switch name {
-	case "", DriverDocker:
-		d, err := docker.New(docker.Options{PullTimeout: pullTimeout})
-		if err != nil {
-			return nil, fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+// hostKind is the Config's host kind: local, cloud, or "" for local.
+func hostKind(v string) (policy.Kind, error) {
+	return policy.HostKind(func(k string) string {
+		if k == policy.EnvHostKind {
+			return v
 		}
-		return d, nil
-	case DriverPodman:
-		sock, err := PodmanSocket()
-		if err != nil {
-			return nil, err
-		}
-		d, err := docker.New(docker.Options{PullTimeout: pullTimeout, Host: "unix://" + sock, Name: DriverPodman})
-		if err != nil {
-			return nil, fault.Wrap(err, fault.DriverUnavailable, "check podman's socket", "cannot set up the podman client")
-		}
-		return d, nil
-	case DriverHost:
-		return host.New(agent), nil
+		return ""
+	})
+}
+
+// lifecycleFor returns the lifecycle over the driver called name, making it on first use.
+func (m *Manager) lifecycleFor(name string) (*lifecycle.Manager, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if lc := m.lcs[name]; lc != nil {
+		return lc, nil
 	}
-	return nil, fault.New(fault.InvalidArgument, "use docker, or host (no isolation; only when policy allows it)",
-		"unknown driver %q", name)
+	d, err := m.drivers.get(name)
+	if err != nil {
+		return nil, err
+	}
+	lc, err := lifecycle.New(m.home, d, m.lcfg)
+	if err != nil {
+		return nil, err
+	}
+	m.lcs[name] = lc
+	return lc, nil
+}
+
+// primary is the lifecycle of the sandboxing driver this host prefers and can use, for what belongs to no run
+// (ps, stop, rm, files, the sweeper). It probes as admission does, and is SANDBOX_DRIVER_UNAVAILABLE when no
+// sandboxing driver is usable.
+func (m *Manager) primary(ctx context.Context) (*lifecycle.Manager, error) {
+	sel, obstacle := m.selector.Select(ctx, m.kind, "", m.drivers.candidates())
+	if !sel.Sandboxing {
+		return nil, fault.Wrap(obstacle, fault.SandboxDriverUnavailable,
+			"start the container engine (docker info), then try again", "no sandboxing driver is usable: %v", obstacle)
+	}
+	return m.lifecycleFor(sel.Driver)
 }
 
 // PodmanSocket finds podman's Docker-API socket: $XDG_RUNTIME_DIR/podman/podman.sock, else
@@ -175,9 +193,13 @@ type ExecRequest struct {
 	Secrets []Secret
 	// RequestID, when set, is recorded on the command's events (the service passes its request id).
 	RequestID string
-	// Network, when set, is this command's network block, merged with Config.Network (Inherit: append or
-	// replace).
+	// Network, when set, is this command's network block, merged with its run's (Inherit: append or replace); a
+	// caller-tier run's block may only narrow it.
 	Network *Network
+	// Template and Trust are what the command's implicit run (RunID empty) is admitted with: an operator template
+	// by name ("" the tenant's default) and trusted or untrusted ("" trusted). An attached run keeps its own.
+	Template string
+	Trust    string
 }
 
 // Secret is one secret file for one command. Mode 0 means 0400.
@@ -211,98 +233,26 @@ type SandboxRef struct {
 // Exec runs req in key's sandbox, creating or starting it when needed. One key's commands run one at a
 // time; a caller that cancels ctx gets its answer only once the command's process tree is gone. When ctx is
 // cancelled, the partial result is returned together with the ctx error.
+//
+// Exec is admission and one command: req.RunID attaches the command to that running run (which keeps the mode,
+// trust and driver it was admitted with), else the command is admitted as a run of its own (Admit with the
+// Config's defaults: its spec, its mode, trusted) and that run is finished with the command.
 func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResult, error) {
-	if m.st == nil {
-		return m.exec(ctx, key, req)
-	}
-	id, owned, err := m.runFor(ctx, key, req.RunID)
-	if err != nil {
-		return nil, err
-	}
-	rec := &record.Recorder{Store: m.st, RunID: id, RequestID: req.RequestID}
-	user := req.OnEvent
-	req.OnEvent = func(name string, payload any) {
-		rec.Event(name, payload)
-		if user != nil {
-			user(name, payload)
+	if req.RunID != "" {
+		run, err := m.Admit(ctx, RunRequest{Key: key, RunID: req.RunID, RequestID: req.RequestID, OnEvent: req.OnEvent})
+		if err != nil {
+			return nil, err
 		}
+		return run.Exec(ctx, req)
 	}
-	res, err := m.exec(ctx, key, req)
-	if owned {
-		_ = record.Finish(m.st, id, err)
+	run, err := m.Admit(ctx, RunRequest{Key: key, Template: req.Template, Trust: req.Trust, RequestID: req.RequestID,
+		OnEvent: req.OnEvent})
+	if err != nil {
+		return nil, err
 	}
+	res, err := run.Exec(ctx, req)
+	run.Finish(err)
 	return res, err
-}
-
-// runFor returns the run a library command belongs to: the named one (checked), or a new one of its own. The
-// library does not resolve modes: its Manager always runs on its configured driver, so the run records that
-// driver with mode inline (a sandbox or nothing), or none for the host passthrough.
-func (m *Manager) runFor(ctx context.Context, key Key, named string) (id string, owned bool, err error) {
-	if named != "" {
-		run, err := record.Attach(ctx, m.st, named, key.Tenant, key.User)
-		return run.ID, false, err
-	}
-	mode := spec.ModeInline
-	if m.drv.Name() == DriverHost {
-		mode = spec.ModeNone
-	}
-	run, err := record.Create(ctx, m.st, store.Run{Tenant: key.Tenant, User: key.User, Trust: store.TrustTrusted,
-		ResolvedMode: mode, Source: "default", Driver: m.drv.Name(), Admission: store.AdmissionAdmitted})
-	return run.ID, err == nil, err
-}
-
-func (m *Manager) exec(ctx context.Context, key Key, req ExecRequest) (*ExecResult, error) {
-	var outBuf, errBuf bytes.Buffer
-	stdout, stderr := req.Stdout, req.Stderr
-	if stdout == nil {
-		stdout = &outBuf
-	}
-	if stderr == nil {
-		stderr = &errBuf
-	}
-	pol, err := m.networkFor(req.Network)
-	if err != nil {
-		return nil, err
-	}
-	res, err := m.lc.Exec(ctx, key, lifecycle.ExecRequest{
-		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
-		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
-		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: lifecycle.Sink(req.OnEvent), Secrets: req.Secrets,
-		Network: pol,
-	})
-	if res == nil {
-		return nil, err
-	}
-	code := res.ExitCode
-	if res.TimedOut {
-		// The agent reports how the killed tree died (143, 137); callers, the CLI's exit status and its
-		// --json see 124 as timeout(1) does, and TimedOut tells it apart from a real exit 124.
-		code = exitTimeout
-	}
-	return &ExecResult{
-		ExitCode: code, TimedOut: res.TimedOut,
-		Stdout: outBuf.String(), Stderr: errBuf.String(),
-		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
-		DurationMS: res.DurationMS, Transport: string(res.Transport),
-		Sandbox: SandboxRef{Name: res.Sandbox.Name, ID: res.Sandbox.ID, Driver: m.drv.Name(),
-			Tenant: key.Tenant, User: key.User},
-	}, err
-}
-
-// networkFor is the policy of a command with block cmd: the Config's, resolved once, when it has none.
-func (m *Manager) networkFor(cmd *Network) (*egress.Policy, error) {
-	if cmd == nil {
-		return m.policy, nil
-	}
-	merged, err := lifecycle.MergeNetwork(m.network, cmd)
-	if err != nil {
-		return nil, err
-	}
-	pol, err := lifecycle.ResolveNetwork(merged, m.presets, m.silent)
-	if err != nil {
-		return nil, err
-	}
-	return &pol, nil
 }
 
 // Sandbox describes one sandbox, as `sandkeep ps` shows it.
@@ -314,14 +264,20 @@ type Sandbox struct {
 	ID        string    `json:"id"`
 	State     string    `json:"state"`
 	Image     string    `json:"image"`
+	Template  string    `json:"template,omitempty"` // the operator template it was made for
 	CreatedAt time.Time `json:"created_at"`
 	LastUsed  time.Time `json:"last_used,omitzero"`
 	IdleFor   string    `json:"idle_for"`
 }
 
-// List returns every sandbox of this installation (this Home), sorted by tenant and user.
+// List returns every sandbox of this installation (this Home) on the preferred sandboxing driver, sorted by
+// tenant and user.
 func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
-	infos, err := m.lc.List(ctx)
+	lc, err := m.primary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	infos, err := lc.List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -335,17 +291,27 @@ func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
 func sandboxOf(in lifecycle.Info) Sandbox {
 	return Sandbox{
 		Tenant: in.Key.Tenant, User: in.Key.User, Key: in.Key.Hex(), Name: in.Name, ID: in.ID,
-		State: string(in.State), Image: in.Image, CreatedAt: in.CreatedAt, LastUsed: in.LastUsed,
+		State: string(in.State), Image: in.Image, Template: in.Template, CreatedAt: in.CreatedAt, LastUsed: in.LastUsed,
 		IdleFor: in.IdleFor.String(),
 	}
 }
 
 // Stop stops key's sandbox (waiting for its gate); the next Exec starts the same container again.
-func (m *Manager) Stop(ctx context.Context, key Key) error { return m.lc.Stop(ctx, key) }
+func (m *Manager) Stop(ctx context.Context, key Key) error {
+	lc, err := m.primary(ctx)
+	if err != nil {
+		return err
+	}
+	return lc.Stop(ctx, key)
+}
 
 // Remove deletes key's sandbox, and its workspace unless keepWorkspace.
 func (m *Manager) Remove(ctx context.Context, key Key, keepWorkspace bool) error {
-	return m.lc.Remove(ctx, key, keepWorkspace)
+	lc, err := m.primary(ctx)
+	if err != nil {
+		return err
+	}
+	return lc.Remove(ctx, key, keepWorkspace)
 }
 
 // SweepReport says what one sweep pass did.
@@ -353,24 +319,45 @@ type SweepReport = lifecycle.SweepReport
 
 // SweepOnce stops idle sandboxes and removes those past retention, skipping busy keys. It does not take the
 // home's sweeper lock; RunSweeper does.
-func (m *Manager) SweepOnce(ctx context.Context) (SweepReport, error) { return m.lc.SweepOnce(ctx) }
-
-// RunSweeper sweeps every interval until ctx ends, as the home's only sweeper (others wait for the lock).
-func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error {
-	return m.lc.RunSweeper(ctx, interval)
+func (m *Manager) SweepOnce(ctx context.Context) (SweepReport, error) {
+	lc, err := m.primary(ctx)
+	if err != nil {
+		return SweepReport{}, err
+	}
+	return lc.SweepOnce(ctx)
 }
 
-// Close releases the manager and its store. Sandboxes keep running: they are persistent by design.
+// RunSweeper sweeps every interval until ctx ends, as the home's only sweeper (others wait for the lock). While no
+// sandboxing driver is usable it waits and tries again, so a server started before its engine sweeps once the
+// engine is up.
+func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error {
+	for {
+		lc, err := m.primary(ctx)
+		if err == nil {
+			return lc.RunSweeper(ctx, interval)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(interval):
+		}
+	}
+}
+
+// Close releases the manager's sandboxes' channels and proxies. Sandboxes keep running: they are persistent by
+// design. The store (Config.Store) is the caller's to close.
 func (m *Manager) Close() error {
-	err := m.lc.Close()
-	if m.st != nil {
-		err = errors.Join(err, m.st.Close())
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var err error
+	for _, lc := range m.lcs {
+		err = errors.Join(err, lc.Close())
 	}
 	return err
 }
 
 // Installation is the id of this manager's state home.
-func (m *Manager) Installation() string { return m.lc.Home().Installation }
+func (m *Manager) Installation() string { return m.home.Installation }
 
 func logger(l *slog.Logger) *slog.Logger {
 	if l == nil {

@@ -34,6 +34,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
@@ -74,6 +75,7 @@ func baseConfig(t *testing.T) sandkeep.Config {
 		Image:     testutil.TestImage(t),
 		AgentPath: testutil.AgentBinary(t),
 		Grace:     grace,
+		Drivers:   []sandkeep.DriverOption{drivers.Docker()},
 	}
 }
 
@@ -622,6 +624,7 @@ func helperMain() int {
 		m, err := sandkeep.Open(ctx, sandkeep.Config{
 			Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT"),
 			Transport: "auto", // processes share the home: see sharedHomeConfig
+			Drivers:   []sandkeep.DriverOption{drivers.Docker()},
 		})
 		if err != nil {
 			return err

@@ -16,13 +16,9 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/agentproto"
-	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
-	"github.com/sandkeep/sandkeep/internal/policy"
-	"github.com/sandkeep/sandkeep/internal/record"
-	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 const execLong = `Run a command in the (tenant, user) sandbox, creating or starting the sandbox when needed.
@@ -174,87 +170,34 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 			return fail(err)
 		}
 	}
-	st, err := g.openStore(ctx)
+	m, closeAll, err := g.manager(ctx, func(c *sandkeep.Config) {
+		if gateWait > 0 {
+			c.GateWait = gateWait
+		}
+	})
 	if err != nil {
 		return fail(err)
 	}
-	defer st.Close()
-	// A named run (--run) must exist, be running and be this user's; its trust was settled when it started, and a
-	// command cannot raise it. It stays open for whoever started it; an implicit run is this command's own.
-	var run store.Run
-	if pf.run != "" {
-		if run, err = record.Attach(ctx, st, pf.run, key.Tenant, key.User); err != nil {
-			return fail(err)
+	defer closeAll()
+	// Admission: the library resolves the mode, selects the driver and records the run before anything runs. A
+	// named run (--run) keeps the mode, trust and driver it was admitted with, and stays open for whoever
+	// started it; an implicit run is this command's own.
+	run, err := m.Admit(ctx, pf.request(key, g.stderr))
+	if run != nil {
+		for _, w := range run.Warnings {
+			fmt.Fprintf(g.stderr, "sandkeep: %s\n", w)
 		}
-		pf.trust = run.Trust
 	}
-	p, err := decide(ctx, g, pf)
 	if err != nil {
 		return fail(err)
 	}
-	owned := pf.run == ""
-	if owned { // the admission verdict is recorded before anything runs, and before a refusal returns
-		if run, err = openRun(ctx, st, p, key, pf.sandbox); err != nil {
-			return fail(err)
-		}
+	if run.Notice != "" {
+		fmt.Fprintln(g.stderr, run.Notice) // one loud line, prefixed by policy
 	}
-	end := func(err error) {
-		if !owned {
-			return
-		}
-		if ferr := record.Finish(st, run.ID, err); ferr != nil {
-			fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
-		}
+	res, err := run.Exec(ctx, req)
+	if ferr := run.Finish(err); ferr != nil {
+		fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
 	}
-	abort := func(err error) error { end(err); return fail(err) }
-
-	rec := &record.Recorder{Store: st, RunID: run.ID, Warn: g.stderr}
-	if ev, ok := deniedEvent(p.denied); ok {
-		rec.Event(events.NameSandboxEnvDenied, ev)
-	}
-	if p.decision.Event != nil {
-		rec.Event(events.NameSandboxSkipped, *p.decision.Event)
-	}
-	if p.decision.Action == policy.Refuse {
-		return fail(p.decision.Err) // an implicit run was recorded refused and finished
-	}
-	if p.decision.CLILine != "" {
-		fmt.Fprintln(g.stderr, p.decision.CLILine) // one loud line, prefixed by policy
-	}
-	req.OnEvent = rec.Event
-	if !p.decision.FileSecretsDropped { // on the host passthrough they are dropped, and sandbox_skipped says so
-		if req.Secrets, err = secrets(p.sandbox); err != nil {
-			return abort(err)
-		}
-	}
-	image, err := buildImage(ctx, g, p, rec)
-	if err != nil {
-		return abort(err)
-	}
-	c, err := g.config()
-	if err != nil {
-		return abort(err)
-	}
-	if err := operatorNetwork(&c); err != nil {
-		return abort(err)
-	}
-	if gateWait > 0 {
-		c.GateWait = gateWait
-	}
-	c.Driver = p.decision.Driver
-	if err := apply(&c, p.sandbox); err != nil {
-		return abort(err)
-	}
-	if image != "" {
-		c.Image = image
-	}
-	m, err := sandkeep.Open(ctx, c)
-	if err != nil {
-		return abort(err)
-	}
-	defer m.Close()
-	res, err := m.Exec(ctx, key, req)
-	end(err)
 	in, stopped := interruptedBy(ctx)
 	if err != nil && (res == nil || !stopped) {
 		if stopped { // interrupted before the command started: nothing ran

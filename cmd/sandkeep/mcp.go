@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep/internal/files"
@@ -19,8 +21,8 @@ const mcpExample = `  sandkeep mcp --tenant acme --user alice
 
 func newMCP(g *globals) *cobra.Command {
 	var (
-		w        who
-		specPath string
+		w  who
+		af admissionFlags
 	)
 	cmd := &cobra.Command{
 		Use:     "mcp --user U [--tenant T] [--spec FILE]",
@@ -33,7 +35,11 @@ func newMCP(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			svc, err := g.openService(cmd.Context(), specPath, files.Limits{}, nil)
+			sc, err := loadServerConfig(os.Getenv(envConfig))
+			if err != nil {
+				return err
+			}
+			svc, err := g.openService(cmd.Context(), sc, af, files.Limits{}, nil)
 			if err != nil {
 				return err
 			}
@@ -42,6 +48,6 @@ func newMCP(g *globals) *cobra.Command {
 		},
 	}
 	w.bind(cmd)
-	cmd.Flags().StringVar(&specPath, "spec", "", "the project's sandkeep.yaml (default $SANDKEEP_SPEC): image, env, mounts, resources, network")
+	af.bind(cmd.Flags())
 	return cmd
 }

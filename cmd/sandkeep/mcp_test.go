@@ -382,7 +382,7 @@ func TestMCPInMemory(t *testing.T) {
 	g := &globals{home: c.home, image: testutil.TestImage(t), agent: testutil.AgentBinary(t),
 		transport: os.Getenv("SANDKEEP_TRANSPORT"), store: filepath.Join(c.home, "sandkeep.db"), logLevel: "warn",
 		stdin: strings.NewReader(""), stdout: logs, stderr: logs}
-	svc, err := g.openService(bounded(t), "", files.Limits{}, nil)
+	svc, err := g.openService(bounded(t), serverConfig{}, admissionFlags{trust: "trusted"}, files.Limits{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

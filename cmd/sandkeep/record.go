@@ -7,9 +7,8 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/policy"
-	"github.com/sandkeep/sandkeep/internal/record"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/stores"
 )
 
 // openStore opens the store named by --store or $SANDKEEP_STORE: a postgres:// URL, or an SQLite file; by
@@ -19,7 +18,7 @@ func (g *globals) openStore(ctx context.Context) (store.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return record.Open(ctx, dsn)
+	return stores.Open(ctx, dsn)
 }
 
 // storeDSN is the store openStore opens.
@@ -45,19 +44,45 @@ func (g *globals) storeDSN() (string, error) {
 	return filepath.Join(home, "sandkeep.db"), nil
 }
 
-// openRun records the implicit run of plan p for key (admitted, or refused and already finished).
-func openRun(ctx context.Context, st store.Store, p *plan, key sandkeep.Key, requested string) (store.Run, error) {
-	r := store.Run{
-		Tenant: key.Tenant, User: key.User, Trust: string(p.trust),
-		RequestedMode: requested, ResolvedMode: p.mode.Mode, Source: string(p.mode.Source),
-		Driver: p.decision.Driver, Admission: store.AdmissionAdmitted, Status: store.StatusRunning,
+// manager opens this process's Manager on the operator tier's Config (flags, environment, $SANDKEEP_CONFIG)
+// with the run store, mutate applied last. closeAll closes both.
+func (g *globals) manager(ctx context.Context, mutate func(*sandkeep.Config)) (m *sandkeep.Manager, closeAll func(), err error) {
+	sc, err := loadServerConfig(os.Getenv(envConfig))
+	if err != nil {
+		return nil, nil, err
 	}
-	if r.Trust != store.TrustTrusted {
-		r.Trust = store.TrustUntrusted
+	c, err := g.operator(sc)
+	if err != nil {
+		return nil, nil, err
 	}
-	if p.decision.Action == policy.Refuse {
-		r.Admission, r.Status = store.AdmissionRefused, string(p.decision.Status)
-		r.FailureCode, r.Disposition = string(p.decision.FailureCode), string(p.decision.Disposition)
+	st, err := g.openStore(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
-	return record.Create(ctx, st, r)
+	c.Store = st
+	if mutate != nil {
+		mutate(&c)
+	}
+	if m, err = sandkeep.Open(ctx, c); err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	return m, func() { m.Close(); st.Close() }, nil
+}
+
+// operator is the operator tier's Config: the CLI's flags over the environment (ConfigFromEnv), the offered
+// drivers, and what the operator's config file sc says (network presets, the repository policy, templates).
+func (g *globals) operator(sc serverConfig) (sandkeep.Config, error) {
+	c, err := g.config()
+	if err != nil {
+		return c, err
+	}
+	if c.Drivers, err = offeredDrivers(); err != nil {
+		return c, err
+	}
+	c.NetworkPresets, c.NetworkSilent = sc.Network.Presets, sc.Network.Silent
+	c.Repository = sc.Operator
+	c.Templates, err = sc.templates()
+	c.DefaultTemplate, c.TenantTemplates = sc.DefaultTemplate, sc.TenantTemplates
+	return c, err
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
@@ -74,21 +73,15 @@ func newRunsStart(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := decide(cmd.Context(), g, pf)
+			m, closeAll, err := g.manager(cmd.Context(), nil)
 			if err != nil {
 				return err
 			}
-			st, err := g.openStore(cmd.Context())
+			defer closeAll()
+			pf.run = ""
+			run, err := m.Admit(cmd.Context(), pf.request(key, g.stderr))
 			if err != nil {
-				return err
-			}
-			defer st.Close()
-			run, err := openRun(cmd.Context(), st, p, key, pf.sandbox)
-			if err != nil {
-				return err
-			}
-			if p.decision.Action == policy.Refuse {
-				return p.decision.Err
+				return err // a refused run is recorded, and finished
 			}
 			fmt.Fprintln(g.stdout, run.ID)
 			return nil

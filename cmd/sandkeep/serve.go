@@ -35,7 +35,8 @@ const serveExample = `  sandkeep serve --listen 127.0.0.1:7878
 
 func newServe(g *globals) *cobra.Command {
 	var (
-		configPath, listen, certFile, keyFile, specPath string
+		configPath, listen, certFile, keyFile string
+		af                                    admissionFlags
 	)
 	cmd := &cobra.Command{
 		Use:     "serve [--listen ADDR] [--config FILE] [--tls-cert F --tls-key F] [--spec FILE]",
@@ -60,14 +61,15 @@ func newServe(g *globals) *cobra.Command {
 			override(&sc.Listen, "listen", listen)
 			override(&sc.TLS.Cert, "tls-cert", certFile)
 			override(&sc.TLS.Key, "tls-key", keyFile)
-			override(&sc.Spec, "spec", specPath)
+			override(&sc.Spec, "spec", af.spec)
+			af.spec = sc.Spec
 			if sc.Store != "" && g.store == "" {
 				g.store = sc.Store
 			}
 			if (sc.TLS.Cert == "") != (sc.TLS.Key == "") {
 				return fault.New(fault.InvalidArgument, "pass both --tls-cert and --tls-key, or neither", "TLS needs a certificate and its key")
 			}
-			return serve(cmd.Context(), g, sc)
+			return serve(cmd.Context(), g, sc, af)
 		},
 	}
 	fl := cmd.Flags()
@@ -75,14 +77,12 @@ func newServe(g *globals) *cobra.Command {
 	fl.StringVar(&listen, "listen", "127.0.0.1:7878", "address to listen on")
 	fl.StringVar(&certFile, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
 	fl.StringVar(&keyFile, "tls-key", "", "the certificate's private key (PEM)")
-	fl.StringVar(&specPath, "spec", "", "the sandkeep.yaml every tenant's sandboxes follow (image, env, resources, network)")
+	af.bind(fl)
 	return cmd
 }
 
-func serve(ctx context.Context, g *globals, sc serverConfig) error {
-	svc, err := g.openService(ctx, sc.Spec, sc.fileLimits(), func(c *sandkeep.Config) {
-		c.NetworkPresets = sc.Network.Presets
-		c.NetworkSilent = sc.Network.Silent
+func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) error {
+	svc, err := g.openService(ctx, sc, af, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
 		c.Retention = duration(sc.Sweep.Retention, 0)
 	})

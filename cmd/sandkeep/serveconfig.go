@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -14,6 +16,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/spec"
+	"github.com/sandkeep/sandkeep/internal/tier"
 )
 
 // serverConfig is sandkeep-server.yaml: what an operator sets for `sandkeep serve`. Flags override the fields
@@ -53,6 +56,81 @@ type serverConfig struct {
 		Presets map[string][]string `yaml:"presets"`
 		Silent  []string            `yaml:"silent"`
 	} `yaml:"network"`
+	// Operator is what a repository's files may ask for: the secrets and credentials they may name (with the
+	// operator's sources), the host paths they may bind, the host variables ${localEnv:...} may read.
+	tier.Operator `yaml:",inline"`
+	// Templates are the sandbox shapes API and MCP callers pick by name; DefaultTemplate and TenantTemplates
+	// name what a run that picks none gets.
+	Templates       map[string]templateConfig `yaml:"templates"`
+	DefaultTemplate string                    `yaml:"default_template"`
+	TenantTemplates map[string]string         `yaml:"tenant_templates"`
+}
+
+// templateConfig is one template of the server config.
+type templateConfig struct {
+	Image      string            `yaml:"image"`
+	User       string            `yaml:"user"`
+	CPUs       float64           `yaml:"cpus"`
+	Memory     string            `yaml:"memory"`
+	Pids       int64             `yaml:"pids"`
+	Env        map[string]string `yaml:"env"`
+	PostCreate string            `yaml:"post_create"`
+	Spec       string            `yaml:"spec"`
+	Tenants    []string          `yaml:"tenants"`
+	Network    *struct {
+		Mode        string   `yaml:"mode"`
+		Preset      string   `yaml:"preset"`
+		Rules       []string `yaml:"rules"`
+		Inspect     string   `yaml:"inspect"`
+		Credentials []string `yaml:"credentials"` // names of the operator's credentials
+	} `yaml:"network"`
+	Secrets []struct {
+		Name string `yaml:"name"`
+		Path string `yaml:"path"`
+		Mode string `yaml:"mode"`
+	} `yaml:"secrets"`
+}
+
+// templates turns the config's templates into the library's, reading each credential's value from the
+// operator's source (never from a repository).
+func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
+	if len(c.Templates) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]sandkeep.Template, len(c.Templates))
+	for name, tc := range c.Templates {
+		t := sandkeep.Template{Image: tc.Image, User: tc.User, CPUs: tc.CPUs, PidsLimit: tc.Pids, PostCreate: tc.PostCreate,
+			Spec: tc.Spec, Tenants: tc.Tenants}
+		if tc.Memory != "" {
+			n, err := spec.ParseSize(tc.Memory)
+			if err != nil {
+				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m", "template %s: memory %q", name, tc.Memory)
+			}
+			t.MemoryBytes = n
+		}
+		for _, k := range slices.Sorted(maps.Keys(tc.Env)) {
+			t.Env = append(t.Env, k+"="+tc.Env[k])
+		}
+		for _, s := range tc.Secrets {
+			t.Secrets = append(t.Secrets, sandkeep.TemplateSecret{Name: s.Name, Path: s.Path, Mode: s.Mode})
+		}
+		if n := tc.Network; n != nil {
+			t.Network = &sandkeep.Network{Mode: n.Mode, Preset: n.Preset, Rules: n.Rules, Inspect: n.Inspect}
+			refs := make([]spec.NetworkCredential, 0, len(n.Credentials))
+			for _, cn := range n.Credentials {
+				refs = append(refs, spec.NetworkCredential{Name: cn})
+			}
+			creds, err := c.Operator.ResolveCredentials(refs)
+			if err != nil {
+				return nil, err
+			}
+			for _, cr := range creds {
+				t.Network.Credentials = append(t.Network.Credentials, sandkeep.Credential{Name: cr.Name, Value: cr.Value, Hosts: cr.Hosts})
+			}
+		}
+		out[name] = t
+	}
+	return out, nil
 }
 
 type limitsConfig struct {
@@ -141,6 +219,9 @@ func (c serverConfig) check(path string) error {
 	}
 	if c.Files.MaxTarEntries < 0 {
 		return bad("files.max_tar_entries cannot be negative")
+	}
+	if err := c.Operator.Validate(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -5,16 +5,17 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/spf13/pflag"
+
 	"github.com/sandkeep/sandkeep"
-	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
-	"github.com/sandkeep/sandkeep/internal/record"
 	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
-// openedService is what `sandkeep serve` and `sandkeep mcp` run on: a long-lived Manager that records every
-// command into the store, the store itself (tokens, runs, events), and the service Backend over both.
+// openedService is what `sandkeep serve` and `sandkeep mcp` run on: a long-lived Manager over the operator's
+// Config that admits and records every command, the store itself (tokens, runs, events), and the service
+// Backend over both.
 type openedService struct {
 	log     *slog.Logger // the Manager's logger (sandkeep's own log, on stderr)
 	m       *sandkeep.Manager
@@ -22,46 +23,50 @@ type openedService struct {
 	backend *service.Service
 }
 
-// openService opens the Manager (with the spec's sandbox block applied, when specPath is set, and mutate
-// applied last) and the store.
-func (g *globals) openService(ctx context.Context, specPath string, lim files.Limits, mutate func(*sandkeep.Config)) (*openedService, error) {
-	c, err := g.config()
+// admissionFlags are the operator's admission settings of serve and mcp, as exec has them: they apply to every
+// run the service admits.
+type admissionFlags struct {
+	spec    string
+	sandbox string
+	driver  string
+	trust   string
+}
+
+func (a *admissionFlags) bind(f *pflag.FlagSet) {
+	f.StringVar(&a.spec, "spec", "", "the repository's sandkeep.yaml every run follows unless its template names one (default $SANDKEEP_SPEC)")
+	f.StringVar(&a.sandbox, "sandbox", "", "sandbox mode of every run: none, auto or inline (default: the spec's, else $SANDKEEP_SANDBOX_DEFAULT, else auto)")
+	f.StringVar(&a.driver, "driver", "", "use only this driver (docker, podman, host); unavailable is a refusal, never a fallback")
+	f.StringVar(&a.trust, "trust", "trusted", "the trust callers get: trusted, or untrusted (a call may lower it, never raise it)")
+}
+
+// openService opens the Manager on the operator's Config (sc, flags, environment; mutate applied last) and the
+// store. The engine is not required: a service starts while it is down and admits each run by its mode.
+func (g *globals) openService(ctx context.Context, sc serverConfig, af admissionFlags, lim files.Limits, mutate func(*sandkeep.Config)) (*openedService, error) {
+	c, err := g.operator(sc)
 	if err != nil {
 		return nil, err
 	}
-	if c.Store, err = g.storeDSN(); err != nil {
+	if af.spec != "" {
+		c.Spec = af.spec
+	}
+	if _, err := sandkeep.ParseTrustFlag(af.trust); err != nil {
 		return nil, err
 	}
-	if specPath != "" {
-		sb, _, _, err := loadSpec(g.stderr, specPath)
-		if err != nil {
-			return nil, err
-		}
-		if sb.Build != nil {
-			return nil, fault.New(fault.SpecUnsupported, "build the image ahead of time (sandkeep exec --spec builds it) and name it with image:",
-				"a long-running server does not build images; the spec has build:")
-		}
-		if len(sb.SecretFiles) > 0 {
-			return nil, fault.New(fault.SpecUnsupported, "use network credentials (injected by the egress proxy) for a service",
-				"a long-running server does not deliver secret_files yet")
-		}
-		if err := apply(&c, sb); err != nil {
-			return nil, err
-		}
+	st, err := g.openStore(ctx)
+	if err != nil {
+		return nil, err
 	}
+	c.Store = st
 	if mutate != nil {
 		mutate(&c)
 	}
 	m, err := sandkeep.Open(ctx, c)
 	if err != nil {
+		st.Close()
 		return nil, err
 	}
-	st, err := record.Open(ctx, c.Store)
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	return &openedService{log: c.Logger, m: m, st: st, backend: service.New(m, st, lim)}, nil
+	adm := service.Admission{Mode: af.sandbox, Driver: af.driver, Trust: af.trust}
+	return &openedService{log: c.Logger, m: m, st: st, backend: service.New(m, st, lim, adm)}, nil
 }
 
 func (s *openedService) Close() error {

@@ -25,9 +25,9 @@ import (
 	"github.com/sandkeep/sandkeep/internal/api"
 	"github.com/sandkeep/sandkeep/internal/auth"
 	"github.com/sandkeep/sandkeep/internal/files"
-	"github.com/sandkeep/sandkeep/internal/record"
 	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/stores"
 )
 
 // Defaults of APIOptions' zero fields: issue 5's load is 50 concurrent clients over 20 users, 10,000 requests.
@@ -156,14 +156,14 @@ func startAPIServer(ctx context.Context, e *Env) (_ *apiServer, err error) {
 			err = errors.Join(err, s.close(ctx))
 		}
 	}()
-	if s.st, err = record.Open(ctx, filepath.Join(s.dir, "sandkeep.db")); err != nil {
+	if s.st, err = stores.Open(ctx, filepath.Join(s.dir, "sandkeep.db")); err != nil {
 		return nil, err
 	}
 	_, s.token, err = auth.Create(ctx, s.st, auth.Spec{Tenant: e.Tenant, Name: "bench", Scopes: []string{auth.ScopeExec}}, time.Now())
 	if err != nil {
 		return nil, err
 	}
-	s.backend = &countingBackend{Service: service.New(e.M, s.st, files.Limits{})}
+	s.backend = &countingBackend{Service: service.New(e.M, s.st, files.Limits{}, service.Admission{})}
 	// The access log is formatted as serve formats it (JSON, one line a request) and dropped: its cost is the
 	// API's, the terminal's is not.
 	s.srv, err = api.New(api.Config{Backend: s.backend, Tokens: s.st, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})

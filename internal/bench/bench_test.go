@@ -14,6 +14,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/bench"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
@@ -26,7 +27,8 @@ func newEnv(tb testing.TB) *bench.Env {
 	image := testutil.TestImage(tb)
 	home, agent := tb.TempDir(), testutil.AgentBinary(tb)
 	open := func(transport string) *sandkeep.Manager {
-		m, err := sandkeep.Open(tb.Context(), sandkeep.Config{Home: home, Image: image, AgentPath: agent, Transport: transport})
+		m, err := sandkeep.Open(tb.Context(), sandkeep.Config{Home: home, Image: image, AgentPath: agent, Transport: transport,
+			Drivers: []sandkeep.DriverOption{drivers.Docker()}})
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -67,6 +67,11 @@ const (
 	SandboxDriverUnavailable Code = "SANDBOX_DRIVER_UNAVAILABLE" // no usable sandboxing driver, and the mode may not run on the host
 	SandboxSetupTimeout      Code = "SANDBOX_SETUP_TIMEOUT"      // pulling, building or starting the sandbox passed its bound
 	UntrustedWithoutSandbox  Code = "UNTRUSTED_WITHOUT_SANDBOX"  // an untrusted run would have run on the host
+
+	// Trust tiers (internal/tier, admission).
+	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)
+	TemplateNotFound Code = "TEMPLATE_NOT_FOUND" // no operator template of that name for this tenant (missing and not allowed look alike)
+	NetworkWidened   Code = "NETWORK_WIDENED"    // a caller's network block asks for more than its template allows
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.

@@ -219,3 +219,16 @@ func resolveCredentials(in []Credential) ([]egress.Credential, error) {
 	}
 	return out, nil
 }
+
+// PresetRules returns the rules of preset name (the operator's presets, then the built-in ones); none for "" or
+// an unknown name.
+func PresetRules(name string, presets map[string][]string) []string {
+	if name == "" {
+		return nil
+	}
+	rules, err := preset(name, presets)
+	if err != nil {
+		return nil
+	}
+	return rules
+}

@@ -47,7 +47,7 @@ func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) 
 	if err != nil {
 		return nil, err
 	}
-	if template != "" && !validTemplateName(template) {
+	if template != "" && !ValidTemplateName(template) {
 		return nil, fault.New(fault.InvalidArgument, "name templates with letters, digits, '-', '_' and '.'",
 			"template name %q is not valid", template)
 	}
@@ -65,8 +65,8 @@ func (m *Manager) shapeOf(sh *Shape) *Shape {
 	return sh
 }
 
-// validTemplateName: 1..64 of [A-Za-z0-9._-], not starting with '.' or '-'.
-func validTemplateName(s string) bool {
+// ValidTemplateName reports whether s names a template: 1..64 of [A-Za-z0-9._-], not starting with '.' or '-'.
+func ValidTemplateName(s string) bool {
 	if s == "" || len(s) > 64 || s[0] == '.' || s[0] == '-' {
 		return false
 	}

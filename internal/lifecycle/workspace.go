@@ -19,3 +19,17 @@ func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid
 	}
 	return dir, m.uid, m.gid, nil
 }
+
+// HomeWorkspace is Workspace without a driver: key's workspace in home, owned by cfg's sandbox user. The file
+// API uses it so that files can be read and written while no engine answers.
+func HomeWorkspace(home *Home, cfg Config, key identity.Key, create bool) (dir string, uid, gid int, err error) {
+	if !create && !home.HasWorkspace(key) {
+		return "", 0, 0, fault.New(fault.FileNotFound, "run a command or upload a file first", "no workspace for %s", key)
+	}
+	cfg.setDefaults()
+	if uid, gid, err = parseUser(cfg.User); err != nil {
+		return "", 0, 0, err
+	}
+	dir, err = home.EnsureWorkspace(key, uid, gid)
+	return dir, uid, gid, err
+}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,27 +15,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/store"
-	"github.com/sandkeep/sandkeep/internal/store/postgres"
-	"github.com/sandkeep/sandkeep/internal/store/sqlite"
 )
-
-// Open opens the store dsn names: a postgres:// (or postgresql://) URL, else an SQLite file path.
-func Open(ctx context.Context, dsn string) (store.Store, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		st, err := postgres.Open(ctx, dsn)
-		if err != nil {
-			return nil, fault.Wrap(err, fault.StoreUnavailable, "check the PostgreSQL URL and that the server is up",
-				"cannot open the PostgreSQL store")
-		}
-		return st, nil
-	}
-	st, err := sqlite.Open(ctx, dsn)
-	if err != nil {
-		return nil, fault.Wrap(err, fault.StoreUnavailable, "check that the file and its directory are writable",
-			"cannot open the SQLite store %s", dsn)
-	}
-	return st, nil
-}
 
 // Recorder appends one run's events. A store failure is reported once (on Warn, when set) and never fails the
 // command: the command's own result matters more than its record.

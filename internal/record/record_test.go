@@ -7,12 +7,13 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/internal/store/sqlite"
 )
 
 // TestAttachTenantIsolation: another tenant's run answers exactly like a missing one, so a caller (an API token
 // of another tenant) learns neither that it exists nor whose it is.
 func TestAttachTenantIsolation(t *testing.T) {
-	st, err := Open(t.Context(), filepath.Join(t.TempDir(), "s.db"))
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "s.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,20 +18,62 @@ type Service struct {
 	m     *sandkeep.Manager
 	st    store.Store
 	limit files.Limits
+	adm   Admission
+}
+
+// Admission is what the operator decides for every run the service admits: the mode and driver (the server's
+// --sandbox and --driver; "" leaves them to the spec, the environment and the host kind) and the trust callers
+// get (a call may lower it, never raise it).
+type Admission struct {
+	Mode, Driver, Trust string
 }
 
 var _ Backend = (*Service)(nil)
 
 // New returns the Backend over m and st (the store m records into, opened by the caller); lim bounds file
 // operations.
-func New(m *sandkeep.Manager, st store.Store, lim files.Limits) *Service {
-	return &Service{m: m, st: st, limit: lim}
+func New(m *sandkeep.Manager, st store.Store, lim files.Limits, adm Admission) *Service {
+	return &Service{m: m, st: st, limit: lim, adm: adm}
 }
 
-// Exec runs one command.
+// Exec admits the command's run as the caller tier (or attaches it to req.RunID) and runs it: the same admission
+// as every other entry point.
 func (s *Service) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
-	return s.m.Exec(ctx, key, req)
+	run, err := s.Admit(ctx, key, req.RunID, req.Template, req.Trust, req.RequestID)
+	if err != nil {
+		return nil, err
+	}
+	res, err := run.Exec(ctx, req)
+	run.Finish(err)
+	return res, err
 }
+
+// Admit admits a run of key for the caller tier (template and a trust that may only lower the operator's), or
+// attaches to runID. The run is recorded (refused ones too) before this returns.
+func (s *Service) Admit(ctx context.Context, key sandkeep.Key, runID, template, trust, requestID string) (*sandkeep.Run, error) {
+	t, err := lower(s.adm.Trust, trust)
+	if err != nil {
+		return nil, err
+	}
+	return s.m.Admit(ctx, sandkeep.RunRequest{Key: key, RunID: runID, Mode: s.adm.Mode, Driver: s.adm.Driver, Trust: t,
+		Template: template, Caller: true, RequestID: requestID})
+}
+
+// lower is the trust of a call: the operator's, or untrusted when either says so. A caller cannot raise it.
+func lower(operator, call string) (string, error) {
+	switch call {
+	case "", sandkeep.TrustTrusted, sandkeep.TrustUntrusted:
+	default:
+		return "", fault.New(fault.RequestInvalid, "send trust: trusted or untrusted", "invalid trust %q", call)
+	}
+	if operator == sandkeep.TrustUntrusted || call == sandkeep.TrustUntrusted {
+		return sandkeep.TrustUntrusted, nil
+	}
+	return sandkeep.TrustTrusted, nil
+}
+
+// Templates lists the templates tenant may use.
+func (s *Service) Templates(tenant string) []string { return s.m.Templates(tenant) }
 
 // List returns tenant's sandboxes.
 func (s *Service) List(ctx context.Context, tenant string) ([]sandkeep.Sandbox, error) {

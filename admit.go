@@ -1,0 +1,344 @@
+package sandkeep
+
+import (
+	"context"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/build"
+	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/record"
+	"github.com/sandkeep/sandkeep/internal/spec"
+	"github.com/sandkeep/sandkeep/internal/store"
+)
+
+// Trust levels of a run. An untrusted run never runs outside a sandbox.
+const (
+	TrustTrusted   = "trusted"
+	TrustUntrusted = "untrusted"
+)
+
+// RunRequest asks admission for a run: the unit of work (a session, a workflow run) that commands attach to.
+// The operator tier (the CLI's flags, a server's configuration) fills Mode, Driver and Spec; a caller (an API
+// token, an MCP session, a library call) picks a Template, may lower its Trust and narrow its network.
+type RunRequest struct {
+	Key Key
+	// RunID attaches to that running run instead of admitting a new one: the run keeps the mode, trust and
+	// driver it was admitted with (Mode, Trust and Driver here are ignored) and stays open when its commands end.
+	RunID string
+	// Mode is the operator's explicit sandbox mode for the run (the CLI's --sandbox, source cli): none, auto or
+	// inline; "" leaves it to the spec, then Config.SandboxDefault, then auto. A repository may raise it, never
+	// lower it.
+	Mode string
+	// Trust is trusted ("", the default) or untrusted.
+	Trust string
+	// Driver, when set, is the only driver the run may use: unavailable is a refusal, never a fallback.
+	Driver string
+	// Spec is the repository's sandkeep.yaml; "" is the template's, else Config.Spec (none when both are empty).
+	Spec string
+	// Template is an operator template by name; "" is the tenant's default (Config.TenantTemplates, then
+	// Config.DefaultTemplate), else none. A template the tenant may not use is TEMPLATE_NOT_FOUND, as a missing
+	// one is.
+	Template string
+	// Caller marks a request of the caller tier: a network block on its commands may only narrow the run's.
+	Caller bool
+	// RequestID, when set, is recorded on the run's events.
+	RequestID string
+	// BuildOutput receives the progress of an image build the spec asks for (nil: discarded).
+	BuildOutput io.Writer
+	// OnEvent receives the run's events as they are recorded: the policy's, then every command's.
+	OnEvent EventFunc
+}
+
+// Run is one admitted unit of work. Its fields are the admission verdict as recorded; Exec runs a command in it.
+type Run struct {
+	ID        string `json:"id,omitempty"` // "" when no store records runs
+	Tenant    string `json:"tenant"`
+	User      string `json:"user"`
+	Mode      string `json:"mode"`   // the resolved mode: none, auto or inline
+	Source    string `json:"source"` // the tier that chose it: cli, spec, env or default
+	Trust     string `json:"trust"`
+	Driver    string `json:"driver,omitempty"` // what its commands run on; "" for a refused run
+	Admission string `json:"admission"`        // admitted or refused
+	Template  string `json:"template,omitempty"`
+	// Warnings are the repository's diagnostics that did not stop the run, one line each.
+	Warnings []string `json:"warnings,omitempty"`
+	// Notice is the one loud line of a run that degraded to the host ("" otherwise): show it to a person.
+	Notice string `json:"notice,omitempty"`
+
+	m       *Manager
+	key     Key
+	lc      *lifecycle.Manager
+	shape   *lifecycle.Shape
+	network *Network       // the run's block: Config's, then the template's, then the repository's
+	pol     *egress.Policy // network resolved once, for commands without a block of their own
+	secrets []Secret       // the repository's and the template's secret files, delivered to every command
+	caller  bool
+	owned   bool // admitted here: Finish ends it (an attached run stays open)
+	rec     *record.Recorder
+	onEvent EventFunc
+}
+
+// Admit decides whether and how key's work runs, records the run with that verdict before anything runs, and
+// returns it ready for Exec. It alone gathers the tiers' inputs (the operator's Config, the repository's spec and
+// devcontainer.json, the caller's template), refuses what a tier may not set, resolves the mode (cli > spec >
+// env > default; a repository may raise isolation, never lower it), selects the driver (host kind, preference
+// order, one probe each) and decides: sandbox, degrade to the host (auto, trusted: sandbox_skipped and Notice),
+// or refuse. A refused run is recorded (admission refused, finished) and returned together with its error.
+//
+// Input that is not understood (a malformed spec, an unknown template, a bad trust) is an error without a run.
+func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
+	if rr.RunID != "" {
+		return m.attach(ctx, rr)
+	}
+	trust, err := parseTrust(rr.Trust)
+	if err != nil {
+		return nil, err
+	}
+	tpl, err := m.template(rr.Key.Tenant, rr.Template)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := m.loadRepository(m.specFor(rr.Spec, tpl))
+	if err != nil {
+		return nil, err
+	}
+	mode, err := policy.ResolveMode(policy.ModeInputs{CLI: rr.Mode, Spec: repo.sb.Mode,
+		SpecNamesImage: repo.sb.Image != "" || repo.sb.Build != nil, Env: m.cfg.SandboxDefault})
+	if err != nil {
+		return nil, err
+	}
+	in := policy.DecideInputs{Mode: mode, Trust: policy.Trust(trust), SpecHasSecretFiles: len(repo.sb.SecretFiles) > 0}
+	if mode.Mode != spec.ModeNone {
+		in.Selected, in.Obstacle = m.selector.Select(ctx, m.kind, rr.Driver, m.drivers.candidates())
+	}
+	d := policy.Decide(in)
+
+	r := &Run{Tenant: rr.Key.Tenant, User: rr.Key.User, Mode: mode.Mode, Source: string(mode.Source), Trust: trust,
+		Driver: d.Driver, Admission: store.AdmissionAdmitted, Template: tpl.name(), Warnings: repo.warnings,
+		Notice: d.CLILine, m: m, key: rr.Key, caller: rr.Caller, owned: true, onEvent: rr.OnEvent}
+	if d.Action == policy.Refuse {
+		r.Admission, r.Driver = store.AdmissionRefused, ""
+	}
+	if err := r.record(ctx, rr, d); err != nil {
+		return nil, err
+	}
+	if repo.denied != nil {
+		r.event(events.NameSandboxEnvDenied, *repo.denied)
+	}
+	if d.Event != nil {
+		r.event(events.NameSandboxSkipped, *d.Event)
+	}
+	if d.Action == policy.Refuse {
+		return r, d.Err
+	}
+	if err := r.prepare(ctx, rr, tpl, repo, d.FileSecretsDropped); err != nil {
+		r.Finish(err) // nothing was created for it: the run ends with the failure's code
+		return nil, err
+	}
+	return r, nil
+}
+
+// attach opens the running run rr.RunID for more commands: it must be key's, running, and admitted to a driver
+// that is still offered. It keeps its recorded mode, trust and driver; the spec and template give its shape.
+func (m *Manager) attach(ctx context.Context, rr RunRequest) (*Run, error) {
+	if m.st == nil {
+		return nil, fault.New(fault.InvalidArgument, "configure a store (Config.Store) to attach commands to runs",
+			"run %q cannot be attached: this sandkeep records no runs", rr.RunID)
+	}
+	row, err := record.Attach(ctx, m.st, rr.RunID, rr.Key.Tenant, rr.Key.User)
+	if err != nil {
+		return nil, err
+	}
+	if row.Admission != store.AdmissionAdmitted || row.Driver == "" {
+		return nil, fault.New(fault.InvalidArgument, "start a new run", "run %s was not admitted", row.ID)
+	}
+	tpl, err := m.template(rr.Key.Tenant, rr.Template)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := m.loadRepository(m.specFor(rr.Spec, tpl))
+	if err != nil {
+		return nil, err
+	}
+	r := &Run{ID: row.ID, Tenant: row.Tenant, User: row.User, Mode: row.ResolvedMode, Source: row.Source,
+		Trust: row.Trust, Driver: row.Driver, Admission: row.Admission, Template: tpl.name(), Warnings: repo.warnings,
+		m: m, key: rr.Key, caller: rr.Caller, onEvent: rr.OnEvent}
+	r.rec = &record.Recorder{Store: m.st, RunID: row.ID, RequestID: rr.RequestID}
+	if row.Driver == DriverHost && (row.Trust != TrustTrusted || row.ResolvedMode == spec.ModeInline) {
+		// A run recorded on the host must have been admitted there; anything else is a forged or corrupt row.
+		return nil, fault.New(fault.UntrustedWithoutSandbox, "start a new run", "run %s may not run on the host", row.ID)
+	}
+	if err := r.prepare(ctx, rr, tpl, repo, row.Driver == DriverHost); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// record writes the run's row with its verdict (a refusal already finished), when a store records runs.
+func (r *Run) record(ctx context.Context, rr RunRequest, d policy.Decision) error {
+	if r.m.st == nil {
+		return nil
+	}
+	row := store.Run{Tenant: r.Tenant, User: r.User, Trust: r.Trust, RequestedMode: rr.Mode, ResolvedMode: r.Mode,
+		Source: r.Source, Driver: d.Driver, Admission: r.Admission, Status: store.StatusRunning}
+	if d.Action == policy.Refuse {
+		row.Status, row.FailureCode, row.Disposition = string(d.Status), string(d.FailureCode), string(d.Disposition)
+		row.Driver = ""
+	}
+	row, err := record.Create(ctx, r.m.st, row)
+	if err != nil {
+		return err
+	}
+	r.ID = row.ID
+	r.rec = &record.Recorder{Store: r.m.st, RunID: row.ID, RequestID: rr.RequestID}
+	if d.Action == policy.Refuse {
+		r.owned = false // already finished
+	}
+	return nil
+}
+
+// prepare makes what the run's commands need: the lifecycle of its driver, its shape (the template's and the
+// repository's image, env, mounts, limits; a built image), its network and its secret files.
+func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *repository, onHost bool) error {
+	m := r.m
+	lc, err := m.lifecycleFor(r.Driver)
+	if err != nil {
+		return err
+	}
+	r.lc = lc
+	image := ""
+	if repo.sb.Build != nil && !onHost {
+		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {
+			return err
+		}
+	}
+	if tpl != nil || repo.shaped() || image != "" {
+		var applyErr error
+		r.shape, err = lc.NewShape(tpl.name(), func(c *lifecycle.Config) {
+			tpl.apply(c)
+			applyErr = repo.apply(c)
+			if image != "" {
+				c.Image = image
+			}
+		})
+		if err == nil {
+			err = applyErr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if r.network, err = lifecycle.MergeNetwork(m.cfg.Network, tpl.network()); err != nil {
+		return err
+	}
+	if r.network, err = repo.mergeNetwork(r.network, m.cfg.Repository); err != nil {
+		return err
+	}
+	r.pol = m.policy
+	if r.network != m.cfg.Network {
+		pol, err := lifecycle.ResolveNetwork(r.network, m.cfg.NetworkPresets, m.cfg.NetworkSilent)
+		if err != nil {
+			return err
+		}
+		r.pol = &pol
+	}
+	if onHost { // the host passthrough cannot deliver secret files; sandbox_skipped said so
+		return nil
+	}
+	r.secrets, err = m.secretFiles(append(slices.Clip(tpl.secretFiles()), repo.sb.SecretFiles...))
+	return err
+}
+
+// Finish records how an admitted run ended: succeeded when sandkeep ran its commands (whatever their exit
+// statuses), else failed with the failure's code. It does nothing for an attached or refused run, or without a
+// store. It returns the store's error, which the run's outcome does not depend on.
+func (r *Run) Finish(err error) error {
+	if !r.owned || r.rec == nil {
+		return nil
+	}
+	r.owned = false
+	return record.Finish(r.m.st, r.ID, err)
+}
+
+// event records one run-level event and passes it on.
+func (r *Run) event(name string, payload any) {
+	if r.rec != nil {
+		r.rec.Event(name, payload)
+	}
+	if r.onEvent != nil {
+		r.onEvent(name, payload)
+	}
+}
+
+// specFor is the repository spec a run follows: the request's, else its template's, else the Config's.
+func (m *Manager) specFor(req string, tpl *template) string {
+	switch {
+	case req != "":
+		return req
+	case tpl != nil && tpl.Spec != "":
+		return tpl.Spec
+	}
+	return m.cfg.Spec
+}
+
+func parseTrust(s string) (string, error) {
+	if s == "" {
+		return TrustTrusted, nil
+	}
+	t, err := policy.ParseTrust(s)
+	return string(t), err
+}
+
+// imageBuilder is the optional driver capability of building an image from a repository's Dockerfile.
+type imageBuilder interface {
+	Build(ctx context.Context, req build.Request, progress io.Writer) (imageRef, imageID string, err error)
+}
+
+// buildBound bounds an image build; past it the run fails as SANDBOX_SETUP_TIMEOUT.
+const buildBound = 30 * time.Minute
+
+// buildGate lets one build of a given context run at a time; later ones wait and then reuse the engine's cache.
+var buildGate sync.Map // build key -> *sync.Mutex
+
+// build builds the repository's image on the run's driver, recording sandbox_build_* events.
+func (m *Manager) build(ctx context.Context, r *Run, lc *lifecycle.Manager, repo *repository, progress io.Writer) (string, error) {
+	b := repo.sb.Build
+	bd, ok := lc.Driver().(imageBuilder)
+	if !ok || !lc.Driver().Capabilities().Build {
+		return "", fault.New(fault.SpecUnsupported, "build the image ahead of time and name it with image:",
+			"the spec's build: needs a driver that builds images, and %s does not", lc.Driver().Name())
+	}
+	gateKey := strings.Join([]string{lc.Driver().Name(), repo.root, b.Dockerfile, b.Context}, "\x00")
+	mu, _ := buildGate.LoadOrStore(gateKey, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
+
+	r.event(events.NameSandboxBuildStarted, events.SandboxBuildStarted{Dockerfile: b.Dockerfile, Context: b.Context})
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, buildBound)
+	defer cancel()
+	ref, _, err := bd.Build(ctx, build.Request{Root: repo.root, Dockerfile: b.Dockerfile, Context: b.Context, Args: b.Args}, progress)
+	took := time.Since(start).Milliseconds()
+	if err != nil {
+		code := fault.CodeOf(err)
+		if code == "" {
+			code = fault.BuildFailed
+		}
+		// The event names the failure's code, never the daemon's line: it may quote a RUN with secrets.
+		r.event(events.NameSandboxBuildFailed, events.SandboxBuildFailed{Error: string(code), DurationMS: took})
+		return "", err
+	}
+	r.event(events.NameSandboxBuildFinished, events.SandboxBuildFinished{Image: ref, DurationMS: took})
+	return ref, nil
+}
+
+// ParseTrustFlag checks a trust value as a flag or config gives it: trusted, untrusted, or "" (trusted).
+func ParseTrustFlag(s string) (string, error) { return parseTrust(s) }

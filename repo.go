@@ -1,0 +1,162 @@
+package sandkeep
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandkeep/sandkeep/internal/devcontainer"
+	"github.com/sandkeep/sandkeep/internal/diag"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/spec"
+	"github.com/sandkeep/sandkeep/internal/tier"
+)
+
+// RepositoryPolicy is what the operator lets a repository's files (sandkeep.yaml, devcontainer.json) ask for:
+// the secrets and credentials they may name, the host paths they may bind, the host variables ${localEnv:...}
+// may read, and how wide their network rules may be. Everything else a repository may not set is refused with
+// TIER_REFUSED, a diagnostic naming the field and the setting that would allow it.
+type RepositoryPolicy = tier.Operator
+
+// repository is what the repository tier asked for: the spec fused with devcontainer.json, checked against the
+// operator's RepositoryPolicy.
+type repository struct {
+	sb       spec.Sandbox
+	root     string                   // the repository root (the spec's directory)
+	warnings []string                 // diagnostics that do not stop the run, one line each
+	denied   *events.SandboxEnvDenied // the repository's variables that were stripped (names only), if any
+}
+
+// loadRepository reads the spec at path ("" is no repository input), fuses devcontainer.json when the spec
+// names no image and no build, and refuses what the repository tier may not set. Every error is a *fault.Error
+// listing all the diagnostics: SPEC_INVALID for a malformed file, TIER_REFUSED for a field the repository may
+// not set, SPEC_UNSUPPORTED for what this build cannot apply.
+func (m *Manager) loadRepository(path string) (*repository, error) {
+	r := &repository{}
+	if path == "" {
+		return r, nil
+	}
+	f, list := spec.Load(path)
+	if err := r.take(list, path); err != nil {
+		return nil, err
+	}
+	r.sb, r.root = f.Sandbox, f.Root
+	if r.sb.Image == "" && r.sb.Build == nil {
+		env := devcontainer.Env{Lookup: m.cfg.Repository.LocalEnvLookup(os.LookupEnv)}
+		dc, list, found := devcontainer.Load(f.Root, env)
+		if found {
+			if err := r.take(list, "devcontainer.json"); err != nil {
+				return nil, err
+			}
+			var denied []devcontainer.Event
+			r.sb, denied = devcontainer.Fuse(dc, &r.sb, nil)
+			r.denied = deniedEvent(denied)
+		}
+	}
+	if list := tier.Repository(&r.sb, r.root, m.cfg.Repository); list.HasErrors() {
+		return nil, fault.New(fault.TierRefused, "the repository's files may only ask for what the operator allows; see the hints",
+			"the repository asks for what only the operator may set:\n%s", lines(list))
+	} else if err := r.take(list, path); err != nil {
+		return nil, err
+	}
+	return r, unsupported(r.sb)
+}
+
+// take keeps list's warnings and turns its errors into one SPEC_INVALID failure that lists them all.
+func (r *repository) take(list diag.List, what string) error {
+	for _, d := range list {
+		if d.Severity != diag.Error {
+			r.warnings = append(r.warnings, d.String())
+		}
+	}
+	if !list.HasErrors() {
+		return nil
+	}
+	return fault.New(fault.SpecInvalid, "fix the lines above; `sandkeep doctor --strict --spec FILE` checks a spec",
+		"%s is not valid:\n%s", what, lines(list))
+}
+
+// lines is list's errors, one indented line each.
+func lines(list diag.List) string {
+	var out []string
+	for _, d := range list {
+		if d.Severity == diag.Error {
+			out = append(out, "  "+d.String())
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// unsupported refuses spec fields this build does not apply yet, rather than running without them.
+func unsupported(sb spec.Sandbox) error {
+	var fields []string
+	if sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace" {
+		fields = append(fields, "workspace_folder")
+	}
+	if sb.HostState == "auto" {
+		fields = append(fields, "host_state: auto")
+	}
+	if len(fields) == 0 {
+		return nil
+	}
+	return fault.New(fault.SpecUnsupported, "remove them from the spec, or run a sandkeep that supports them",
+		"the spec uses %s, which this sandkeep cannot apply yet; refusing rather than running without them",
+		strings.Join(fields, ", "))
+}
+
+// deniedEvent is the one sandbox_env_denied event for the repository's stripped variables (names only).
+func deniedEvent(denied []devcontainer.Event) *events.SandboxEnvDenied {
+	if len(denied) == 0 {
+		return nil
+	}
+	ev := &events.SandboxEnvDenied{Origin: filepath.Base(denied[0].File)}
+	for _, d := range denied {
+		ev.Keys = append(ev.Keys, d.Key)
+	}
+	return ev
+}
+
+// apply puts the repository's sandbox fields into a shape's Config: image, env, mounts, tmpfs, resources and
+// post-create. (User is the operator's: the tier check refused it.)
+func (r *repository) apply(c *lifecycle.Config) error {
+	sb := r.sb
+	if sb.Image != "" {
+		c.Image = sb.Image
+	}
+	for _, k := range sortedKeys(sb.Env) {
+		c.Env = append(c.Env, k+"="+sb.Env[k])
+	}
+	mounts, err := parseMounts(sb.Mounts)
+	if err != nil {
+		return err
+	}
+	c.Mounts = append(c.Mounts, mounts...)
+	for _, t := range sb.Tmpfs {
+		target, opts, _ := strings.Cut(t, ":")
+		if c.Tmpfs == nil {
+			c.Tmpfs = map[string]string{}
+		}
+		c.Tmpfs[target] = opts
+	}
+	if sb.PostCreate != "" {
+		c.PostCreate = sb.PostCreate
+	}
+	if res := sb.Resources; res != nil {
+		if res.CPUs > 0 {
+			c.NanoCPUs = int64(res.CPUs * 1e9)
+		}
+		if res.Pids > 0 {
+			c.PidsLimit = res.Pids
+		}
+		if res.Memory != "" {
+			n, err := spec.ParseSize(res.Memory)
+			if err != nil {
+				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 2g or 512m", "resources.memory %q", res.Memory)
+			}
+			c.MemoryBytes = n
+		}
+	}
+	return nil
+}

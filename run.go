@@ -1,0 +1,177 @@
+package sandkeep
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/record"
+)
+
+// Exec runs one command of the run in its sandbox (see Manager.Exec): on the run's driver and in its shape, with
+// the run's network (a caller's block may only narrow it) and secret files, recording its events in the run.
+func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
+	if r.lc == nil {
+		return nil, fault.New(fault.InvalidArgument, "admit a new run", "run %s was refused and runs nothing", r.ID)
+	}
+	if err := r.m.CheckExec(req); err != nil {
+		return nil, err
+	}
+	pol, err := r.networkFor(req.Network)
+	if err != nil {
+		return nil, err
+	}
+	var outBuf, errBuf bytes.Buffer
+	stdout, stderr := req.Stdout, req.Stderr
+	if stdout == nil {
+		stdout = &outBuf
+	}
+	if stderr == nil {
+		stderr = &errBuf
+	}
+	sink := r.sink(req)
+	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
+		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
+		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
+		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: sink,
+		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: pol, Shape: r.shape,
+	})
+	if res == nil {
+		return nil, err
+	}
+	code := res.ExitCode
+	if res.TimedOut {
+		// The agent reports how the killed tree died (143, 137); callers, the CLI's exit status and its
+		// --json see 124 as timeout(1) does, and TimedOut tells it apart from a real exit 124.
+		code = exitTimeout
+	}
+	return &ExecResult{
+		ExitCode: code, TimedOut: res.TimedOut,
+		Stdout: outBuf.String(), Stderr: errBuf.String(),
+		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
+		DurationMS: res.DurationMS, Transport: string(res.Transport),
+		Sandbox: SandboxRef{Name: res.Sandbox.Name, ID: res.Sandbox.ID, Driver: r.Driver,
+			Tenant: r.key.Tenant, User: r.key.User},
+	}, err
+}
+
+// sink is where one command's events go: the run's record, the run's OnEvent and the command's.
+func (r *Run) sink(req ExecRequest) lifecycle.Sink {
+	rec, run, cmd := r.rec, r.onEvent, req.OnEvent
+	if rec == nil && run == nil && cmd == nil {
+		return nil
+	}
+	if req.RequestID != "" && rec != nil && req.RequestID != rec.RequestID {
+		rec = &record.Recorder{Store: rec.Store, RunID: rec.RunID, RequestID: req.RequestID}
+	}
+	return func(name string, payload any) {
+		if rec != nil {
+			rec.Event(name, payload)
+		}
+		if run != nil {
+			run(name, payload)
+		}
+		if cmd != nil {
+			cmd(name, payload)
+		}
+	}
+}
+
+// networkFor is the policy of a command with block cmd: the run's, resolved once, when it has none. A caller's
+// block may only narrow the run's (NETWORK_WIDENED otherwise); the operator's is merged as it says.
+func (r *Run) networkFor(cmd *Network) (*egress.Policy, error) {
+	if cmd == nil {
+		return r.pol, nil
+	}
+	merged := cmd
+	if r.caller {
+		if err := narrows(r.network, cmd, r.m.cfg.NetworkPresets); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if merged, err = lifecycle.MergeNetwork(r.network, cmd); err != nil {
+			return nil, err
+		}
+	}
+	pol, err := lifecycle.ResolveNetwork(merged, r.m.cfg.NetworkPresets, r.m.cfg.NetworkSilent)
+	if err != nil {
+		return nil, err
+	}
+	return &pol, nil
+}
+
+// narrows checks that a caller's block cmd allows no more than base: mode none, or an allowlist whose every rule
+// base allows by name (one of its rules or its preset's), without credentials of its own. The caller's block then
+// replaces the run's for that command.
+func narrows(base, cmd *Network, presets map[string][]string) error {
+	widen := func(what string) error {
+		return fault.New(fault.NetworkWidened, "ask for a subset of the template's hosts, or network mode none",
+			"a caller's network block may only narrow the template's, and %s", what)
+	}
+	switch cmd.Mode {
+	case "", egress.ModeNone:
+		return nil
+	case egress.ModeAllowlist:
+	default:
+		return widen("mode " + cmd.Mode + " is wider than an allowlist")
+	}
+	if len(cmd.Credentials) > 0 {
+		return widen("credentials are the operator's")
+	}
+	if base == nil || (base.Mode != egress.ModeAllowlist && base.Mode != egress.ModeOpen) {
+		return widen("the template allows no network")
+	}
+	if base.Mode == egress.ModeOpen && len(cmd.Rules) > 0 {
+		return nil
+	}
+	allowed := slices.Clone(base.Rules)
+	allowed = append(allowed, lifecycle.PresetRules(base.Preset, presets)...)
+	if cmd.Preset != "" && cmd.Preset != base.Preset {
+		return widen("preset " + cmd.Preset + " is not the template's")
+	}
+	for _, rule := range cmd.Rules {
+		if !slices.Contains(allowed, rule) {
+			return widen("rule " + rule + " is not one of the template's")
+		}
+	}
+	return nil
+}
+
+// CheckExec is the one request validator of every entry point (the CLI, the HTTP API, MCP, the library): a
+// command, a timeout and an output limit within the operator's bounds (Config.MaxTimeout, MaxOutputLimit), a
+// workdir under /workspace and an environment the guard accepts. Zero timeout and limit take the defaults.
+func (m *Manager) CheckExec(req ExecRequest) error {
+	return CheckExecWithin(req, m.cfg.MaxTimeout, m.cfg.MaxOutputLimit)
+}
+
+// CheckExecWithin is CheckExec with the bounds given (for callers that validate before opening a Manager).
+func CheckExecWithin(req ExecRequest, maxTimeout time.Duration, maxOutput int64) error {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return fault.New(fault.InvalidArgument, "pass the command to run, e.g. [\"sh\", \"-c\", \"ls -la\"]", "no command given")
+	}
+	if maxTimeout <= 0 || maxTimeout > lifecycle.MaxTimeout {
+		maxTimeout = lifecycle.MaxTimeout
+	}
+	if maxOutput <= 0 || maxOutput > agentproto.MaxOutputLimit {
+		maxOutput = agentproto.MaxOutputLimit
+	}
+	if req.Timeout != 0 && (req.Timeout < lifecycle.MinTimeout || req.Timeout > maxTimeout) {
+		return fault.New(fault.InvalidTimeout, "use a timeout between 1s and "+maxTimeout.String(),
+			"timeout %s is out of range (1s..%s)", req.Timeout, maxTimeout)
+	}
+	if req.OutputLimit < 0 || req.OutputLimit > maxOutput {
+		return fault.New(fault.InvalidArgument, "use an output limit between 1 byte and the operator's bound",
+			"output limit %d is out of range (1..%d bytes)", req.OutputLimit, maxOutput)
+	}
+	if _, err := guard.Workdir(req.Workdir); err != nil {
+		return err
+	}
+	return guard.Env(req.Env)
+}

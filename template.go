@@ -1,0 +1,212 @@
+package sandkeep
+
+import (
+	"slices"
+	"sort"
+
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/spec"
+)
+
+// Template is an operator-defined sandbox shape that a caller picks by name (RunRequest.Template, the API's and
+// MCP's template field). Its fields replace the Config's for the runs that use it; zero fields keep the
+// Config's. A sandbox remembers its template: asking for another recycles it.
+type Template struct {
+	Image       string   // image ref; "" keeps Config.Image
+	User        string   // sandbox "uid:gid"
+	CPUs        float64  //
+	MemoryBytes int64    //
+	PidsLimit   int64    //
+	Env         []string // added to the Config's, "K=V"
+	PostCreate  string
+	// Spec is a repository spec (sandkeep.yaml) the template's runs follow when the request names none. It is
+	// the repository tier, checked against Config.Repository like any other.
+	Spec string
+	// Network is added to Config.Network (Inherit: append or replace); its credentials are the operator's values.
+	Network *Network
+	// Secrets are secret files by the operator's names (Config.Repository.Secrets), delivered to every command.
+	Secrets []TemplateSecret
+	// Tenants may use the template; empty: every tenant.
+	Tenants []string
+}
+
+// TemplateSecret is one secret file of a template: the operator's secret Name at Path (under /run/secrets).
+type TemplateSecret struct {
+	Name string
+	Path string
+	Mode string // octal, default "0400"
+}
+
+// template is a Template the Manager resolved, with its name.
+type template struct {
+	Template
+	nm string
+}
+
+// checkTemplates refuses a Config whose templates or defaults do not add up.
+func (m *Manager) checkTemplates() error {
+	for name, t := range m.cfg.Templates {
+		if !lifecycle.ValidTemplateName(name) {
+			return fault.New(fault.InvalidArgument, "name templates with letters, digits, '-', '_' and '.'",
+				"template name %q is not valid", name)
+		}
+		if len(t.Env) > 0 {
+			if err := guard.Env(t.Env); err != nil {
+				return err
+			}
+		}
+	}
+	if d := m.cfg.DefaultTemplate; d != "" {
+		if _, ok := m.cfg.Templates[d]; !ok {
+			return fault.New(fault.InvalidArgument, "define it under templates, or change default_template",
+				"the default template %q is not defined", d)
+		}
+	}
+	for tenant, name := range m.cfg.TenantTemplates {
+		t, ok := m.cfg.Templates[name]
+		if !ok || !t.allows(tenant) {
+			return fault.New(fault.InvalidArgument, "define the template and let the tenant use it",
+				"tenant %q defaults to template %q, which is not defined for it", tenant, name)
+		}
+	}
+	return nil
+}
+
+// Templates lists the templates tenant may use, sorted by name.
+func (m *Manager) Templates(tenant string) []string {
+	var out []string
+	for name, t := range m.cfg.Templates {
+		if t.allows(tenant) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// template resolves the template a run of tenant asks for: name, else the tenant's default, else the Config's;
+// nil when none applies. A template tenant may not use answers exactly like a missing one.
+func (m *Manager) template(tenant, name string) (*template, error) {
+	if name == "" {
+		name = m.cfg.TenantTemplates[tenant]
+	}
+	if name == "" {
+		name = m.cfg.DefaultTemplate
+	}
+	if name == "" {
+		return nil, nil
+	}
+	t, ok := m.cfg.Templates[name]
+	if !ok || !t.allows(tenant) {
+		return nil, fault.New(fault.TemplateNotFound, "list the templates your token may use (GET /v1/templates)",
+			"no template %q", name)
+	}
+	return &template{Template: t, nm: name}, nil
+}
+
+func (t Template) allows(tenant string) bool {
+	return len(t.Tenants) == 0 || slices.Contains(t.Tenants, tenant)
+}
+
+func (t *template) name() string {
+	if t == nil {
+		return ""
+	}
+	return t.nm
+}
+
+// apply puts the template's fields into a shape's Config.
+func (t *template) apply(c *lifecycle.Config) {
+	if t == nil {
+		return
+	}
+	if t.Image != "" {
+		c.Image = t.Image
+	}
+	if t.User != "" {
+		c.User = t.User
+	}
+	if t.CPUs > 0 {
+		c.NanoCPUs = int64(t.CPUs * 1e9)
+	}
+	if t.MemoryBytes > 0 {
+		c.MemoryBytes = t.MemoryBytes
+	}
+	if t.PidsLimit > 0 {
+		c.PidsLimit = t.PidsLimit
+	}
+	c.Env = append(c.Env, t.Env...)
+	if t.PostCreate != "" {
+		c.PostCreate = t.PostCreate
+	}
+}
+
+func (t *template) network() *Network {
+	if t == nil {
+		return nil
+	}
+	return t.Network
+}
+
+func (t *template) secretFiles() []spec.SecretFile {
+	if t == nil {
+		return nil
+	}
+	out := make([]spec.SecretFile, 0, len(t.Secrets))
+	for _, s := range t.Secrets {
+		out = append(out, spec.SecretFile{Name: s.Name, Path: s.Path, Mode: s.Mode})
+	}
+	return out
+}
+
+// shaped reports whether the repository changes the sandbox itself (and so needs a shape of its own).
+func (r *repository) shaped() bool {
+	sb := r.sb
+	return sb.Image != "" || len(sb.Env) > 0 || len(sb.Mounts) > 0 || len(sb.Tmpfs) > 0 || sb.PostCreate != "" ||
+		sb.Resources != nil
+}
+
+// mergeNetwork adds the repository's network block to base, with the operator's values for the credentials it
+// names.
+func (r *repository) mergeNetwork(base *Network, op RepositoryPolicy) (*Network, error) {
+	n := r.sb.Network
+	if n == nil {
+		return base, nil
+	}
+	nw := &Network{Mode: n.Mode, Preset: n.Preset, Rules: n.Rules, Inherit: n.Inherit, Inspect: n.Inspect}
+	creds, err := op.ResolveCredentials(n.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range creds {
+		nw.Credentials = append(nw.Credentials, Credential{Name: c.Name, Value: c.Value, Hosts: c.Hosts})
+	}
+	return lifecycle.MergeNetwork(base, nw)
+}
+
+// secretFiles resolves secret files by the operator's names into the files every command of the run gets.
+func (m *Manager) secretFiles(files []spec.SecretFile) ([]Secret, error) {
+	if len(files) == 0 {
+		return nil, nil
+	}
+	resolved, err := m.cfg.Repository.ResolveSecrets(files)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Secret, 0, len(resolved))
+	for _, s := range resolved {
+		out = append(out, Secret{Name: s.Name, Path: s.Path, Mode: s.Mode, Value: s.Value})
+	}
+	return out, nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
