@@ -157,8 +157,13 @@ func (m *Manager) attach(ctx context.Context, rr RunRequest) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	if row.Admission != store.AdmissionAdmitted || row.Driver == "" {
+	if row.Admission != store.AdmissionAdmitted {
 		return nil, fault.New(fault.InvalidArgument, "start a new run", "run %s was not admitted", row.ID)
+	}
+	if row.Driver == "" { // recorded without one (by another program): choose it now, under its recorded mode and trust
+		if row.Driver, err = m.driverFor(ctx, row.ResolvedMode, policy.Source(row.Source), row.Trust); err != nil {
+			return nil, err
+		}
 	}
 	tpl, err := m.template(rr.Key.Tenant, rr.Template)
 	if err != nil {
@@ -180,6 +185,20 @@ func (m *Manager) attach(ctx context.Context, rr RunRequest) (*Run, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// driverFor decides the driver of a run whose mode and trust are settled: the same Decide as admission, which may
+// refuse but never changes them.
+func (m *Manager) driverFor(ctx context.Context, mode string, src policy.Source, trust string) (string, error) {
+	in := policy.DecideInputs{Mode: policy.Resolution{Mode: mode, Source: src}, Trust: policy.Trust(trust)}
+	if mode != spec.ModeNone {
+		in.Selected, in.Obstacle = m.selector.Select(ctx, m.kind, "", m.drivers.candidates())
+	}
+	d := policy.Decide(in)
+	if d.Action == policy.Refuse {
+		return "", d.Err
+	}
+	return d.Driver, nil
 }
 
 // record writes the run's row with its verdict (a refusal already finished), when a store records runs.
