@@ -113,7 +113,10 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"GET /v1/runs/{id}/events", req{"GET", "/v1/runs/" + runID + "/events", "", nil}},
 		{"GET /v1/runs/{id}/events#follow", req{"GET", "/v1/runs/" + runID + "/events?follow=1", "", nil}},
 		{"GET /v1/openapi.json", req{"GET", "/v1/openapi.json", "", nil}},
+		{"GET /v1/templates", req{"GET", "/v1/templates", "", nil}},
+		{"POST /v1/runs/{id}/finish", req{"POST", "/v1/runs/" + runID + "/finish", `{}`, nil}},
 		{"POST /v1/sandboxes/{user}/exec", req{"POST", "/v1/sandboxes/bob/exec", `{"argv":["echo","x"]}`, nil}},
+		{"POST /v1/sandboxes/{user}/runs", req{"POST", "/v1/sandboxes/bob/runs", `{}`, nil}},
 		{"PUT /v1/sandboxes/{user}/files/{path...}", req{"PUT", "/v1/sandboxes/bob/files/f.txt", "overwritten", nil}},
 		{"/mcp", req{"POST", "/mcp", `{}`, []string{UserHeader, "bob"}}},
 	}
@@ -186,7 +189,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 				t.Errorf("another tenant sees the victim: %d %s", status, body)
 			}
 			switch pattern {
-			case "POST /v1/sandboxes/{user}/exec", "PUT /v1/sandboxes/{user}/files/{path...}", "/mcp":
+			case "POST /v1/sandboxes/{user}/exec", "POST /v1/sandboxes/{user}/runs", "PUT /v1/sandboxes/{user}/files/{path...}", "/mcp":
 				// These act on the caller's own (acme, bob): they succeed there, and touch nothing of globex.
 				if status != estatus || status/100 != 2 {
 					t.Errorf("status %d (empty world %d): %s", status, estatus, body)

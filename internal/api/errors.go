@@ -50,6 +50,9 @@ var statusOf = map[fault.Code]int{
 	fault.BuildContextInvalid:     http.StatusUnprocessableEntity,
 	fault.SecretUnavailable:       http.StatusUnprocessableEntity,
 	fault.PreflightFailed:         http.StatusUnprocessableEntity,
+	fault.TierRefused:             http.StatusUnprocessableEntity,
+	fault.NetworkWidened:          http.StatusForbidden,
+	fault.TemplateNotFound:        http.StatusNotFound,
 
 	fault.RateLimited: http.StatusTooManyRequests,
 

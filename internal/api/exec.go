@@ -34,6 +34,10 @@ type ExecBody struct {
 	Stdin       *string           `json:"stdin,omitempty"`   // absent: the command reads /dev/null
 	OutputLimit int64             `json:"output_limit,omitempty"`
 	RunID       string            `json:"run_id,omitempty"`
+	// Template and Trust are what the command's implicit run is admitted with (ignored with run_id): one of the
+	// operator's templates ("" the tenant's default) and trusted or untrusted (lower only).
+	Template string `json:"template,omitempty"`
+	Trust    string `json:"trust,omitempty"`
 }
 
 // ExecResponse is the JSON answer of an exec: the fields of `sandkeep exec --json` and the request id.
@@ -137,8 +141,10 @@ func (b ExecBody) request() (sandkeep.ExecRequest, error) {
 	if b.Stdin != nil {
 		req.Stdin = strings.NewReader(*b.Stdin)
 	}
-	req.Workdir, req.RunID = b.Workdir, b.RunID
-	return req, nil
+	req.Workdir, req.RunID, req.Template, req.Trust = b.Workdir, b.RunID, b.Template, b.Trust
+	// The one validator every entry point shares (bounds, workdir, env); the server's own bounds apply again
+	// when the run is admitted.
+	return req, sandkeep.CheckExecWithin(req, 0, 0)
 }
 
 // Streaming formats an exec answers in, chosen by the Accept header.

@@ -39,7 +39,7 @@ func New(m *sandkeep.Manager, st store.Store, lim files.Limits, adm Admission) *
 // Exec admits the command's run as the caller tier (or attaches it to req.RunID) and runs it: the same admission
 // as every other entry point.
 func (s *Service) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
-	run, err := s.Admit(ctx, key, req.RunID, req.Template, req.Trust, req.RequestID)
+	run, err := s.Admit(ctx, key, AdmitRequest{RunID: req.RunID, Template: req.Template, Trust: req.Trust, RequestID: req.RequestID})
 	if err != nil {
 		return nil, err
 	}
@@ -48,15 +48,23 @@ func (s *Service) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecR
 	return res, err
 }
 
+// AdmitRequest is what a caller may say about a run: the template, a lower trust, and the request id to record.
+type AdmitRequest struct {
+	RunID     string // attach to this running run instead
+	Template  string
+	Trust     string
+	RequestID string
+}
+
 // Admit admits a run of key for the caller tier (template and a trust that may only lower the operator's), or
-// attaches to runID. The run is recorded (refused ones too) before this returns.
-func (s *Service) Admit(ctx context.Context, key sandkeep.Key, runID, template, trust, requestID string) (*sandkeep.Run, error) {
-	t, err := lower(s.adm.Trust, trust)
+// attaches to req.RunID. The run is recorded (refused ones too) before this returns.
+func (s *Service) Admit(ctx context.Context, key sandkeep.Key, req AdmitRequest) (*sandkeep.Run, error) {
+	t, err := lower(s.adm.Trust, req.Trust)
 	if err != nil {
 		return nil, err
 	}
-	return s.m.Admit(ctx, sandkeep.RunRequest{Key: key, RunID: runID, Mode: s.adm.Mode, Driver: s.adm.Driver, Trust: t,
-		Template: template, Caller: true, RequestID: requestID})
+	return s.m.Admit(ctx, sandkeep.RunRequest{Key: key, RunID: req.RunID, Mode: s.adm.Mode, Driver: s.adm.Driver, Trust: t,
+		Template: req.Template, Caller: true, RequestID: req.RequestID})
 }
 
 // lower is the trust of a call: the operator's, or untrusted when either says so. A caller cannot raise it.
@@ -72,8 +80,17 @@ func lower(operator, call string) (string, error) {
 	return sandkeep.TrustTrusted, nil
 }
 
+// EndRun closes a running run.
+func (s *Service) EndRun(ctx context.Context, id string, failed bool) error {
+	upd := store.RunUpdate{Status: store.StatusSucceeded}
+	if failed {
+		upd.Status, upd.FailureCode, upd.Disposition = store.StatusFailed, CodeCallerFailed, store.DispositionDeterministic
+	}
+	return storeErr(s.st.UpdateRun(ctx, id, upd))
+}
+
 // Templates lists the templates tenant may use.
-func (s *Service) Templates(tenant string) []string { return s.m.Templates(tenant) }
+func (s *Service) Templates(_ context.Context, tenant string) ([]string, error) { return s.m.Templates(tenant), nil }
 
 // List returns tenant's sandboxes.
 func (s *Service) List(ctx context.Context, tenant string) ([]sandkeep.Sandbox, error) {
@@ -149,3 +166,6 @@ func storeErr(err error) error {
 
 // ListAll returns every sandbox of the installation (the API's sandboxes gauge).
 func (s *Service) ListAll(ctx context.Context) ([]sandkeep.Sandbox, error) { return s.m.List(ctx) }
+
+// CodeCallerFailed is the failure code of a run its caller finished as failed (POST /v1/runs/{id}/finish).
+const CodeCallerFailed = "CALLER_FAILED"

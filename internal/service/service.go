@@ -33,6 +33,13 @@ type Backend interface {
 	Run(ctx context.Context, id string) (store.Run, error)
 	// Events lists a run's events in sequence order.
 	Events(ctx context.Context, f store.EventFilter) ([]store.Event, error)
+	// Admit admits a run of key for a caller (a template by name, a trust that may only lower the operator's) and
+	// records it, refused ones too; a refused run comes back with its error.
+	Admit(ctx context.Context, key sandkeep.Key, req AdmitRequest) (*sandkeep.Run, error)
+	// EndRun closes a running run (the caller checks its tenant) as succeeded or failed (FAILED, deterministic).
+	EndRun(ctx context.Context, id string, failed bool) error
+	// Templates lists the operator templates tenant may use.
+	Templates(ctx context.Context, tenant string) ([]string, error)
 	// Ready reports whether the store and the driver answer.
 	Ready(ctx context.Context) error
 }

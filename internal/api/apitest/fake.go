@@ -32,6 +32,8 @@ type Backend struct {
 	ReadyErr error
 	// FileLimits bound the workspaces Workspace opens.
 	FileLimits files.Limits
+	// TemplateNames are the templates every tenant may use; a run that names another is TEMPLATE_NOT_FOUND.
+	TemplateNames []string
 
 	root string // workspaces live in root/<key hex>
 
@@ -341,6 +343,37 @@ func (b *Backend) Events(ctx context.Context, f store.EventFilter) ([]store.Even
 		}
 	}
 	return out, nil
+}
+
+// Admit records a running run of key (or checks req.RunID), as Exec's implicit runs are recorded.
+func (b *Backend) Admit(ctx context.Context, key sandkeep.Key, req service.AdmitRequest) (*sandkeep.Run, error) {
+	if req.Template != "" && !slices.Contains(b.TemplateNames, req.Template) {
+		return nil, fault.New(fault.TemplateNotFound, "list the templates", "no template %q", req.Template)
+	}
+	id, err := b.runFor(key, sandkeep.ExecRequest{RunID: req.RunID})
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.runs[id]
+	return &sandkeep.Run{ID: r.ID, Tenant: r.Tenant, User: r.User, Mode: r.ResolvedMode, Source: r.Source, Trust: r.Trust,
+		Driver: r.Driver, Admission: r.Admission, Template: req.Template}, nil
+}
+
+// EndRun finishes run id.
+func (b *Backend) EndRun(ctx context.Context, id string, failed bool) error {
+	status := store.StatusSucceeded
+	if failed {
+		status = store.StatusFailed
+	}
+	b.FinishRun(id, status)
+	return nil
+}
+
+// Templates returns TemplateNames.
+func (b *Backend) Templates(ctx context.Context, tenant string) ([]string, error) {
+	return slices.Clone(b.TemplateNames), nil
 }
 
 // Ready returns ReadyErr.
