@@ -74,11 +74,12 @@ type Config struct {
 	Mounts          []string          // canonical "type=bind,source=...,target=...[,readonly]"; each passed guard.ParseMount at Parse
 	WorkspaceFolder string            // absolute, clean
 
-	pos map[string][2]int // line and column of the value each field was read from: "user", "mounts[i]" (i indexes Mounts)
+	pos map[string][2]int // line and column of the value each field was read from: "user" (and "remoteUser" or "containerUser", whichever gave it), "mounts[i]" (i indexes Mounts)
 }
 
 // Pos returns the 1-based line and column in the file of the value a field was read from: "user" (remoteUser,
-// else containerUser) or "mounts[i]" (the i-th of Mounts). 0, 0 when unknown (a Config made by hand).
+// else containerUser; "remoteUser" or "containerUser" answers only for the one that gave User) or "mounts[i]"
+// (the i-th of Mounts). 0, 0 when unknown (a Config made by hand).
 func (c *Config) Pos(field string) (line, col int) {
 	if c == nil {
 		return 0, 0

@@ -69,7 +69,7 @@ func TestConfigPos(t *testing.T) {
 	for _, tc := range []struct {
 		field     string
 		line, col int
-	}{{"user", 3, 20}, {"mounts[0]", 6, 5}, {"mounts[1]", 0, 0}, {"image", 0, 0}} {
+	}{{"user", 3, 20}, {"containerUser", 3, 20}, {"remoteUser", 0, 0}, {"mounts[0]", 6, 5}, {"mounts[1]", 0, 0}, {"image", 0, 0}} {
 		if l, c := cfg.Pos(tc.field); l != tc.line || c != tc.col {
 			t.Errorf("Pos(%q) = %d:%d; want %d:%d", tc.field, l, c, tc.line, tc.col)
 		}

@@ -134,10 +134,12 @@ func (p *parser) parse() *Config {
 	cfg.User = p.user(fields["remoteUser"])
 	if cfg.User != "" {
 		p.pos["user"] = fields["remoteUser"].val.StartOffset
+		p.pos["remoteUser"] = p.pos["user"]
 	}
 	if cfg.User == "" {
 		if cfg.User = p.user(fields["containerUser"]); cfg.User != "" {
 			p.pos["user"] = fields["containerUser"].val.StartOffset
+			p.pos["containerUser"] = p.pos["user"]
 		}
 	} else if m, ok := fields["containerUser"]; ok {
 		p.user(m) // still checked
