@@ -491,6 +491,12 @@ func (c *checker) workspaceFolder(w string) {
 // secretName is a secret's name: also a file name, so no slashes.
 var secretName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,255}$`)
 
+// ValidSecretName reports whether name may name a secret file: letters, digits, '.', '_' and '-', 1 to 255
+// bytes, and not "." or "..".
+func ValidSecretName(name string) bool {
+	return secretName.MatchString(name) && name != "." && name != ".."
+}
+
 func (c *checker) secretFiles(files []SecretFile) {
 	names := map[string]int{}
 	paths := map[string]int{}
@@ -503,7 +509,7 @@ func (c *checker) secretFiles(files []SecretFile) {
 		switch {
 		case sf.Name == "":
 			c.errorf(diag.SpecSecretFile, f+".name", "name the secret, e.g. name: npmrc", "%s has no name", f)
-		case !secretName.MatchString(sf.Name) || sf.Name == "." || sf.Name == "..":
+		case !ValidSecretName(sf.Name):
 			c.errorf(diag.SpecSecretFile, f+".name", "use letters, digits, '.', '_' and '-' only", "%s.name %q is not a valid secret name", f, sf.Name)
 		default:
 			if j, dup := names[sf.Name]; dup {
