@@ -162,7 +162,11 @@ func (c *repoCheck) mount(sb *spec.Sandbox, i int, root string) {
 		return
 	}
 	inRoot, whyRoot := false, "has no repository to be inside"
-	if root != "" {
+	switch why := rootRefused(root); {
+	case root == "":
+	case why != "":
+		whyRoot = "is taken as outside the repository because the repository root " + why
+	default:
 		inRoot, whyRoot = within(root, mt.source)
 	}
 	if !inRoot {
@@ -190,6 +194,22 @@ func (c *repoCheck) mount(sb *spec.Sandbox, i int, root string) {
 			"add readonly to the mount to silence this, or set repo_mounts_writable: true in the operator config to let repository mounts be writable",
 			"repository mount %s (source %q) is writable; it is made read-only", field, mt.source)
 	}
+}
+
+// rootRefused says why root may not stand for "inside the repository", or "": it must itself be a source the
+// mount guard would bind. A spec in a home directory (which holds .ssh) or at / would otherwise make every
+// file under it, ~/.bashrc included, "inside the repository".
+func rootRefused(root string) string {
+	if root == "" {
+		return ""
+	}
+	if why := sourceRefused(root); why != "" {
+		return "is refused by the mount guard: " + why
+	}
+	if _, err := os.Stat(root); err != nil {
+		return "cannot be read"
+	}
+	return ""
 }
 
 // within reports whether p, resolved, is base or beneath it, without following any link out of base: p is

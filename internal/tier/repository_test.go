@@ -290,6 +290,20 @@ func TestRepositorySymlinkToEtc(t *testing.T) {
 			t.Fatalf("want SK502 without a root; got %v", list)
 		}
 	})
+	t.Run("a repository root that is a home directory", func(t *testing.T) {
+		home := t.TempDir()
+		if err := os.Mkdir(filepath.Join(home, ".ssh"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(home, ".bashrc"), []byte("# rc\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sb := spec.Sandbox{Mounts: []string{"type=bind,source=" + filepath.Join(home, ".bashrc") + ",target=/opt/x,readonly"}}
+		list := Repository(&sb, home, op)
+		if len(list) != 1 || list[0].Code != diag.TierMountOutside || !strings.Contains(list[0].Message, "home directory") {
+			t.Fatalf("want SK502 naming the home directory; got %v", list)
+		}
+	})
 	t.Run("the repository itself", func(t *testing.T) {
 		sb := spec.Sandbox{Mounts: []string{"type=bind,source=" + fx.repo + ",target=/opt/x,readonly"}}
 		if list := Repository(&sb, fx.repo, op); len(list) != 0 {
