@@ -172,18 +172,21 @@ func (c *repoCheck) mount(sb *spec.Sandbox, i int, root string) {
 	if !inRoot {
 		allowed := false
 		for _, hp := range c.op.HostPaths {
+			if sourceRefused(hp) != "" {
+				continue // Validate reports it; a host path the guard refuses (/, a home) holds nothing
+			}
 			if ok, _ := within(hp, mt.source); ok {
 				allowed = true
 				break
 			}
 		}
 		if !allowed {
-			real := mt.source
+			resolved := mt.source
 			if r, err := filepath.EvalSymlinks(mt.source); err == nil {
-				real = r // host_paths must name where a link leads, not the link
+				resolved = r // host_paths must name where a link leads, not the link
 			}
 			c.add(diag.Error, diag.TierMountOutside, file, line, col, field,
-				fmt.Sprintf("bind a directory inside the repository, or add %s (or a directory above it) to host_paths in the operator config", real),
+				fmt.Sprintf("bind a directory inside the repository, or add %s (or a directory above it) to host_paths in the operator config", resolved),
 				"repository mount %s has source %q, which %s, and no operator host path (host_paths) holds it", field, mt.source, whyRoot)
 			return
 		}
@@ -238,7 +241,7 @@ func within(base, p string) (ok bool, why string) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return false, "does not exist inside the repository (a path that cannot be checked is refused)"
 		}
-		return false, "leaves the repository through a symbolic link"
+		return false, "resolves through a symbolic link that leaves the repository (or is absolute)"
 	}
 	rb, err1 := filepath.EvalSymlinks(base)
 	rp, err2 := filepath.EvalSymlinks(p)

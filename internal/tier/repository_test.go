@@ -141,6 +141,9 @@ func TestRepository(t *testing.T) {
 			{code: diag.TierMountOutside, field: "mounts[0]", hint: "host_paths", file: dc},
 		}},
 		{name: "mount-host-path", op: func(fx fixture, op *Operator) { op.HostPaths = []string{fx.outside} }},
+		{name: "mount-host-path-refused", dir: "mount-host-path", op: func(fx fixture, op *Operator) {
+			op.HostPaths = []string{"/"} // a host path the guard refuses holds nothing
+		}, want: []want{{code: diag.TierMountOutside, field: "sandbox.mounts[0]", hint: "host_paths", file: spec}}},
 		{name: "mount-host-path-file", dir: "mount-host-path", op: func(fx fixture, op *Operator) {
 			op.HostPaths = []string{filepath.Join(fx.outside, "other")} // a sibling does not cover it
 		}, want: []want{{code: diag.TierMountOutside, field: "sandbox.mounts[0]", hint: "host_paths", file: spec}}},
