@@ -6,7 +6,7 @@
 // (a symlink out of the repository is refused), every problem is a diag.Diagnostic with a SK2xx code and a
 // line and column, runArgs that ask for host power are refused, its mounts pass internal/guard, its
 // environment loses the deny class (DenyClass) in Fuse, and ${localEnv:...} never reads a deny-class variable
-// of the host.
+// of the host, nor one the operator did not list (Env.Listed, SK217).
 //
 // Fields read (everything else is ignored without a diagnostic, except the few listed under "warned"):
 //
@@ -53,9 +53,14 @@ const maxDiags = 100
 // and every value it expands lands in the sandbox. Deny-class names (DenyClass) are never looked up whatever
 // Lookup is. WorkspaceFolder is the repository root on the host (${localWorkspaceFolder}); build paths are
 // made relative to it.
+//
+// Listed, when set, says which names the operator lets a repository read (tier.Operator's local_env): a
+// ${localEnv:NAME} of a name it does not list is not looked up, expands to its default (or ""), and is a
+// SK217 warning. nil lists every name (Lookup alone decides).
 type Env struct {
 	Lookup          func(string) (string, bool)
 	WorkspaceFolder string
+	Listed          func(name string) bool
 }
 
 // Config is what sandkeep takes from one devcontainer.json, expanded and checked. Zero fields are unset.
@@ -68,6 +73,19 @@ type Config struct {
 	PostCreate      string            // a shell command line
 	Mounts          []string          // canonical "type=bind,source=...,target=...[,readonly]"; each passed guard.ParseMount at Parse
 	WorkspaceFolder string            // absolute, clean
+
+	pos map[string][2]int // line and column of the value each field was read from: "user" (and "remoteUser" or "containerUser", whichever gave it), "mounts[i]" (i indexes Mounts)
+}
+
+// Pos returns the 1-based line and column in the file of the value a field was read from: "user" (remoteUser,
+// else containerUser; "remoteUser" or "containerUser" answers only for the one that gave User) or "mounts[i]"
+// (the i-th of Mounts). 0, 0 when unknown (a Config made by hand).
+func (c *Config) Pos(field string) (line, col int) {
+	if c == nil {
+		return 0, 0
+	}
+	p := c.pos[field]
+	return p[0], p[1]
 }
 
 // Event is something Fuse did that an operator must be able to read afterwards. It never carries a value.

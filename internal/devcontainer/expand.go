@@ -74,8 +74,8 @@ func (p *parser) variable(at int, body string) (value string, ok, containerRef b
 	return "", false, false
 }
 
-// localEnv looks name up on the host, unless it is of the deny class: a repository must not be able to copy
-// the operator's credentials into the sandbox under a harmless name.
+// localEnv looks name up on the host, unless it is of the deny class (a repository must not be able to copy
+// the operator's credentials into the sandbox under a harmless name) or Env.Listed does not list it.
 func (p *parser) localEnv(at int, name, def string) string {
 	if name == "" {
 		return def
@@ -84,6 +84,12 @@ func (p *parser) localEnv(at int, name, def string) string {
 		p.warn(diag.DevcontainerLocalEnvDenied, at,
 			"a repository may not read such host variables; set the value in the spec's env, or a credential as a secret file",
 			"${localEnv:%s} names a host variable of the %s class; it is not read (the default, or \"\", is used)", short(name), class)
+		return def
+	}
+	if p.env.Listed != nil && !p.env.Listed(name) {
+		p.warn(diag.DevcontainerLocalEnvHidden, at,
+			"an operator lets a repository read a host variable by listing it in local_env in the operator config; or set the value in the spec's env",
+			"${localEnv:%s} is not listed by the operator (local_env); it is not read (the default, or \"\", is used)", short(name))
 		return def
 	}
 	if p.env.Lookup == nil {

@@ -29,7 +29,7 @@ import (
 // their meaning) and decoded by walking the value tree field by field, which is what gives every diagnostic,
 // wrong types included, the line and column of the value at fault.
 func Parse(path string, data []byte, env Env) (*Config, diag.List) {
-	p := &parser{file: path, src: data, env: env, containerWS: driver.WorkspaceDir}
+	p := &parser{file: path, src: data, env: env, containerWS: driver.WorkspaceDir, pos: map[string]int{}}
 	cfg := p.parse()
 	// In the file's order, for a reader going down it; the parse visits fields in a fixed order instead.
 	slices.SortStableFunc(p.list, func(a, b diag.Diagnostic) int {
@@ -47,6 +47,11 @@ func Parse(path string, data []byte, env Env) (*Config, diag.List) {
 		return nil, p.list
 	}
 	cfg.Path = path
+	cfg.pos = make(map[string][2]int, len(p.pos))
+	for field, off := range p.pos {
+		line, col := lineCol(p.src, off)
+		cfg.pos[field] = [2]int{line, col}
+	}
 	return cfg, p.list
 }
 
@@ -56,9 +61,10 @@ type parser struct {
 	src         []byte
 	env         Env
 	list        diag.List
-	dropped     int    // diagnostics past maxDiags, counted only
-	droppedErr  bool   // one of them was an error
-	containerWS string // ${containerWorkspaceFolder}: the file's workspaceFolder, else sandkeep's /workspace
+	dropped     int            // diagnostics past maxDiags, counted only
+	droppedErr  bool           // one of them was an error
+	containerWS string         // ${containerWorkspaceFolder}: the file's workspaceFolder, else sandkeep's /workspace
+	pos         map[string]int // byte offset of the value each field was read from (see Config.pos)
 }
 
 // member is one top-level field.
@@ -126,8 +132,15 @@ func (p *parser) parse() *Config {
 		}
 	}
 	cfg.User = p.user(fields["remoteUser"])
+	if cfg.User != "" {
+		p.pos["user"] = fields["remoteUser"].val.StartOffset
+		p.pos["remoteUser"] = p.pos["user"]
+	}
 	if cfg.User == "" {
-		cfg.User = p.user(fields["containerUser"])
+		if cfg.User = p.user(fields["containerUser"]); cfg.User != "" {
+			p.pos["user"] = fields["containerUser"].val.StartOffset
+			p.pos["containerUser"] = p.pos["user"]
+		}
 	} else if m, ok := fields["containerUser"]; ok {
 		p.user(m) // still checked
 	}
@@ -543,6 +556,7 @@ func (p *parser) mounts(m member) []string {
 			}
 		}
 		if c, ok := p.mount(e.StartOffset, s); ok {
+			p.pos[fmt.Sprintf("mounts[%d]", len(out))] = e.StartOffset
 			out = append(out, c)
 		}
 	}

@@ -1,6 +1,6 @@
 // Package diag is the typed diagnostic every parser and check of sandkeep reports: a stable code, where (file,
 // line, column), a sentence and a fix hint. Every diagnostic code is a constant here, grouped by hundreds:
-// SK1xx the spec file, SK2xx devcontainer.json, SK3xx network rules, SK4xx doctor's checks.
+// SK1xx the spec file, SK2xx devcontainer.json, SK3xx network rules, SK4xx doctor's checks, SK5xx trust tiers.
 package diag
 
 import (
@@ -29,9 +29,14 @@ type Diagnostic struct {
 	Column   int      `json:"column,omitempty"`
 	Message  string   `json:"message"`
 	Hint     string   `json:"hint,omitempty"`
+	// Tier and Field are set by the trust-tier checks (internal/tier): the tier that may not set the field
+	// ("repository"), and the field as the spec spells it ("sandbox.mounts[0]").
+	Tier  string `json:"tier,omitempty"`
+	Field string `json:"field,omitempty"`
 }
 
-// String is "file:line:col: SK101 error: message (hint: ...)".
+// String is "file:line:col: SK101 error: message (hint: ...)", with " [tier repository, field sandbox.user]"
+// before the hint when Tier or Field is set.
 func (d Diagnostic) String() string {
 	var b strings.Builder
 	if d.File != "" {
@@ -45,6 +50,14 @@ func (d Diagnostic) String() string {
 		b.WriteString(": ")
 	}
 	fmt.Fprintf(&b, "%s %s: %s", d.Code, d.Severity, d.Message)
+	switch {
+	case d.Tier != "" && d.Field != "":
+		fmt.Fprintf(&b, " [tier %s, field %s]", d.Tier, d.Field)
+	case d.Tier != "":
+		fmt.Fprintf(&b, " [tier %s]", d.Tier)
+	case d.Field != "":
+		fmt.Fprintf(&b, " [field %s]", d.Field)
+	}
 	if d.Hint != "" {
 		fmt.Fprintf(&b, " (hint: %s)", d.Hint)
 	}
@@ -138,4 +151,23 @@ const (
 	DevcontainerValue           Code = "SK214" // image or user empty or with spaces or control characters; postCreateCommand with control characters
 	DevcontainerUnreadable      Code = "SK215" // the file escapes the repository, is not a regular file, is too large or unreadable
 	DevcontainerTooMany         Code = "SK216" // more diagnostics than are shown (an error when one of them was)
+	DevcontainerLocalEnvHidden  Code = "SK217" // warning: ${localEnv:NAME} of a name not listed by the operator (local_env) is not read
+)
+
+// SK5xx: trust tiers, reported by internal/tier: what a repository's sandkeep.yaml or devcontainer.json set
+// that only the operator may. Each carries Tier and Field, and a hint naming the operator setting that
+// would allow it.
+const (
+	TierModeNone          Code = "SK500" // the repository asks for mode: none (no sandbox)
+	TierUser              Code = "SK501" // the repository sets the sandbox's user (uid:gid is the operator's)
+	TierMountOutside      Code = "SK502" // a repository mount whose source is outside the repository (or a link out of it) and not under an operator host path
+	TierMountWritable     Code = "SK503" // warning: a writable repository mount, made read-only (repo_mounts_writable is off)
+	TierSecretSource      Code = "SK504" // a repository secret_files entry with from_env or from_file (a source is the operator's)
+	TierSecretUnknown     Code = "SK505" // a repository secret_files entry names a secret the operator did not define
+	TierCredentialSource  Code = "SK506" // a repository network credential with from_env or hosts (value and hosts are the operator's)
+	TierCredentialUnknown Code = "SK507" // a repository network credential names a credential the operator did not define
+	TierNetworkOpen       Code = "SK508" // a repository network mode open or denylist, or a "**" rule (repo_network_open is off)
+	TierNetworkIPRule     Code = "SK509" // a repository network rule that is an IP address or CIDR (repo_network_ip_rules is off)
+	TierHostState         Code = "SK510" // the repository asks for host_state: auto (host state is the operator's to bind)
+	TierOperatorInvalid   Code = "SK511" // the operator's own tier settings are malformed (a secret name, a from_file, a host)
 )

@@ -68,6 +68,10 @@ func TestString(t *testing.T) {
 		{Diagnostic{Code: "SK112", Severity: Warning, File: "s.yaml", Line: 3, Message: "m"}, "s.yaml:3: SK112 warning: m"},
 		{Diagnostic{Code: "SK100", Severity: Error, File: "s.yaml", Message: "m"}, "s.yaml: SK100 error: m"},
 		{Diagnostic{Code: "SK301", Severity: Error, Message: "m"}, "SK301 error: m"},
+		{Diagnostic{Code: "SK501", Severity: Error, File: "s.yaml", Line: 2, Column: 3, Message: "m", Hint: "h", Tier: "repository", Field: "sandbox.user"},
+			"s.yaml:2:3: SK501 error: m [tier repository, field sandbox.user] (hint: h)"},
+		{Diagnostic{Code: "SK511", Severity: Error, Message: "m", Tier: "operator"}, "SK511 error: m [tier operator]"},
+		{Diagnostic{Code: "SK511", Severity: Error, Message: "m", Field: "secrets.x"}, "SK511 error: m [field secrets.x]"},
 	}
 	for _, tt := range tests {
 		if got := tt.d.String(); got != tt.want {

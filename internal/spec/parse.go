@@ -81,6 +81,7 @@ func Parse(path string, data []byte) (*File, diag.List) {
 	if c.list.HasErrors() {
 		return nil, c.list
 	}
+	f.pos = c.pos
 	return f, c.list
 }
 

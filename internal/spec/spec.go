@@ -2,6 +2,8 @@
 // and every problem is a diag.Diagnostic with a stable code, the file, the line and a fix hint.
 package spec
 
+import "gopkg.in/yaml.v3"
+
 // Modes. ModeInherit ("") defers to the next tier; only ModeAuto and ModeInline are active.
 const (
 	ModeInherit = ""
@@ -15,6 +17,22 @@ type File struct {
 	Path    string  // the file as given
 	Root    string  // its directory: the repository root, where devcontainer.json is looked up
 	Sandbox Sandbox // the `sandbox:` block
+
+	pos map[string]*yaml.Node // the node each field path was read from (see checker.pos); nil for a File made by hand
+}
+
+// Pos returns the 1-based line and column in the file where field (a path such as "sandbox.mounts[1]" or
+// "sandbox.network.credentials[0].hosts") was written, or of its nearest enclosing field that was; 0, 0 when
+// none was (a File not made by Parse, or a field the file does not set).
+func (f *File) Pos(field string) (line, col int) {
+	if f == nil {
+		return 0, 0
+	}
+	n := (&checker{pos: f.pos}).node(field)
+	if n == nil {
+		return 0, 0
+	}
+	return n.Line, n.Column
 }
 
 // Sandbox is what a sandbox should be. Zero fields are unset (the next source, or the default, decides).
@@ -49,7 +67,8 @@ type Resources struct {
 }
 
 // SecretFile is a secret delivered as a file on a tmpfs inside the sandbox, never as an environment variable.
-// Exactly one of FromEnv and FromFile names where the value comes from.
+// At most one of FromEnv and FromFile names where the value comes from; with neither, the entry refers to the
+// secret the operator defined under Name (a repository may only refer: see internal/tier).
 type SecretFile struct {
 	Name     string `yaml:"name" json:"name"`
 	Path     string `yaml:"path" json:"path"`
@@ -69,7 +88,9 @@ type Network struct {
 	Inspect     string              `yaml:"inspect" json:"inspect,omitempty"` // TLS inspection: auto | on | off
 }
 
-// NetworkCredential is a secret read on the host (from_env) that may go only to hosts.
+// NetworkCredential is a secret read on the host (from_env) that may go only to hosts. With only Name set
+// (FromEnv empty, Hosts nil), it refers to the credential the operator defined under Name (a repository may
+// only refer: see internal/tier).
 type NetworkCredential struct {
 	Name    string   `yaml:"name" json:"name"`         // the environment variable the sandbox sees the placeholder in
 	FromEnv string   `yaml:"from_env" json:"from_env"` // the host environment variable holding the value

@@ -287,3 +287,34 @@ func TestParseSecretMode(t *testing.T) {
 		}
 	}
 }
+
+// TestFilePos: a parsed File says where each field was written, falling back to the enclosing field.
+func TestFilePos(t *testing.T) {
+	data := []byte("sandbox:\n  user: \"1000\"\n  mounts:\n    - type=bind,source=/nonexistent-sk,target=/opt/x\n  network:\n    mode: allowlist\n    credentials:\n      - {name: A}\n")
+	f, list := Parse("sandkeep.yaml", data)
+	if f == nil {
+		t.Fatalf("parse: %v", diag.ListError(list))
+	}
+	for _, tc := range []struct {
+		name      string
+		field     string
+		line, col int
+	}{
+		{"scalar", "sandbox.user", 2, 9},
+		{"list item", "sandbox.mounts[0]", 4, 7},
+		{"nested", "sandbox.network.mode", 6, 11},
+		{"item of nested list", "sandbox.network.credentials[0]", 8, 9},
+		{"unset field falls back to its block", "sandbox.network.credentials[0].hosts", 8, 9},
+		{"unset top-level field falls back to the sandbox block", "sandbox.image", 2, 3},
+		{"not a field", "nothing", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if l, c := f.Pos(tc.field); l != tc.line || c != tc.col {
+				t.Errorf("Pos(%q) = %d:%d; want %d:%d", tc.field, l, c, tc.line, tc.col)
+			}
+		})
+	}
+	if l, c := (&File{}).Pos("sandbox.user"); l != 0 || c != 0 {
+		t.Errorf("a File made by hand has a position: %d:%d", l, c)
+	}
+}

@@ -491,6 +491,12 @@ func (c *checker) workspaceFolder(w string) {
 // secretName is a secret's name: also a file name, so no slashes.
 var secretName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,255}$`)
 
+// ValidSecretName reports whether name may name a secret file: letters, digits, '.', '_' and '-', 1 to 255
+// bytes, and not "." or "..".
+func ValidSecretName(name string) bool {
+	return secretName.MatchString(name) && name != "." && name != ".."
+}
+
 func (c *checker) secretFiles(files []SecretFile) {
 	names := map[string]int{}
 	paths := map[string]int{}
@@ -503,7 +509,7 @@ func (c *checker) secretFiles(files []SecretFile) {
 		switch {
 		case sf.Name == "":
 			c.errorf(diag.SpecSecretFile, f+".name", "name the secret, e.g. name: npmrc", "%s has no name", f)
-		case !secretName.MatchString(sf.Name) || sf.Name == "." || sf.Name == "..":
+		case !ValidSecretName(sf.Name):
 			c.errorf(diag.SpecSecretFile, f+".name", "use letters, digits, '.', '_' and '-' only", "%s.name %q is not a valid secret name", f, sf.Name)
 		default:
 			if j, dup := names[sf.Name]; dup {
@@ -546,11 +552,14 @@ func secretPath(p string) string {
 	return ""
 }
 
+// secretSource checks where a secret's value comes from. An entry with neither from_env nor from_file is a
+// reference to a secret the operator defined under that name (internal/tier resolves it); a source is the
+// operator's to give, and internal/tier refuses one from a repository.
 func (c *checker) secretSource(f string, sf SecretFile) {
-	const hint = "give exactly one of from_env: NAME (a variable of the caller's environment) and from_file: /abs/host/path"
+	const hint = "give at most one of from_env: NAME (a variable of the caller's environment) and from_file: /abs/host/path, or neither to use the operator's secret of that name"
 	switch {
 	case sf.FromEnv == "" && sf.FromFile == "":
-		c.errorf(diag.SpecSecretFile, f, hint, "%s says neither from_env nor from_file", f)
+		// a reference by name
 	case sf.FromEnv != "" && sf.FromFile != "":
 		c.errorf(diag.SpecSecretFile, f+".from_file", hint, "%s gives both from_env and from_file", f)
 	case sf.FromEnv != "":
@@ -653,6 +662,9 @@ func (c *checker) network(n *Network) {
 			c.errorf(diag.SpecNetwork, f+".name", "give each credential its own name", "%s.name %q is also the name of credentials[%d]", f, cr.Name, j)
 		}
 		names[cr.Name] = i
+		if cr.FromEnv == "" && cr.Hosts == nil {
+			continue // a reference to the operator's credential of that name (internal/tier resolves it)
+		}
 		if !credName.MatchString(cr.FromEnv) {
 			c.errorf(diag.SpecNetwork, f+".from_env", "name the host environment variable that holds the value, e.g. from_env: GH_TOKEN",
 				"%s.from_env %q is not an environment variable name", f, cr.FromEnv)

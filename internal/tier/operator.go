@@ -1,0 +1,226 @@
+// Package tier says what each tier of trust may set, and enforces it in one place. The operator (the server's
+// config file, the CLI's flags and environment, library Config) decides secret sources and credential values,
+// the host paths a repository may bind, and how far a repository may open the network: that is Operator. The
+// repository (sandkeep.yaml, devcontainer.json; it may be a stranger's pull request) may only name what the
+// operator defined and ask for what stays inside its envelope: Repository says what it may not set, as
+// diagnostics (SK5xx) that name the tier, the field and the operator setting that would allow it. The caller
+// tier (templates, narrower network blocks) is the admission pipeline's.
+//
+// The table this package enforces is docs/SECURITY.md's "Who may decide what".
+package tier
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"slices"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/sandkeep/sandkeep/internal/devcontainer"
+	"github.com/sandkeep/sandkeep/internal/diag"
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/spec"
+)
+
+// The tiers, as diag.Diagnostic.Tier spells them.
+const (
+	NameOperator   = "operator"
+	NameRepository = "repository"
+	NameCaller     = "caller"
+)
+
+// Operator is what the operator lets a repository use or ask for. Its zero value allows a repository nothing
+// beyond the repository-tier fields (image or build, env, post_create, tmpfs, read-only mounts inside the
+// repository, allowlist host rules): no secrets, no credentials, no host paths, no host variables.
+//
+// It is meant to be embedded in the operator's config file; its YAML keys are snake_case and a decoder with
+// KnownFields (ParseOperator) refuses unknown ones.
+type Operator struct {
+	// Secrets are the secret files a repository may ask for by name (secret_files: [{name: NAME, path: ...}]).
+	Secrets map[string]SecretSource `yaml:"secrets,omitempty" json:"secrets,omitempty"`
+	// Credentials are the network credentials a repository may ask for by name (credentials: [{name: NAME}]),
+	// each with the hosts the egress proxy may send it to.
+	Credentials map[string]CredentialSource `yaml:"credentials,omitempty" json:"credentials,omitempty"`
+	// HostPaths are host directories a repository mount may come from besides the repository itself.
+	HostPaths []string `yaml:"host_paths,omitempty" json:"host_paths,omitempty"`
+	// RepoMountsWritable lets a repository's mounts be writable; otherwise they are made read-only (SK503).
+	RepoMountsWritable bool `yaml:"repo_mounts_writable,omitempty" json:"repo_mounts_writable,omitempty"`
+	// LocalEnv lists the host variables a devcontainer.json's ${localEnv:NAME} may read (never the deny class).
+	LocalEnv []string `yaml:"local_env,omitempty" json:"local_env,omitempty"`
+	// RepoNetworkOpen lets a repository choose network mode open or denylist, or a "**" rule.
+	RepoNetworkOpen bool `yaml:"repo_network_open,omitempty" json:"repo_network_open,omitempty"`
+	// RepoNetworkIPRules lets a repository allow IP addresses and CIDRs, not only host names.
+	RepoNetworkIPRules bool `yaml:"repo_network_ip_rules,omitempty" json:"repo_network_ip_rules,omitempty"`
+
+	// LookupEnv reads the operator's environment for from_env sources; nil is os.LookupEnv. Tests inject it.
+	LookupEnv func(name string) (string, bool) `yaml:"-" json:"-"`
+}
+
+// SecretSource is where the operator's secret's value comes from: exactly one of FromEnv (a variable of
+// sandkeep's environment) and FromFile (an absolute host path, which must pass the mount guard's source rules).
+type SecretSource struct {
+	FromEnv  string `yaml:"from_env,omitempty" json:"from_env,omitempty"`
+	FromFile string `yaml:"from_file,omitempty" json:"from_file,omitempty"`
+}
+
+// CredentialSource is the operator's network credential: the variable of sandkeep's environment that holds
+// its value, and the egress rules of the hosts it may be sent to.
+type CredentialSource struct {
+	FromEnv string   `yaml:"from_env" json:"from_env"`
+	Hosts   []string `yaml:"hosts" json:"hosts"`
+}
+
+// MaxOperatorSize bounds ParseOperator's input.
+const MaxOperatorSize = 1 << 20
+
+// ParseOperator decodes an Operator from YAML strictly (unknown keys, a second document and aliases are
+// errors) and returns it with Validate's diagnostics. The error is set when the YAML cannot be decoded; the
+// diagnostics may still hold errors (use List.Err).
+func ParseOperator(data []byte) (op Operator, list diag.List, err error) {
+	if len(data) > MaxOperatorSize {
+		return Operator{}, nil, fmt.Errorf("operator tier settings: larger than %d bytes", MaxOperatorSize)
+	}
+	defer func() {
+		if r := recover(); r != nil { // yaml.v3 has panicked on hostile input before
+			op, list, err = Operator{}, nil, errors.New("operator tier settings: cannot be parsed as YAML")
+		}
+	}()
+	if bytes.Contains(data, []byte("*")) {
+		var n yaml.Node
+		if yaml.Unmarshal(data, &n) == nil && hasAlias(&n) {
+			return Operator{}, nil, errors.New("operator tier settings: YAML aliases are not supported")
+		}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&op); err != nil && !errors.Is(err, io.EOF) {
+		return Operator{}, nil, fmt.Errorf("operator tier settings: %w", err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return Operator{}, nil, errors.New("operator tier settings: more than one YAML document")
+	}
+	return op, op.Validate(), nil
+}
+
+func hasAlias(n *yaml.Node) bool {
+	if n.Kind == yaml.AliasNode {
+		return true
+	}
+	return slices.ContainsFunc(n.Content, hasAlias)
+}
+
+// Validate checks the operator's own values: secret and credential names, that each secret has exactly one
+// source, that from_env names are environment variable names, that from_file paths and host_paths pass the
+// mount guard's source rules (a path that does not exist yet is not an error here: it is checked again when
+// used), that each credential has hosts that are valid, non-negated egress rules, and that local_env holds
+// variable names. Each problem is a SK511 error with Tier "operator" and the field (secrets.NAME.from_file).
+func (op Operator) Validate() diag.List {
+	var list diag.List
+	add := func(sev diag.Severity, field, hint, format string, args ...any) {
+		list = append(list, diag.Diagnostic{Code: diag.TierOperatorInvalid, Severity: sev, Tier: NameOperator, Field: field,
+			Message: "operator setting " + field + ": " + fmt.Sprintf(format, args...), Hint: hint})
+	}
+	for _, name := range sortedKeys(op.Secrets) {
+		src, f := op.Secrets[name], "secrets."+name
+		if !spec.ValidSecretName(name) {
+			add(diag.Error, f, "name secrets with letters, digits, '.', '_' and '-' only", "%q is not a valid secret name", name)
+		}
+		const oneHint = "give exactly one of from_env: VAR and from_file: /abs/host/path"
+		switch {
+		case src.FromEnv == "" && src.FromFile == "":
+			add(diag.Error, f, oneHint, "gives neither from_env nor from_file")
+		case src.FromEnv != "" && src.FromFile != "":
+			add(diag.Error, f, oneHint, "gives both from_env and from_file")
+		case src.FromEnv != "":
+			if !spec.ValidCredentialName(src.FromEnv) {
+				add(diag.Error, f+".from_env", "name a variable of sandkeep's environment, e.g. from_env: NPM_RC", "%q is not an environment variable name", src.FromEnv)
+			}
+		default:
+			if why := sourceRefused(src.FromFile); why != "" {
+				add(diag.Error, f+".from_file", "name a regular file outside credential directories, by an absolute, clean path", "%s", why)
+			}
+		}
+	}
+	for _, name := range sortedKeys(op.Credentials) {
+		cr, f := op.Credentials[name], "credentials."+name
+		if !spec.ValidCredentialName(name) {
+			add(diag.Error, f, "name it like an environment variable, e.g. GITHUB_TOKEN", "%q is not an environment variable name", name)
+		}
+		if !spec.ValidCredentialName(cr.FromEnv) {
+			add(diag.Error, f+".from_env", "name the variable of sandkeep's environment that holds the value, e.g. from_env: GH_TOKEN", "%q is not an environment variable name", cr.FromEnv)
+		}
+		if len(cr.Hosts) == 0 {
+			add(diag.Error, f+".hosts", "list the hosts it may be sent to, e.g. hosts: [api.github.com]", "names no host: the credential could go nowhere")
+		}
+		for i, h := range cr.Hosts {
+			hf := fmt.Sprintf("%s.hosts[%d]", f, i)
+			if _, err := egress.ParseRule(h); err != nil {
+				var re *egress.RuleError
+				hint := "write a host rule such as api.github.com or **.github.com"
+				if errors.As(err, &re) && re.Hint != "" {
+					hint = re.Hint
+				}
+				add(diag.Error, hf, hint, "%q is not a valid egress rule", h)
+			} else if strings.HasPrefix(h, "!") {
+				add(diag.Error, hf, "list only the hosts it may go to", "%q is negated", h)
+			}
+		}
+	}
+	for i, p := range op.HostPaths {
+		f := fmt.Sprintf("host_paths[%d]", i)
+		if why := sourceRefused(p); why != "" {
+			add(diag.Error, f, "give an absolute, clean host directory that holds only what sandboxes may see", "%s", why)
+		}
+	}
+	for i, name := range op.LocalEnv {
+		f := fmt.Sprintf("local_env[%d]", i)
+		switch {
+		case !spec.ValidCredentialName(name):
+			add(diag.Error, f, "list variable names, e.g. local_env: [NODE_VERSION]", "%q is not an environment variable name", name)
+		case devcontainer.DenyClass(name) != "":
+			add(diag.Warning, f, "remove it: pass such a value as a secret or credential instead",
+				"%s is of the %s deny class, which a repository never reads whatever local_env says", name, devcontainer.DenyClass(name))
+		}
+	}
+	return list
+}
+
+// sourceRefused says why p may not be read or bound from the host, by the mount guard's source rules, or "".
+// A path that does not exist is not refused here (it is checked again when it is used).
+func sourceRefused(p string) string {
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		return fmt.Sprintf("%q is not an absolute, clean path", p)
+	}
+	err := guard.CheckMount(driver.Mount{Source: p, Target: secretSourceTarget, ReadOnly: true})
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return ""
+	}
+	var fe *fault.Error
+	if errors.As(err, &fe) {
+		return fe.Message
+	}
+	return err.Error()
+}
+
+// secretSourceTarget is the target the guard checks a secret's source file against: a secret is never
+// bound, but its source must be one that could be.
+const secretSourceTarget = "/run/secrets-source"
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
