@@ -43,19 +43,20 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 		return nil, err
 	}
 	r.sb, r.root = f.Sandbox, f.Root
+	src := tier.Sources{Spec: f}
 	if r.sb.Image == "" && r.sb.Build == nil {
-		env := devcontainer.Env{Lookup: m.cfg.Repository.LocalEnvLookup(os.LookupEnv)}
-		dc, list, found := devcontainer.Load(f.Root, env)
+		dc, list, found := devcontainer.Load(f.Root, m.cfg.Repository.DevcontainerEnv(os.LookupEnv, f.Root))
 		if found {
 			if err := r.take(list, "devcontainer.json"); err != nil {
 				return nil, err
 			}
 			var denied []devcontainer.Event
 			r.sb, denied = devcontainer.Fuse(dc, &r.sb, nil)
+			src.Devcontainer = dc
 			r.denied = deniedEvent(denied)
 		}
 	}
-	if list := tier.Repository(&r.sb, r.root, m.cfg.Repository); list.HasErrors() {
+	if list := tier.RepositoryFrom(&r.sb, r.root, m.cfg.Repository, src); list.HasErrors() {
 		return nil, fault.New(fault.TierRefused, "the repository's files may only ask for what the operator allows; see the hints",
 			"the repository asks for what only the operator may set:\n%s", lines(list))
 	} else if err := r.take(list, path); err != nil {

@@ -220,8 +220,9 @@ func (c serverConfig) check(path string) error {
 	if c.Files.MaxTarEntries < 0 {
 		return bad("files.max_tar_entries cannot be negative")
 	}
-	if err := c.Operator.Validate(); err != nil {
-		return err
+	if list := c.Operator.Validate(); list.HasErrors() {
+		return fault.New(fault.InvalidArgument, "fix the operator settings above (docs/SECURITY.md, \"Who may decide what\")",
+			"server config %s:\n%s", path, list.Err())
 	}
 	return nil
 }

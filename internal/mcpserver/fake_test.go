@@ -124,3 +124,12 @@ func (b *fakeBackend) Events(ctx context.Context, f store.EventFilter) ([]store.
 	return nil, errors.New("fake: unused")
 }
 func (b *fakeBackend) Ready(ctx context.Context) error { return nil }
+
+// The run and template routes belong to the HTTP API; the tools never call them.
+func (b *fakeBackend) Admit(context.Context, sandkeep.Key, service.AdmitRequest) (*sandkeep.Run, error) {
+	return nil, fault.New(fault.Internal, "", "the MCP tools do not admit runs directly")
+}
+func (b *fakeBackend) EndRun(context.Context, string, bool) error {
+	return fault.New(fault.Internal, "", "the MCP tools do not end runs")
+}
+func (b *fakeBackend) Templates(context.Context, string) ([]string, error) { return nil, nil }

@@ -45,6 +45,7 @@ type ExecInput struct {
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"seconds before the command and every process it started are killed (timed_out is then true and exit_code 124); 1 to 3600, default 120"`
 	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables added for this command only, name to value; at most 256"`
 	Stdin          string            `json:"stdin,omitempty" jsonschema:"text given to the command on its standard input (default: none, it reads end of file); at most 1 MiB"`
+	Template       string            `json:"template,omitempty" jsonschema:"the sandbox template to run in, one the operator offers this session (default: the session's own); another template recycles the sandbox"`
 }
 
 // ExecOutput is the exec tool's result. A non-zero exit code is a normal result, not a tool error.
@@ -359,12 +360,13 @@ func execRequest(in ExecInput, outputLimit int64) (sandkeep.ExecRequest, error) 
 		return invalid("write large input to a file with write_file and redirect it (< file)",
 			"stdin is %d bytes long, over the limit of %d", len(in.Stdin), MaxStdinBytes)
 	}
-	req := sandkeep.ExecRequest{Argv: argv, Workdir: in.Workdir, Env: env,
+	req := sandkeep.ExecRequest{Argv: argv, Workdir: in.Workdir, Env: env, Template: in.Template,
 		Timeout: time.Duration(timeout) * time.Second, OutputLimit: outputLimit}
 	if in.Stdin != "" {
 		req.Stdin = strings.NewReader(in.Stdin)
 	}
-	return req, nil
+	// The one validator every entry point shares; the bounds above are the tool's own, tighter ones.
+	return req, sandkeep.CheckExecWithin(req, 0, 0)
 }
 
 // checkPath bounds a path before it reaches the workspace, which confines it.
