@@ -90,7 +90,9 @@ func (s *Service) EndRun(ctx context.Context, id string, failed bool) error {
 }
 
 // Templates lists the templates tenant may use.
-func (s *Service) Templates(_ context.Context, tenant string) ([]string, error) { return s.m.Templates(tenant), nil }
+func (s *Service) Templates(_ context.Context, tenant string) ([]string, error) {
+	return s.m.Templates(tenant), nil
+}
 
 // List returns tenant's sandboxes.
 func (s *Service) List(ctx context.Context, tenant string) ([]sandkeep.Sandbox, error) {
