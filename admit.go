@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/build"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -98,29 +99,11 @@ func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
 	if rr.RunID != "" {
 		return m.attach(ctx, rr)
 	}
-	trust, err := parseTrust(rr.Trust)
+	a, err := m.decide(ctx, rr)
 	if err != nil {
 		return nil, err
 	}
-	tpl, err := m.template(rr.Key.Tenant, rr.Template)
-	if err != nil {
-		return nil, err
-	}
-	repo, err := m.loadRepository(m.specFor(rr.Spec, tpl))
-	if err != nil {
-		return nil, err
-	}
-	mode, err := policy.ResolveMode(policy.ModeInputs{CLI: rr.Mode, Spec: repo.sb.Mode,
-		SpecNamesImage: repo.sb.Image != "" || repo.sb.Build != nil, Env: m.cfg.SandboxDefault})
-	if err != nil {
-		return nil, err
-	}
-	in := policy.DecideInputs{Mode: mode, Trust: policy.Trust(trust), SpecHasSecretFiles: len(repo.sb.SecretFiles) > 0}
-	if mode.Mode != spec.ModeNone {
-		in.Selected, in.Obstacle = m.selector.Select(ctx, m.kind, rr.Driver, m.drivers.candidates())
-	}
-	d := policy.Decide(in)
-
+	trust, tpl, repo, mode, d := a.trust, a.tpl, a.repo, a.mode, a.d
 	r := &Run{Tenant: rr.Key.Tenant, User: rr.Key.User, Mode: mode.Mode, Source: string(mode.Source), Trust: trust,
 		Driver: d.Driver, Admission: store.AdmissionAdmitted, Template: tpl.name(), Warnings: repo.warnings,
 		Notice: d.CLILine, m: m, key: rr.Key, caller: rr.Caller, owned: true, onEvent: rr.OnEvent}
@@ -145,6 +128,105 @@ func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
 	}
 	return r, nil
 }
+
+// admission is what Admit decided before it records anything.
+type admission struct {
+	trust string
+	tpl   *template
+	repo  *repository
+	mode  policy.Resolution
+	d     policy.Decision
+}
+
+// decide gathers the tiers' inputs, resolves the mode, selects the driver and decides. It records and creates
+// nothing: Admit and Plan share it.
+func (m *Manager) decide(ctx context.Context, rr RunRequest) (*admission, error) {
+	trust, err := parseTrust(rr.Trust)
+	if err != nil {
+		return nil, err
+	}
+	tpl, err := m.template(rr.Key.Tenant, rr.Template)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := m.loadRepository(m.specFor(rr.Spec, tpl))
+	if err != nil {
+		return nil, err
+	}
+	mode, err := policy.ResolveMode(policy.ModeInputs{CLI: rr.Mode, Spec: repo.sb.Mode,
+		SpecNamesImage: repo.sb.Image != "" || repo.sb.Build != nil, Env: m.cfg.SandboxDefault})
+	if err != nil {
+		return nil, err
+	}
+	in := policy.DecideInputs{Mode: mode, Trust: policy.Trust(trust), SpecHasSecretFiles: len(repo.sb.SecretFiles) > 0}
+	if mode.Mode != spec.ModeNone {
+		in.Selected, in.Obstacle = m.selector.Select(ctx, m.kind, rr.Driver, m.drivers.candidates())
+	}
+	return &admission{trust: trust, tpl: tpl, repo: repo, mode: mode, d: policy.Decide(in)}, nil
+}
+
+// RepositorySpec is a repository's sandbox block as admission sees it: sandkeep.yaml fused with
+// devcontainer.json and checked against the operator's RepositoryPolicy.
+type RepositorySpec = spec.Sandbox
+
+// DriverCapabilities are the optional things a driver can do (build, host binds, network policy, ...).
+type DriverCapabilities = driver.Capabilities
+
+// Plan is what admission would decide for a run, with nothing recorded, created or run: doctor's view.
+type Plan struct {
+	Mode, Source, ModeNote string
+	Trust                  string
+	Driver                 string // the driver a run would use; "" when it would be refused
+	Sandboxed              bool   // Driver isolates commands (false for the host passthrough)
+	Refusal                error  // why the run would be refused; nil when it would run
+	Notice                 string // the loud line a degraded run prints
+	Capabilities           DriverCapabilities
+	Template               string
+	Spec                   RepositorySpec // the repository's block, fused and checked
+	Root                   string         // the repository root; "" without a spec
+	Warnings               []string
+}
+
+// Plan decides as Admit would for rr, and records, creates and runs nothing. An input that is not understood,
+// or a repository that asks for what it may not, is its error; a refusal of the verdict is Plan.Refusal.
+func (m *Manager) Plan(ctx context.Context, rr RunRequest) (*Plan, error) {
+	a, err := m.decide(ctx, rr)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Mode: a.mode.Mode, Source: string(a.mode.Source), ModeNote: a.mode.Note, Trust: a.trust,
+		Driver: a.d.Driver, Sandboxed: a.d.Action == policy.RunSandboxed, Notice: a.d.CLILine, Template: a.tpl.name(),
+		Spec: a.repo.sb, Root: a.repo.root, Warnings: a.repo.warnings}
+	if a.d.Action == policy.Refuse {
+		p.Driver, p.Refusal = "", a.d.Err
+		return p, nil
+	}
+	if d, err := m.drivers.get(a.d.Driver); err == nil {
+		p.Capabilities = d.Capabilities()
+	}
+	return p, nil
+}
+
+// DriverStatus is one offered driver and whether it is usable here.
+type DriverStatus struct {
+	Name string
+	Err  error // nil: usable
+}
+
+// Drivers probes the offered drivers of this host kind's preference order, best first.
+func (m *Manager) Drivers(ctx context.Context) []DriverStatus {
+	cands := m.drivers.candidates()
+	var out []DriverStatus
+	for _, name := range policy.Preference(m.kind) {
+		if c, ok := cands[name]; ok {
+			out = append(out, DriverStatus{Name: name, Err: c.Probe(ctx)})
+		}
+	}
+	return out
+}
+
+// HostKind is the kind of host this Manager chose drivers for: local or cloud.
+func (m *Manager) HostKind() string { return string(m.kind) }
 
 // attach opens the running run rr.RunID for more commands: it must be key's, running, and admitted to a driver
 // that is still offered. It keeps its recorded mode, trust and driver; the spec and template give its shape.

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/bench"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -146,6 +147,7 @@ func runBench(ctx context.Context, g *globals, opts bench.Options) (_ bench.Repo
 	if cfg.Image == "" {
 		cfg.Image = sandkeep.DefaultImage
 	}
+	cfg.Drivers = []sandkeep.DriverOption{drivers.Docker()} // sandkeep against raw Docker: Docker only
 	home, err := os.MkdirTemp("", "sandkeep-bench-")
 	if err != nil {
 		return bench.Report{}, fault.Wrap(err, fault.Internal, "check that the temporary directory is writable", "create a temporary home: %v", err)

@@ -4,21 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
-	"github.com/sandkeep/sandkeep/internal/devcontainer"
-	"github.com/sandkeep/sandkeep/internal/diag"
 	"github.com/sandkeep/sandkeep/internal/doctor"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
-	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
@@ -70,64 +67,54 @@ func newDoctor(g *globals) *cobra.Command {
 
 // doctorState carries what earlier checks found to later ones.
 type doctorState struct {
-	sb       spec.Sandbox
-	mode     policy.Resolution
-	selected policy.Selection
-	docker   *docker.Driver
+	m      *sandkeep.Manager // opened by the first check; nil when the operator's config is refused
+	plan   *sandkeep.Plan    // what admission would decide
+	docker *docker.Driver
 }
 
+// doctorChecks are doctor's checks. They ask the library's admission (Manager.Plan) what a run would get, so
+// that doctor and every entry point agree by construction.
 func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 	st := &doctorState{}
 	checks := []doctor.Check{
-		{Name: "host kind", Run: func(context.Context) doctor.Result {
-			kind, err := policy.HostKind(os.Getenv)
+		{Name: "host kind", Run: func(ctx context.Context) doctor.Result {
+			m, err := g.open(ctx)
 			if err != nil {
 				return fail(err)
 			}
-			return doctor.Result{Status: doctor.Pass, Detail: string(kind)}
+			st.m = m
+			return doctor.Result{Status: doctor.Pass, Detail: m.HostKind()}
 		}},
-		{Name: "spec resolves", Run: func(context.Context) doctor.Result { return st.loadSpec(g, pf) }},
+		{Name: "spec resolves", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.planRun(ctx, pf) }},
 		{Name: "mode", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
-			res, err := policy.ResolveMode(policy.ModeInputs{CLI: pf.sandbox, Spec: st.sb.Mode,
-				SpecNamesImage: st.sb.Image != "" || st.sb.Build != nil, Env: os.Getenv("SANDKEEP_SANDBOX_DEFAULT")})
-			if err != nil {
-				return fail(err)
-			}
-			st.mode = res
-			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s, from %s (%s)", res.Mode, res.Source, res.Note)}
+			p := st.plan
+			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s, from %s (%s)", p.Mode, p.Source, p.ModeNote)}
 		}},
 		{Name: "docker", Run: func(ctx context.Context) doctor.Result { return st.probeDocker(ctx, g) }},
-		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return listDrivers(ctx, g) }},
-		{Name: "driver", Needs: []string{"host kind", "mode"}, Run: func(ctx context.Context) doctor.Result {
-			return st.chooseDriver(ctx, g, pf)
-		}},
+		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.listDrivers(ctx) }},
+		{Name: "driver", Needs: []string{"mode"}, Run: func(context.Context) doctor.Result { return st.chooseDriver() }},
 	}
 	if !strict {
 		return checks
 	}
 	return append(checks,
-		doctor.Check{Name: "spec supported", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
-			if err := unsupported(st.sb); err != nil {
-				return fail(err)
-			}
-			return doctor.Result{Status: doctor.Pass, Detail: "every field it sets can be applied"}
-		}},
 		doctor.Check{Name: "mounts pass the guard", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
-			for _, m := range st.sb.Mounts {
+			for _, m := range st.plan.Spec.Mounts {
 				if _, err := guard.ParseMount(m); err != nil {
 					return fail(err)
 				}
 			}
-			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%d mount(s)", len(st.sb.Mounts))}
+			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%d mount(s)", len(st.plan.Spec.Mounts))}
 		}},
 		doctor.Check{Name: "network rules parse", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
-			if st.sb.Network == nil {
+			n := st.plan.Spec.Network
+			if n == nil {
 				return doctor.Result{Status: doctor.Pass, Detail: "no network block: no network at all"}
 			}
-			if _, errs := egress.ParseRules(st.sb.Network.Rules); len(errs) > 0 {
+			if _, errs := egress.ParseRules(n.Rules); len(errs) > 0 {
 				return doctor.Result{Status: doctor.Fail, Detail: errs[0].Error(), Fix: errs[0].Hint}
 			}
-			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%d rule(s)", len(st.sb.Network.Rules))}
+			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%d rule(s)", len(n.Rules))}
 		}},
 		doctor.Check{Name: "image present without pulling", Needs: []string{"docker", "spec resolves"}, Run: func(ctx context.Context) doctor.Result {
 			return st.checkImage(ctx, g)
@@ -138,69 +125,30 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 	)
 }
 
+// planRun asks admission what a run with these flags would get.
+func (st *doctorState) planRun(ctx context.Context, pf policyFlags) doctor.Result {
+	key, _ := sandkeep.NewKey("doctor", "doctor")
+	p, err := st.m.Plan(ctx, pf.request(key, io.Discard))
+	if err != nil {
+		return fail(err)
+	}
+	st.plan = p
+	detail := "no spec (--spec or SANDKEEP_SPEC): defaults apply"
+	if p.Root != "" {
+		detail = "the repository at " + p.Root
+	}
+	if len(p.Warnings) > 0 {
+		return doctor.Result{Status: doctor.Warn, Detail: fmt.Sprintf("%s (%d warning(s): %s)", detail, len(p.Warnings), strings.Join(p.Warnings, "; "))}
+	}
+	return doctor.Result{Status: doctor.Pass, Detail: detail}
+}
+
 func fail(err error) doctor.Result {
 	var fe *fault.Error
 	if errors.As(err, &fe) {
 		return doctor.Result{Status: doctor.Fail, Detail: string(fe.Code) + ": " + fe.Message, Fix: fe.Hint}
 	}
 	return doctor.Result{Status: doctor.Fail, Detail: err.Error()}
-}
-
-func (st *doctorState) loadSpec(g *globals, pf policyFlags) doctor.Result {
-	path := pf.spec
-	if path == "" {
-		path = os.Getenv("SANDKEEP_SPEC")
-	}
-	if path == "" {
-		return doctor.Result{Status: doctor.Pass, Detail: "no spec (--spec or SANDKEEP_SPEC): defaults apply"}
-	}
-	f, list := spec.Load(path)
-	if r, bad := diagResult(list, path); bad {
-		return r
-	}
-	st.sb = f.Sandbox
-	detail := path
-	if st.sb.Image == "" && st.sb.Build == nil {
-		dc, list, found := devcontainer.Load(f.Root, devcontainer.Env{Lookup: os.LookupEnv})
-		if found {
-			if r, bad := diagResult(list, "devcontainer.json"); bad {
-				return r
-			}
-			st.sb, _ = devcontainer.Fuse(dc, &st.sb, nil)
-			detail += " + " + dc.Path
-		}
-	}
-	if warns := countWarnings(list); warns > 0 {
-		return doctor.Result{Status: doctor.Warn, Detail: fmt.Sprintf("%s (%d warning(s))", detail, warns)}
-	}
-	return doctor.Result{Status: doctor.Pass, Detail: detail}
-}
-
-func diagResult(list diag.List, what string) (doctor.Result, bool) {
-	if !list.HasErrors() {
-		return doctor.Result{}, false
-	}
-	var lines []string
-	hint := ""
-	for _, d := range list {
-		if d.Severity == diag.Error {
-			lines = append(lines, d.String())
-			if hint == "" {
-				hint = d.Hint
-			}
-		}
-	}
-	return doctor.Result{Status: doctor.Fail, Detail: what + ": " + strings.Join(lines, "; "), Fix: hint}, true
-}
-
-func countWarnings(list diag.List) int {
-	n := 0
-	for _, d := range list {
-		if d.Severity == diag.Warning {
-			n++
-		}
-	}
-	return n
 }
 
 func (st *doctorState) probeDocker(ctx context.Context, g *globals) doctor.Result {
@@ -219,31 +167,36 @@ func (st *doctorState) probeDocker(ctx context.Context, g *globals) doctor.Resul
 	return doctor.Result{Status: doctor.Pass, Detail: v}
 }
 
-func (st *doctorState) chooseDriver(ctx context.Context, g *globals, pf policyFlags) doctor.Result {
-	if st.mode.Mode == spec.ModeNone {
-		return doctor.Result{Status: doctor.Pass, Detail: "mode none: commands run on the host (no driver)"}
-	}
-	kind, _ := policy.HostKind(os.Getenv)
-	sel, obstacle := policy.Shared().Select(ctx, kind, pf.driver, candidates(g))
-	st.selected = sel
+func (st *doctorState) chooseDriver() doctor.Result {
+	p := st.plan
 	switch {
-	case obstacle != nil && sel.Driver == "":
-		return fail(obstacle)
-	case !sel.Sandboxing && st.mode.Mode == spec.ModeInline:
-		return doctor.Result{Status: doctor.Fail, Detail: "no sandboxing driver; mode inline refuses every run",
-			Fix: "start a container engine (scripts/docker-up.sh)"}
-	case !sel.Sandboxing:
+	case p.Mode == spec.ModeNone && p.Refusal == nil:
+		return doctor.Result{Status: doctor.Pass, Detail: "mode none: commands run on the host (no driver)"}
+	case p.Refusal != nil:
+		return fail(p.Refusal)
+	case !p.Sandboxed:
 		return doctor.Result{Status: doctor.Warn, Detail: "no sandboxing driver; mode auto would run commands on the HOST",
 			Fix: "start a container engine (scripts/docker-up.sh), or use --sandbox inline to refuse instead"}
 	}
-	return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s; capabilities: %s", sel.Driver, capabilities(sel.Driver))}
+	return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s; capabilities: %s", p.Driver, capabilities(p.Capabilities))}
 }
 
-func capabilities(name string) string {
-	if name == sandkeep.DriverHost {
+// capabilities says what a driver's Capabilities offer, in words.
+func capabilities(c sandkeep.DriverCapabilities) string {
+	var have []string
+	for _, f := range []struct {
+		ok   bool
+		what string
+	}{{c.Build, "build"}, {c.HostBinds, "host binds"}, {c.NetworkPolicy, "network policy"},
+		{c.Persistent, "persistent sandboxes"}, {c.Channel, "agent channel"}} {
+		if f.ok {
+			have = append(have, f.what)
+		}
+	}
+	if len(have) == 0 {
 		return "none (no isolation)"
 	}
-	return "build, host binds, persistent sandboxes, agent channel; no network policy yet"
+	return strings.Join(have, ", ")
 }
 
 func (st *doctorState) checkImage(ctx context.Context, g *globals) doctor.Result {
@@ -251,10 +204,10 @@ func (st *doctorState) checkImage(ctx context.Context, g *globals) doctor.Result
 	if err != nil {
 		return fail(err)
 	}
-	if b := st.sb.Build; b != nil {
+	if b := st.plan.Spec.Build; b != nil {
 		return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("built from %s when a run needs it (the context is checked then)", b.Dockerfile)}
 	}
-	image := st.sb.Image
+	image := st.plan.Spec.Image
 	if image == "" {
 		image = c.Image
 	}
@@ -272,19 +225,32 @@ func (st *doctorState) checkImage(ctx context.Context, g *globals) doctor.Result
 	return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s (%s)", image, id[:min(len(id), 19)])}
 }
 
+// checkCapabilities reads the chosen driver's Capabilities against what the spec asks for.
 func (st *doctorState) checkCapabilities() doctor.Result {
-	if st.selected.Driver != sandkeep.DriverDocker {
-		if len(st.sb.SecretFiles) > 0 {
+	p, sb := st.plan, st.plan.Spec
+	if !p.Sandboxed {
+		if len(sb.SecretFiles) > 0 {
 			return doctor.Result{Status: doctor.Fail, Detail: "the spec has secret files; the host passthrough cannot deliver them",
 				Fix: "make a sandboxing driver available"}
 		}
 		return doctor.Result{Status: doctor.Pass, Detail: "nothing to check without a sandboxing driver"}
 	}
-	if n := st.sb.Network; n != nil && n.Mode != "" && n.Mode != "none" {
-		return doctor.Result{Status: doctor.Fail, Detail: "network mode " + n.Mode + " needs network policy, which the docker driver does not enforce yet",
-			Fix: "remove the network block (no network at all)"}
+	c := p.Capabilities
+	var missing []string
+	if n := sb.Network; n != nil && n.Mode != "" && n.Mode != "none" && !c.NetworkPolicy {
+		missing = append(missing, "network mode "+n.Mode+" needs network policy")
 	}
-	return doctor.Result{Status: doctor.Pass, Detail: "the docker driver covers the spec"}
+	if sb.Build != nil && !c.Build {
+		missing = append(missing, "build: needs a driver that builds images")
+	}
+	if len(sb.Mounts) > 0 && !c.HostBinds {
+		missing = append(missing, "mounts need host binds")
+	}
+	if len(missing) > 0 {
+		return doctor.Result{Status: doctor.Fail, Detail: fmt.Sprintf("the %s driver cannot: %s", p.Driver, strings.Join(missing, "; ")),
+			Fix: "use a driver that can (--driver), or remove those fields"}
+	}
+	return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("the %s driver covers the spec", p.Driver)}
 }
 
 // preflight runs doctor's strict battery before a command (SANDKEEP_PREFLIGHT=1) and refuses on any failure.
@@ -302,21 +268,15 @@ func preflight(ctx context.Context, g *globals, pf policyFlags) error {
 		"preflight checks failed: %s", strings.Join(failed, "; "))
 }
 
-// listDrivers probes every driver of the host kind's preference order and says which answer.
-func listDrivers(ctx context.Context, g *globals) doctor.Result {
-	kind, _ := policy.HostKind(os.Getenv)
-	cands := candidates(g)
+// listDrivers probes every offered driver of the host kind's preference order and says which answer.
+func (st *doctorState) listDrivers(ctx context.Context) doctor.Result {
 	var parts []string
-	for _, name := range policy.Preference(kind) {
-		c, ok := cands[name]
-		if !ok {
+	for _, d := range st.m.Drivers(ctx) {
+		if d.Err != nil {
+			parts = append(parts, d.Name+": unavailable ("+firstLine(d.Err)+")")
 			continue
 		}
-		if err := c.Probe(ctx); err != nil {
-			parts = append(parts, name+": unavailable ("+firstLine(err)+")")
-			continue
-		}
-		parts = append(parts, name+": available")
+		parts = append(parts, d.Name+": available")
 	}
 	return doctor.Result{Status: doctor.Pass, Detail: strings.Join(parts, "; ")}
 }

@@ -79,6 +79,9 @@ func newExec(g *globals) *cobra.Command {
 			if err := checkExec(cmd, req, gateWait); err != nil {
 				return fail(err)
 			}
+			if err := checkAttached(cmd, pf); err != nil {
+				return fail(err)
+			}
 			req.Network = nf.block(cmd)
 			if interactive {
 				req.Stdin = g.stdin
@@ -161,6 +164,25 @@ func checkExec(cmd *cobra.Command, req sandkeep.ExecRequest, gateWait time.Durat
 		return err
 	}
 	return guard.Env(req.Env)
+}
+
+// checkAttached refuses admission flags on a command attached to a run (--run): the run keeps the mode, trust and
+// driver it was admitted with, and a command that asks for others is told so rather than silently overruled.
+func checkAttached(cmd *cobra.Command, pf policyFlags) error {
+	if pf.run == "" {
+		return nil
+	}
+	var set []string
+	for _, name := range []string{"sandbox", "trust", "driver"} {
+		if cmd.Flags().Changed(name) {
+			set = append(set, "--"+name)
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	return fault.New(fault.InvalidArgument, "leave out "+strings.Join(set, " and ")+", or start a new run with them (sandkeep runs start)",
+		"run %s keeps the mode, trust and driver it was admitted with; %s cannot change them", pf.run, strings.Join(set, " and "))
 }
 
 func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.ExecRequest, asJSON bool,

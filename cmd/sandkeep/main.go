@@ -120,6 +120,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if !g.started && fault.CodeOf(err) == "" {
 		// cobra refused the command line before any subcommand ran: unknown command or flag, bad value.
 		err = usageError(root, args, err)
+		if cmd, _, ferr := root.Find(args); ferr == nil && cmd.Name() == "doctor" {
+			printError(stderr, err)
+			return exitUsage // doctor's statuses are 0, 1 and 2 (bad usage), like a linter's
+		}
 	}
 	printError(stderr, err)
 	return exitFailure
@@ -223,8 +227,13 @@ func (g *globals) config() (sandkeep.Config, error) {
 	return c, nil
 }
 
+// open opens a Manager on the operator's Config without a store, for what records no run (ps, stop, rm, sweep).
 func (g *globals) open(ctx context.Context, mutate ...func(*sandkeep.Config)) (*sandkeep.Manager, error) {
-	c, err := g.config()
+	sc, err := loadServerConfig(os.Getenv(envConfig))
+	if err != nil {
+		return nil, err
+	}
+	c, err := g.operator(sc)
 	if err != nil {
 		return nil, err
 	}

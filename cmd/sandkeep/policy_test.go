@@ -174,7 +174,10 @@ func TestSpecAndDevcontainer(t *testing.T) {
 	if !strings.HasPrefix(r.stdout, "1000\n") || !strings.Contains(r.stdout, "8192") {
 		t.Errorf("spec tmpfs: %q (want owned by 1000, 8 MiB)", r.stdout)
 	}
-	c.run(t, "exec", "--spec", bad, "--user", "dev", "--", "true").wantFailure(t, "SPEC_UNSUPPORTED")
+	r = c.run(t, "exec", "--spec", bad, "--user", "dev", "--", "true").wantFailure(t, "TIER_REFUSED")
+	if !strings.Contains(r.stderr, "SK510") || !strings.Contains(r.stderr, "sandbox.host_state") {
+		t.Errorf("host_state from a repository: %s", r.stderr)
+	}
 	broken := filepath.Join(repo, "broken.yaml")
 	os.WriteFile(broken, []byte("sandbox:\n  mode: allowlist\n"), 0o644)
 	r = c.run(t, "exec", "--spec", broken, "--user", "dev", "--", "true").wantFailure(t, "SPEC_INVALID")
@@ -217,9 +220,12 @@ func TestNamedRun(t *testing.T) {
 	for range 2 {
 		c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "wf", "--", "true").want(t, 0)
 	}
-	// The run's trust holds: an untrusted run may not run without a sandbox, whatever the command says.
-	c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "wf", "--trust", "trusted", "--sandbox", "none", "--", "true").
-		wantFailure(t, "UNTRUSTED_WITHOUT_SANDBOX")
+	// The run's trust and mode hold: a command that asks for others is refused, whatever it says.
+	r := c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "wf", "--trust", "trusted", "--sandbox", "none", "--", "true").
+		wantFailure(t, "INVALID_ARGUMENT")
+	if !strings.Contains(r.stderr, "--sandbox") || !strings.Contains(r.stderr, "--trust") {
+		t.Errorf("the refusal must name the flags it will not obey: %s", r.stderr)
+	}
 	c.run(t, "exec", "--run", id, "--tenant", ten, "--user", "other", "--", "true").wantFailure(t, "INVALID_ARGUMENT")
 
 	var runs []runRecord
@@ -271,18 +277,22 @@ func TestSpecBuild(t *testing.T) {
 	c.run(t, "exec", "--spec", escape, "--user", "b", "--", "true").wantFailure(t, "SPEC_INVALID")
 }
 
-// TestSpecSecretFiles: a spec's secret reaches the command as a file on the sandbox's tmpfs, is gone after it,
-// and its value appears in no output sandkeep writes; a from_file naming a credentials directory is refused.
+// TestSpecSecretFiles: a secret the operator defines and the repository's spec names reaches the command as a
+// file on the sandbox's tmpfs, is gone after it, and its value appears in no output sandkeep writes. A
+// repository that names a secret's source itself is refused, and so is an operator source in a credentials
+// directory.
 func TestSpecSecretFiles(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
 	dir := t.TempDir()
 	sentinel := "sk-sentinel-" + c.suffix
 	specFile := filepath.Join(dir, "sandkeep.yaml")
-	os.WriteFile(specFile, []byte("sandbox:\n  mode: inline\n  secret_files: [{name: token, path: /run/secrets/token, from_env: TEST_TOKEN}]\n"), 0o644)
+	os.WriteFile(specFile, []byte("sandbox:\n  mode: inline\n  secret_files: [{name: token, path: /run/secrets/token}]\n"), 0o644)
+	operator := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	os.WriteFile(operator, []byte("secrets:\n  token: {from_env: TEST_TOKEN}\n"), 0o644)
 	ten := c.ten("acme")
 	sum := fmt.Sprintf("%x", md5.Sum([]byte(sentinel)))
-	r := c.runWith(t, nil, []string{"TEST_TOKEN=" + sentinel}, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--",
+	r := c.runWith(t, nil, []string{"TEST_TOKEN=" + sentinel, "SANDKEEP_CONFIG=" + operator}, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--",
 		"sh", "-c", "md5sum /run/secrets/token; stat -c '%a %u' /run/secrets/token").want(t, 0)
 	if !strings.HasPrefix(r.stdout, sum) || !strings.Contains(r.stdout, "400 1000") {
 		t.Fatalf("secret in the sandbox: %q (want md5 %s, mode 400, owner 1000)", r.stdout, sum)
@@ -296,14 +306,32 @@ func TestSpecSecretFiles(t *testing.T) {
 			t.Fatal("the secret's value reached sandkeep's output")
 		}
 	}
-	c.run(t, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--", "true").wantFailure(t, "SECRET_UNAVAILABLE")
+	c.runWith(t, nil, []string{"SANDKEEP_CONFIG=" + operator}, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--", "true").
+		wantFailure(t, "SECRET_UNAVAILABLE")
+	// Without the operator's definition, the name means nothing.
+	c.run(t, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--", "true").wantFailure(t, "TIER_REFUSED")
 
 	ssh := filepath.Join(dir, ".ssh")
 	os.MkdirAll(ssh, 0o700)
 	os.WriteFile(filepath.Join(ssh, "id_rsa"), []byte("PRIVATE"), 0o600)
 	stolen := filepath.Join(dir, "stolen.yaml")
 	os.WriteFile(stolen, []byte("sandbox:\n  secret_files: [{name: k, path: /run/secrets/k, from_file: "+filepath.Join(ssh, "id_rsa")+"}]\n"), 0o644)
-	c.run(t, "exec", "--spec", stolen, "--tenant", ten, "--user", "s", "--", "true").wantFailure(t, "SECRET_UNAVAILABLE")
+	r = c.runWith(t, nil, []string{"TEST_TOKEN=" + sentinel}, "exec", "--spec", stolen, "--tenant", ten, "--user", "s", "--", "true").
+		wantFailure(t, "TIER_REFUSED")
+	if !strings.Contains(r.stderr, "SK504") || strings.Contains(r.stderr, "PRIVATE") {
+		t.Errorf("a repository naming a host file: %s", r.stderr)
+	}
+	envSpec := filepath.Join(dir, "env.yaml")
+	os.WriteFile(envSpec, []byte("sandbox:\n  secret_files: [{name: k, path: /run/secrets/k, from_env: TEST_TOKEN}]\n"), 0o644)
+	r = c.runWith(t, nil, []string{"TEST_TOKEN=" + sentinel}, "exec", "--spec", envSpec, "--tenant", ten, "--user", "s", "--", "true").
+		wantFailure(t, "TIER_REFUSED")
+	if !strings.Contains(r.stderr, "secrets:") || strings.Contains(r.stderr, sentinel) {
+		t.Errorf("a repository naming a host variable: %s", r.stderr)
+	}
+	badOperator := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	os.WriteFile(badOperator, []byte("secrets:\n  k: {from_file: "+filepath.Join(ssh, "id_rsa")+"}\n"), 0o644)
+	c.runWith(t, nil, []string{"SANDKEEP_CONFIG=" + badOperator}, "exec", "--tenant", ten, "--user", "s", "--", "true").
+		wantFailure(t, "INVALID_ARGUMENT")
 }
 
 // TestExecNetwork: the spec's network block and the command's flags give the command a proxy; a credential's
@@ -314,12 +342,15 @@ func TestExecNetwork(t *testing.T) {
 	repo := t.TempDir()
 	specFile := filepath.Join(repo, "sandkeep.yaml")
 	spec := "sandbox:\n  mode: inline\n  image: " + testutil.TestImage(t) + "\n  network:\n    mode: allowlist\n    preset: default\n" +
-		"    credentials: [{name: API_TOKEN, from_env: SK_TEST_CRED, hosts: [api.example.test]}]\n"
+		"    credentials: [{name: API_TOKEN}]\n"
 	if err := os.WriteFile(specFile, []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The credential's source and hosts are the operator's; the repository only names it.
+	operator := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	os.WriteFile(operator, []byte("credentials:\n  API_TOKEN: {from_env: SK_TEST_CRED, hosts: [api.example.test]}\n"), 0o644)
 	const secret = "sentinel-cred-8c1f"
-	r := c.runWith(t, nil, []string{"SK_TEST_CRED=" + secret}, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net",
+	r := c.runWith(t, nil, []string{"SK_TEST_CRED=" + secret, "SANDKEEP_CONFIG=" + operator}, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net",
 		"--", "sh", "-c", `echo "$HTTPS_PROXY|$API_TOKEN|$SSL_CERT_FILE"; grep -c CERTIFICATE /.sandkeep-chan/ca-bundle.pem`).want(t, 0)
 	parts := strings.Split(strings.SplitN(r.stdout, "\n", 2)[0], "|")
 	if len(parts) != 3 || !strings.HasPrefix(parts[0], "http://sandkeep:") || !strings.HasSuffix(parts[0], "@127.0.0.1:3128") ||
@@ -329,7 +360,8 @@ func TestExecNetwork(t *testing.T) {
 	if strings.Contains(r.stdout+r.stderr, secret) {
 		t.Error("the credential's value reached the sandbox")
 	}
-	c.run(t, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net", "--", "true").wantFailure(t, "SECRET_UNAVAILABLE")
+	c.runWith(t, nil, []string{"SANDKEEP_CONFIG=" + operator}, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net", "--", "true").
+		wantFailure(t, "SECRET_UNAVAILABLE")
 
 	// Flags only: rules on a sandbox without a network make an allowlist for this command.
 	r = c.run(t, "exec", "--tenant", c.ten("acme"), "--user", "flags", "--allow", "example.test", "--", "sh", "-c", `echo "[$HTTP_PROXY]"`).want(t, 0)
@@ -347,7 +379,7 @@ func TestExecNetwork(t *testing.T) {
 	if !strings.Contains(r.stderr, `"corp"`) || !strings.Contains(r.stderr, "default") {
 		t.Errorf("unknown preset: %s", r.stderr)
 	}
-	operator := filepath.Join(repo, "sandkeep-server.yaml")
+	operator = filepath.Join(repo, "sandkeep-server.yaml")
 	if err := os.WriteFile(operator, []byte("network: {presets: {corp: [\"**.corp.example\"]}}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -87,11 +87,17 @@ type server struct {
 // then killed) when the test ends, and its stderr is logged when the test failed.
 func (c *cli) startServer(t *testing.T, args ...string) *server {
 	t.Helper()
+	return c.startServerEnv(t, nil, args...)
+}
+
+// startServerEnv is startServer with extraEnv added to the server's environment.
+func (c *cli) startServerEnv(t *testing.T, extraEnv []string, args ...string) *server {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), processBound)
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	s := &server{c: c, log: newLineLog(), exited: make(chan struct{}), hc: &http.Client{Transport: tr}}
-	s.cmd = c.command(ctx, transportEnv(), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	s.cmd = c.command(ctx, append(transportEnv(), extraEnv...), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		cancel()
