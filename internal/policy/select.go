@@ -126,10 +126,10 @@ var errNotConfigured = errors.New("not configured in this build")
 // DefaultProbeTimeout bounds one driver probe.
 const DefaultProbeTimeout = 2 * time.Second
 
-// Selector chooses a driver, probing each candidate at most once for its lifetime: the first Select that needs
-// a driver's availability probes it, concurrent ones wait for that probe, later ones reuse its answer, success
-// or failure. It is safe for concurrent use. Use one per process (Shared); a daemon started after the probe is
-// not seen until the process restarts (or a new Selector is made).
+// Selector chooses a driver, probing each candidate once: the first Select that needs a driver's availability
+// probes it, concurrent ones wait for that probe, later ones reuse its answer. A success is kept for the
+// Selector's lifetime; a failure for FailedProbeTTL, so that a long-lived server started before its engine
+// finds the engine once it is up. It is safe for concurrent use.
 type Selector struct {
 	timeout time.Duration
 
@@ -137,10 +137,25 @@ type Selector struct {
 	probes map[string]*probeResult // by driver name; an entry is never removed
 }
 
-// probeResult is one driver's probe, in flight until done is closed; err is set before that.
+// probeResult is one driver's probe, in flight until done is closed; err and at are set before that.
 type probeResult struct {
 	done chan struct{}
 	err  error
+	at   time.Time // when the probe ended
+}
+
+// FailedProbeTTL is how long a failed probe's answer is kept before the driver is probed again. A successful
+// probe is kept for the Selector's lifetime: a driver that later fails fails its commands, it is not dropped.
+const FailedProbeTTL = 5 * time.Second
+
+// failedBefore reports whether r is a finished, failed probe that ended before t.
+func (r *probeResult) failedBefore(t time.Time) bool {
+	select {
+	case <-r.done:
+		return r.err != nil && r.at.Before(t)
+	default:
+		return false
+	}
 }
 
 // NewSelector returns a Selector whose probes each get timeout (DefaultProbeTimeout when not positive).
@@ -163,6 +178,9 @@ func Shared() *Selector { return shared() }
 func (s *Selector) probe(ctx context.Context, c Candidate) error {
 	s.mu.Lock()
 	r, ok := s.probes[c.Name]
+	if ok && r.failedBefore(time.Now().Add(-FailedProbeTTL)) {
+		ok = false // a failed probe is tried again after a while: an engine started later is found
+	}
 	if ok {
 		s.mu.Unlock()
 		select {
@@ -179,6 +197,7 @@ func (s *Selector) probe(ctx context.Context, c Candidate) error {
 	r.err = fmt.Errorf("probe of %s did not return", c.Name) // what waiters see if Probe panics
 	defer close(r.done)
 	r.err = s.run(ctx, c)
+	r.at = time.Now()
 	return r.err
 }
 

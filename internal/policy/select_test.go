@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -296,4 +297,37 @@ func TestSharedIsOne(t *testing.T) {
 	if first != second {
 		t.Error("Shared returned two selectors")
 	}
+}
+
+// TestSelectRetriesAFailedProbe: a driver that failed its probe is probed again once FailedProbeTTL has passed
+// (a server started before its engine finds it), and not before; a success is kept.
+func TestSelectRetriesAFailedProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		up := false
+		probes := 0
+		cands := map[string]Candidate{DriverDocker: {Name: DriverDocker, Probe: func(context.Context) error {
+			probes++
+			if !up {
+				return errors.New("engine down")
+			}
+			return nil
+		}}}
+		s := NewSelector(time.Second)
+		if sel, _ := s.Select(t.Context(), KindLocal, "", cands); sel.Sandboxing {
+			t.Fatalf("selected %+v with the engine down", sel)
+		}
+		up = true
+		if sel, _ := s.Select(t.Context(), KindLocal, "", cands); sel.Sandboxing || probes != 1 {
+			t.Fatalf("re-probed at once: %+v after %d probes", sel, probes)
+		}
+		time.Sleep(FailedProbeTTL + time.Second)
+		if sel, _ := s.Select(t.Context(), KindLocal, "", cands); !sel.Sandboxing || sel.Driver != DriverDocker || probes != 2 {
+			t.Fatalf("after the TTL: %+v after %d probes", sel, probes)
+		}
+		time.Sleep(FailedProbeTTL + time.Second)
+		s.Select(t.Context(), KindLocal, "", cands)
+		if probes != 2 {
+			t.Errorf("a success was probed again: %d probes", probes)
+		}
+	})
 }

@@ -151,6 +151,11 @@ func (s *Service) Events(ctx context.Context, f store.EventFilter) ([]store.Even
 // Ready checks the driver and the store.
 func (s *Service) Ready(ctx context.Context) error {
 	if err := s.m.Ping(ctx); err != nil {
+		// /readyz has no auth: say why in words that name no host or file (the log has the whole cause).
+		if fault.Is(err, fault.SandboxDriverUnavailable) {
+			return fault.Wrap(err, fault.SandboxDriverUnavailable, "start the container engine (docker info); the server retries it",
+				"no sandboxing driver is usable: each command is answered by its mode (auto runs it on the host, inline refuses it)")
+		}
 		return fault.Wrap(err, fault.DriverUnavailable, "check the container engine (docker info)", "the driver does not answer")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sandkeep/sandkeep/internal/testutil"
+)
+
+// TestServeTemplates: two tenants of one server run on two operator templates at once (different images and
+// networks); a template a tenant may not use answers exactly like a missing one; asking for another template
+// recycles the sandbox; GET /v1/templates lists what the tenant may use; a server whose engine is down starts and
+// says why on /readyz.
+func TestServeTemplates(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	small := testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{"/etc/flavour": {Data: []byte("small\n")}})
+	other := testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{"/etc/flavour": {Data: []byte("other\n")}})
+	acme, globex := c.ten("acme"), c.ten("globex")
+	cfg := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	conf := "templates:\n" +
+		"  small:\n    image: " + small + "\n    env: {FLAVOUR_ENV: s}\n    network: {mode: allowlist, rules: [\"api.example.test\"]}\n    tenants: [" + acme + "]\n" +
+		"  other:\n    image: " + other + "\n    tenants: [" + globex + ", " + acme + "]\n" +
+		"tenant_templates:\n  " + acme + ": small\n  " + globex + ": other\n"
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := c.startServer(t, "--config", cfg)
+	acmeTok, globexTok := c.createToken(t, acme, "t", "").Token, c.createToken(t, globex, "t", "").Token
+
+	const probe = `cat /etc/flavour; echo "tpl=$SANDKEEP_TEMPLATE env=$FLAVOUR_ENV proxy=${HTTPS_PROXY:+set}"`
+	exec := func(tok, body string) httpAnswer {
+		return s.raw(t, "POST", "/v1/sandboxes/u/exec", tok, strings.NewReader(body), "Content-Type", "application/json")
+	}
+	stdout := func(a httpAnswer) string {
+		t.Helper()
+		var v struct{ Stdout string }
+		if a.status != http.StatusOK || json.Unmarshal([]byte(a.body), &v) != nil {
+			t.Fatalf("exec: %d %s", a.status, a.body)
+		}
+		return v.Stdout
+	}
+	body, _ := json.Marshal(map[string]any{"command": probe})
+	var got [2]httpAnswer
+	var wg sync.WaitGroup
+	for i, tok := range []string{acmeTok, globexTok} {
+		wg.Go(func() { got[i] = exec(tok, string(body)) })
+	}
+	wg.Wait()
+	if out := stdout(got[0]); out != "small\ntpl=small env=s proxy=set\n" {
+		t.Errorf("acme on its default template: %q", out)
+	}
+	if out := stdout(got[1]); out != "other\ntpl=other env= proxy=\n" {
+		t.Errorf("globex on its default template: %q", out)
+	}
+
+	// acme may pick other; globex may not pick small, and that looks exactly like a template that does not exist.
+	body, _ = json.Marshal(map[string]any{"command": probe, "template": "other"})
+	if out := stdout(exec(acmeTok, string(body))); out != "other\ntpl=other env= proxy=\n" {
+		t.Errorf("acme asking for other: %q", out)
+	}
+	if out := c.run(t, "ps", "--json").want(t, 0).stdout; !strings.Contains(out, `"template": "other"`) && !strings.Contains(out, `"template":"other"`) {
+		t.Errorf("ps does not say the sandbox's template: %s", out)
+	}
+	forbidden := exec(globexTok, `{"command":"true","template":"small"}`)
+	missing := exec(globexTok, `{"command":"true","template":"nope"}`)
+	if forbidden.status != http.StatusNotFound || !strings.Contains(forbidden.body, `"TEMPLATE_NOT_FOUND"`) ||
+		stripRequestID(strings.Replace(forbidden.body, "small", "X", 1)) != stripRequestID(strings.Replace(missing.body, "nope", "X", 1)) {
+		t.Errorf("a template the tenant may not use:\n %d %s\n a missing one:\n %d %s", forbidden.status, forbidden.body, missing.status, missing.body)
+	}
+	a := s.raw(t, "GET", "/v1/templates", globexTok, nil)
+	if a.status != http.StatusOK || strings.TrimSpace(a.body) != `{"templates":["other"]}` {
+		t.Errorf("templates of globex: %d %s", a.status, a.body)
+	}
+
+	// A server whose engine is down still starts, says why it is not ready, and admits each run by its mode.
+	down := c.startServerEnv(t, noDocker, "--config", cfg, "--sandbox", "inline")
+	a = down.raw(t, "GET", "/readyz", "", nil)
+	if a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, "SANDBOX_DRIVER_UNAVAILABLE") {
+		t.Errorf("/readyz without an engine: %d %s", a.status, a.body)
+	}
+	if a := down.raw(t, "POST", "/v1/sandboxes/u/exec", acmeTok, strings.NewReader(`{"command":"true"}`)); a.status != http.StatusServiceUnavailable ||
+		!strings.Contains(a.body, "SANDBOX_DRIVER_UNAVAILABLE") {
+		t.Errorf("inline without an engine: %d %s", a.status, a.body)
+	}
+}
