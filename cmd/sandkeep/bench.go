@@ -160,7 +160,7 @@ func runBench(ctx context.Context, g *globals, opts bench.Options) (_ bench.Repo
 	}
 	var tenant [6]byte
 	_, _ = rand.Read(tenant[:])
-	e := &bench.Env{Docker: docker, Image: cfg.Image, Tenant: "bench-" + hex.EncodeToString(tenant[:])}
+	e := &bench.Env{Docker: docker, Image: cfg.Image, Tenant: "bench-" + hex.EncodeToString(tenant[:]), Config: cfg}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
 		defer cancel()

@@ -39,7 +39,8 @@ func newEnv(tb testing.TB) *bench.Env {
 	testutil.Cleanup(tb, m.Installation())
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	e := &bench.Env{M: m, MExec: mexec, Docker: cli, Image: image, Tenant: "bench-" + hex.EncodeToString(b[:])}
+	e := &bench.Env{M: m, MExec: mexec, Docker: cli, Image: image, Tenant: "bench-" + hex.EncodeToString(b[:]),
+		Config: sandkeep.Config{Home: home, Image: image, AgentPath: agent, Drivers: []sandkeep.DriverOption{drivers.Docker()}}}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -67,6 +68,7 @@ func TestScenariosRun(t *testing.T) {
 		{"first", func() ([]bench.Result, error) { return rows(bench.FirstCommand(ctx, e, 2)) }, 1, []string{"agent"}},
 		{"concurrent", func() ([]bench.Result, error) { return rows(bench.ConcurrentFirst(ctx, e, 10)) }, 1, nil},
 		{"throughput", func() ([]bench.Result, error) { return rows(bench.Throughput(ctx, e, 3, 2)) }, 1, []string{"agent"}},
+		{"admission", func() ([]bench.Result, error) { return bench.Admission(ctx, e, 3) }, 2, nil},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			rs, err := sc.run()
@@ -90,6 +92,9 @@ func TestScenariosRun(t *testing.T) {
 				if r.Extra["containers_created_per_key"] != "1" || r.Extra["containers_per_key"] != "1" {
 					t.Fatalf("concurrent first calls made more than one container per key: %v", r.Extra)
 				}
+			}
+			if sc.name == "admission" && (rs[0].Extra["added_median_ms"] == "" || rs[1].Extra["added_median_ms"] == "") {
+				t.Fatalf("no added latency in %v, %v", rs[0].Extra, rs[1].Extra)
 			}
 			if sc.name == "throughput" && rs[0].Extra["sandkeep_execs_per_s"] == "" {
 				t.Fatalf("no throughput in %v", rs[0].Extra)

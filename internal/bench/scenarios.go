@@ -36,6 +36,15 @@ type Env struct {
 	Docker *client.Client
 	Image  string
 	Tenant string
+	// Config is what M was opened with, for scenarios that open another Manager on the same home.
+	Config sandkeep.Config
+}
+
+// withStore is e.Config with the agent transport and st recording runs.
+func (e *Env) withStore(st sandkeep.Store) sandkeep.Config {
+	c := e.Config
+	c.Transport, c.Store = transportAgent, st
+	return c
 }
 
 func (e *Env) key(user string) (sandkeep.Key, error) { return sandkeep.NewKey(e.Tenant, user) }

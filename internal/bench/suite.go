@@ -25,11 +25,12 @@ const (
 	ScenarioConcurrent = "concurrent"
 	ScenarioThroughput = "throughput"
 	ScenarioFootprint  = "footprint"
+	ScenarioAdmission  = "admission"
 	ScenarioAPI        = "api"
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission}
 
 // Defaults of Options' zero fields.
 const (
@@ -172,6 +173,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 			rep.Footprint = &f
 			return []Result{f.Result()}, nil
 		}},
+		{ScenarioAdmission, func() ([]Result, error) { return Admission(ctx, e, n(DefaultAdmissionN)) }},
 		{ScenarioAPI, func() ([]Result, error) {
 			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests)})
 		}},
