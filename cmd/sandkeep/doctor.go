@@ -173,7 +173,9 @@ func (st *doctorState) chooseDriver() doctor.Result {
 	case p.Mode == spec.ModeNone && p.Refusal == nil:
 		return doctor.Result{Status: doctor.Pass, Detail: "mode none: commands run on the host (no driver)"}
 	case p.Refusal != nil:
-		return fail(p.Refusal)
+		r := fail(p.Refusal)
+		r.Detail = fmt.Sprintf("mode %s refuses every run here: %s", p.Mode, r.Detail)
+		return r
 	case !p.Sandboxed:
 		return doctor.Result{Status: doctor.Warn, Detail: "no sandboxing driver; mode auto would run commands on the HOST",
 			Fix: "start a container engine (scripts/docker-up.sh), or use --sandbox inline to refuse instead"}
