@@ -19,11 +19,12 @@ import (
 func FuzzDecodeExec(f *testing.F) {
 	f.Add([]byte(`{"argv":["ls","-l"],"env":{"A":"1"},"timeout":30,"workdir":"src","stdin":"x","output_limit":10,"run_id":"r"}`))
 	f.Add([]byte(`{"command":"echo hi"}`))
+	f.Add([]byte(`{"command":"echo hi","template":"small","trust":"untrusted","workdir":"../x"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := decodeExec(bytes.NewReader(body))
 		if err != nil {
 			switch fault.CodeOf(err) {
-			case fault.RequestInvalid, fault.InvalidEnv, fault.InvalidTimeout, fault.InvalidArgument:
+			case fault.RequestInvalid, fault.InvalidEnv, fault.InvalidTimeout, fault.InvalidArgument, fault.InvalidWorkdir:
 			default:
 				t.Fatalf("refusal %v has an unexpected code", err)
 			}
