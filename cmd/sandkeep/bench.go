@@ -33,6 +33,8 @@ ratio of medians. Scenarios (in run order):
   footprint   --footprint idle sandboxes: agent RSS inside each, host memory per sandbox, engine overhead
   api         warm exec through the HTTP API (Go SDK, loopback TCP) vs the library, side by side; then
               --requests execs by 50 clients over 20 users: execs/s, errors, lost results, Go heap growth
+  admission   what admission adds to a warm 'true': Manager.Exec (admitted per command) vs Run.Exec on a run
+              admitted once; without a store, then with an SQLite run record
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created
