@@ -360,6 +360,14 @@ func TestExecNetwork(t *testing.T) {
 	if strings.Contains(r.stdout+r.stderr, secret) {
 		t.Error("the credential's value reached the sandbox")
 	}
+	// A spec with a network block passes doctor --strict on Docker (its driver enforces network policy), and so
+	// the preflight lets the command run.
+	opEnv := []string{"SK_TEST_CRED=" + secret, "SANDKEEP_CONFIG=" + operator}
+	if d := c.runWith(t, nil, opEnv, "doctor", "--strict", "--spec", specFile); d.code != 0 || !strings.Contains(d.stdout, "network policy") {
+		t.Errorf("doctor --strict on a spec with a network block: exit %d\n%s", d.code, d.stdout)
+	}
+	c.runWith(t, nil, append(opEnv, "SANDKEEP_PREFLIGHT=1"), "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net",
+		"--", "true").want(t, 0)
 	c.runWith(t, nil, []string{"SANDKEEP_CONFIG=" + operator}, "exec", "--spec", specFile, "--tenant", c.ten("acme"), "--user", "net", "--", "true").
 		wantFailure(t, "SECRET_UNAVAILABLE")
 
