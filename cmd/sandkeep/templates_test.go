@@ -73,6 +73,20 @@ func TestServeTemplates(t *testing.T) {
 		stripRequestID(strings.Replace(forbidden.body, "small", "X", 1)) != stripRequestID(strings.Replace(missing.body, "nope", "X", 1)) {
 		t.Errorf("a template the tenant may not use:\n %d %s\n a missing one:\n %d %s", forbidden.status, forbidden.body, missing.status, missing.body)
 	}
+	// A caller may narrow its template's network, never widen it.
+	narrow := exec(acmeTok, `{"command":"echo ${HTTPS_PROXY:+set}","network":{"mode":"allowlist","rules":["api.example.test"]}}`)
+	if out := stdout(narrow); out != "set\n" {
+		t.Errorf("a narrower allowlist: %q", out)
+	}
+	if out := stdout(exec(acmeTok, `{"command":"echo [${HTTPS_PROXY:+set}]","network":{"mode":"none"}}`)); out != "[]\n" {
+		t.Errorf("network none: %q", out)
+	}
+	for _, wide := range []string{`{"mode":"allowlist","rules":["evil.test"]}`, `{"mode":"open"}`, `{"mode":"allowlist","preset":"default"}`} {
+		a := exec(acmeTok, `{"command":"true","network":`+wide+`}`)
+		if a.status != http.StatusForbidden || !strings.Contains(a.body, `"NETWORK_WIDENED"`) {
+			t.Errorf("a wider network %s: %d %s", wide, a.status, a.body)
+		}
+	}
 	a := s.raw(t, "GET", "/v1/templates", globexTok, nil)
 	if a.status != http.StatusOK || strings.TrimSpace(a.body) != `{"templates":["other"]}` {
 		t.Errorf("templates of globex: %d %s", a.status, a.body)

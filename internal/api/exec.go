@@ -38,6 +38,16 @@ type ExecBody struct {
 	// operator's templates ("" the tenant's default) and trusted or untrusted (lower only).
 	Template string `json:"template,omitempty"`
 	Trust    string `json:"trust,omitempty"`
+	// Network narrows the run's network for this command: mode none, or an allowlist of the template's own
+	// rules. Anything wider is 403 NETWORK_WIDENED.
+	Network *ExecNetwork `json:"network,omitempty"`
+}
+
+// ExecNetwork is a caller's network block: it replaces the run's for one command, and may only narrow it.
+type ExecNetwork struct {
+	Mode   string   `json:"mode,omitempty"` // none or allowlist
+	Preset string   `json:"preset,omitempty"`
+	Rules  []string `json:"rules,omitempty"`
 }
 
 // ExecResponse is the JSON answer of an exec: the fields of `sandkeep exec --json` and the request id.
@@ -142,6 +152,9 @@ func (b ExecBody) request() (sandkeep.ExecRequest, error) {
 		req.Stdin = strings.NewReader(*b.Stdin)
 	}
 	req.Workdir, req.RunID, req.Template, req.Trust = b.Workdir, b.RunID, b.Template, b.Trust
+	if n := b.Network; n != nil {
+		req.Network = &sandkeep.Network{Mode: n.Mode, Preset: n.Preset, Rules: n.Rules, Inherit: "replace"}
+	}
 	// The one validator every entry point shares (bounds, workdir, env); the server's own bounds apply again
 	// when the run is admitted.
 	return req, sandkeep.CheckExecWithin(req, 0, 0)
