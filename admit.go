@@ -145,11 +145,7 @@ func (m *Manager) decide(ctx context.Context, rr RunRequest) (*admission, error)
 	if err != nil {
 		return nil, err
 	}
-	tpl, err := m.template(rr.Key.Tenant, rr.Template)
-	if err != nil {
-		return nil, err
-	}
-	repo, err := m.loadRepository(m.specFor(rr.Spec, tpl))
+	tpl, repo, err := m.shapeInputs(rr)
 	if err != nil {
 		return nil, err
 	}
@@ -247,11 +243,7 @@ func (m *Manager) attach(ctx context.Context, rr RunRequest) (*Run, error) {
 			return nil, err
 		}
 	}
-	tpl, err := m.template(rr.Key.Tenant, rr.Template)
-	if err != nil {
-		return nil, err
-	}
-	repo, err := m.loadRepository(m.specFor(rr.Spec, tpl))
+	tpl, repo, err := m.shapeInputs(rr)
 	if err != nil {
 		return nil, err
 	}
@@ -377,6 +369,16 @@ func (r *Run) event(name string, payload any) {
 	if r.onEvent != nil {
 		r.onEvent(name, payload)
 	}
+}
+
+// shapeInputs are the caller's template and the repository's files of rr: what a run's sandbox is made from.
+func (m *Manager) shapeInputs(rr RunRequest) (*template, *repository, error) {
+	tpl, err := m.template(rr.Key.Tenant, rr.Template)
+	if err != nil {
+		return nil, nil, err
+	}
+	repo, err := m.loadRepository(m.specFor(rr.Spec, tpl))
+	return tpl, repo, err
 }
 
 // specFor is the repository spec a run follows: the request's, else its template's, else the Config's.

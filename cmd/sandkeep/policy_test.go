@@ -47,18 +47,7 @@ func (c *cli) lastRun(t *testing.T) (runRecord, []eventRecord) {
 	if len(runs) != 1 {
 		t.Fatalf("runs: %+v", runs)
 	}
-	out := c.run(t, "events", "--run", runs[0].ID, "--json").want(t, 0).stdout
-	var evs []eventRecord
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		if line == "" {
-			continue
-		}
-		var e eventRecord
-		if err := json.Unmarshal([]byte(line), &e); err != nil {
-			t.Fatalf("event line %q: %v", line, err)
-		}
-		evs = append(evs, e)
-	}
+	evs := c.eventsOf(t, runs[0].ID)
 	return runs[0], evs
 }
 
