@@ -86,6 +86,19 @@ type ExecRequest struct {
 	OutputLimit int64             // bytes kept per stream; zero means 1 MiB
 	RunID       string            // attach to a running run of the same tenant and user
 	RequestID   string            // sent as X-Request-Id (1..128 of [A-Za-z0-9._:-]); empty: the server makes one
+	// Template and Trust are what the command's own run is admitted with (without RunID): one of the operator's
+	// templates (Templates lists them; "" the tenant's default) and "untrusted" to lower the token's trust.
+	Template string
+	Trust    string
+	// Network narrows the run's network for this command (mode none, or an allowlist of the template's rules).
+	Network *Network
+}
+
+// Network is a caller's network block: it may only narrow the template's (NETWORK_WIDENED otherwise).
+type Network struct {
+	Mode   string   `json:"mode,omitempty"` // none or allowlist
+	Preset string   `json:"preset,omitempty"`
+	Rules  []string `json:"rules,omitempty"`
 }
 
 func (r ExecRequest) body() ([]byte, error) {
@@ -98,9 +111,12 @@ func (r ExecRequest) body() ([]byte, error) {
 		Stdin       *string           `json:"stdin,omitempty"`
 		OutputLimit int64             `json:"output_limit,omitempty"`
 		RunID       string            `json:"run_id,omitempty"`
+		Template    string            `json:"template,omitempty"`
+		Trust       string            `json:"trust,omitempty"`
+		Network     *Network          `json:"network,omitempty"`
 	}
 	w := wire{Argv: r.Argv, Command: r.Command, Workdir: r.Workdir, Env: r.Env, Timeout: r.Timeout.Seconds(),
-		OutputLimit: r.OutputLimit, RunID: r.RunID}
+		OutputLimit: r.OutputLimit, RunID: r.RunID, Template: r.Template, Trust: r.Trust, Network: r.Network}
 	if r.Stdin != "" {
 		w.Stdin = &r.Stdin
 	}
@@ -139,6 +155,7 @@ type Sandbox struct {
 	ID        string    `json:"id"`
 	State     string    `json:"state"`
 	Image     string    `json:"image"`
+	Template  string    `json:"template,omitempty"` // the operator template it was made for
 	CreatedAt time.Time `json:"created_at"`
 	LastUsed  time.Time `json:"last_used,omitzero"`
 	IdleFor   string    `json:"idle_for"`
@@ -448,6 +465,51 @@ func (c *Client) Remove(ctx context.Context, user string) error {
 	return c.call(ctx, "DELETE", "/v1/sandboxes/"+escape(user), nil, nil, nil, nil)
 }
 
+// AdmittedRun is a run as admission recorded it: commands attach to it with ExecRequest.RunID.
+type AdmittedRun struct {
+	ID        string   `json:"id"`
+	Tenant    string   `json:"tenant"`
+	User      string   `json:"user"`
+	Mode      string   `json:"mode"`
+	Source    string   `json:"source"`
+	Trust     string   `json:"trust"`
+	Driver    string   `json:"driver"`
+	Admission string   `json:"admission"`
+	Template  string   `json:"template,omitempty"`
+	Warnings  []string `json:"warnings,omitempty"`
+	Notice    string   `json:"notice,omitempty"`
+	RequestID string   `json:"request_id"`
+}
+
+// StartRun admits a run for user (the same admission as an exec's own run), with a template ("" the tenant's
+// default) and a trust ("untrusted" lowers the token's). It needs the exec scope.
+func (c *Client) StartRun(ctx context.Context, user, template, trust string) (AdmittedRun, error) {
+	b, err := json.Marshal(map[string]string{"template": template, "trust": trust})
+	if err != nil {
+		return AdmittedRun{}, err
+	}
+	var r AdmittedRun
+	err = c.call(ctx, "POST", "/v1/sandboxes/"+escape(user)+"/runs", nil, bytes.NewReader(b), jsonBody(), &r)
+	return r, err
+}
+
+// FinishRun closes a running run as succeeded, or failed (CALLER_FAILED).
+func (c *Client) FinishRun(ctx context.Context, id string, failed bool) (Run, error) {
+	b, _ := json.Marshal(map[string]bool{"failed": failed})
+	var r Run
+	err := c.call(ctx, "POST", "/v1/runs/"+escape(id)+"/finish", nil, bytes.NewReader(b), jsonBody(), &r)
+	return r, err
+}
+
+// Templates lists the operator templates the token's tenant may use.
+func (c *Client) Templates(ctx context.Context) ([]string, error) {
+	var out struct {
+		Templates []string `json:"templates"`
+	}
+	err := c.call(ctx, "GET", "/v1/templates", nil, nil, nil, &out)
+	return out.Templates, err
+}
+
 // RunFilter selects runs; zero fields match everything.
 type RunFilter struct {
 	User   string
@@ -534,3 +596,5 @@ func (c *Client) FollowEvents(ctx context.Context, id string, after int64, fn fu
 		return false, fn(e)
 	})
 }
+
+func jsonBody() http.Header { return http.Header{"Content-Type": {"application/json"}} }

@@ -5,10 +5,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/sandkeep/sandkeep/client"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
@@ -90,6 +92,22 @@ func TestServeTemplates(t *testing.T) {
 	a := s.raw(t, "GET", "/v1/templates", globexTok, nil)
 	if a.status != http.StatusOK || strings.TrimSpace(a.body) != `{"templates":["other"]}` {
 		t.Errorf("templates of globex: %d %s", a.status, a.body)
+	}
+
+	// The same through the Go SDK: the templates, a run admitted with a lower trust, attached to, and finished.
+	sdk := s.client(t, globexTok)
+	if names, err := sdk.Templates(bounded(t)); err != nil || !slices.Equal(names, []string{"other"}) {
+		t.Errorf("SDK templates: %v, %v", names, err)
+	}
+	run, err := sdk.StartRun(bounded(t), "u", "", "untrusted")
+	if err != nil || run.Trust != "untrusted" || run.Template != "other" || run.Driver != "docker" || run.Admission != "admitted" {
+		t.Fatalf("SDK start run: %+v, %v", run, err)
+	}
+	if res, err := sdk.Exec(bounded(t), "u", client.ExecRequest{Command: "cat /etc/flavour", RunID: run.ID}); err != nil || res.Stdout != "other\n" {
+		t.Errorf("SDK exec in the run: %+v, %v", res, err)
+	}
+	if fin, err := sdk.FinishRun(bounded(t), run.ID, false); err != nil || fin.Status != "succeeded" {
+		t.Errorf("SDK finish: %+v, %v", fin, err)
 	}
 
 	// A server whose engine is down still starts, says why it is not ready, and admits each run by its mode.
