@@ -1,0 +1,274 @@
+package docker_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/build"
+	"github.com/moby/moby/client"
+
+	"github.com/sandkeep/sandkeep/internal/channel"
+	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/identity"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/testutil"
+)
+
+// probePath is where hardImage puts hardprobe (./hardprobe) in the image.
+const probePath = "/bin/hardprobe"
+
+// hardImage is the test image with hardprobe, a static binary that tries what a hostile command would.
+func hardImage(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(testutil.BuildBinary(t, "./internal/driver/docker/hardprobe", "hardprobe", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{probePath: {Data: data, Mode: 0o755}})
+}
+
+// harness is a real lifecycle Manager over the real Docker driver, in a state home of its own.
+type harness struct {
+	m    *lifecycle.Manager
+	home *lifecycle.Home
+}
+
+func newHarness(t *testing.T, image string, edit func(*lifecycle.Config)) *harness {
+	t.Helper()
+	testutil.Docker(t)
+	home, err := lifecycle.OpenHome(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Cleanup(t, home.Installation)
+	drvr, err := docker.New(docker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := lifecycle.Config{Image: image, AgentPath: testutil.AgentBinary(t), Transport: lifecycle.TransportAgent}
+	if edit != nil {
+		edit(&cfg)
+	}
+	m, err := lifecycle.New(home, drvr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return &harness{m: m, home: home}
+}
+
+type ran struct {
+	code           int
+	stdout, stderr string
+	res            *lifecycle.ExecResult
+}
+
+func (h *harness) run(t *testing.T, key identity.Key, argv ...string) ran {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	res, err := h.m.Exec(ctx, key, lifecycle.ExecRequest{Argv: argv, Timeout: time.Minute, Stdout: &stdout, Stderr: &stderr})
+	if err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	return ran{code: res.ExitCode, stdout: stdout.String(), stderr: stderr.String(), res: res}
+}
+
+func newKey(t *testing.T, user string) identity.Key {
+	t.Helper()
+	k, err := identity.New("harden", user+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// lines parses hardprobe's "name value..." output.
+func lines(out string) map[string]string {
+	m := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		m[k] = v
+	}
+	return m
+}
+
+// TestSeccompProfile: inside a sandbox, every call the profile denies fails with EPERM, and what ordinary work
+// needs (fork, exec, pipes, sockets on loopback) works.
+func TestSeccompProfile(t *testing.T) {
+	h := newHarness(t, hardImage(t), nil)
+	key := newKey(t, "seccomp")
+	r := h.run(t, key, probePath, "syscalls")
+	if r.code != 0 {
+		t.Fatalf("hardprobe syscalls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	got := lines(r.stdout)
+	const eperm, enosys = "1", "38"
+	want := map[string]string{
+		"io_uring_setup": eperm, "io_uring_enter": eperm, "io_uring_register": eperm,
+		"ptrace": eperm, "process_vm_readv": eperm, "process_vm_writev": eperm,
+		"userfaultfd": eperm, "keyctl": eperm, "add_key": eperm, "request_key": eperm,
+		"bpf": eperm, "perf_event_open": eperm, "kexec_load": eperm, "kexec_file_load": eperm,
+		"open_by_handle_at": eperm, "setns": eperm, "unshare_newuser": eperm, "unshare_newns": eperm,
+		"unshare_newnet": eperm, "clone_newuser": eperm, "mount": eperm, "umount2": eperm, "pivot_root": eperm,
+		"kcmp": eperm, "pidfd_getfd": eperm, "fsopen": eperm, "open_tree": eperm,
+		"clone3":    enosys,
+		"fork_exec": "0", "pipe": "0", "loopback_tcp": "0", "unix_socket": "0", "unshare_files": "0",
+	}
+	for name, w := range want {
+		if g, ok := got[name]; !ok || g != w {
+			t.Errorf("%s: errno %q, want %s", name, g, w)
+		}
+	}
+	if t.Failed() {
+		t.Logf("hardprobe output:\n%s%s", r.stdout, r.stderr)
+	}
+}
+
+// TestProcessStatus: a command has no capability, no way to gain privileges, a seccomp filter, no core dumps
+// and a bounded file table.
+func TestProcessStatus(t *testing.T) {
+	h := newHarness(t, hardImage(t), nil)
+	r := h.run(t, newKey(t, "status"), probePath, "status")
+	got := lines(r.stdout)
+	want := map[string]string{
+		"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2",
+		"RLIMIT_CORE":   "0 0",
+		"RLIMIT_NOFILE": strconv.Itoa(lifecycle.DefaultNofile) + " " + strconv.Itoa(lifecycle.DefaultNofile),
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s = %q, want %q", k, got[k], w)
+		}
+	}
+	if t.Failed() {
+		t.Logf("hardprobe status:\n%s%s", r.stdout, r.stderr)
+	}
+}
+
+// TestNoCoreFile: a command that crashes asking for a core dump leaves no core file in the workspace (its cwd),
+// which is the host's directory.
+func TestNoCoreFile(t *testing.T) {
+	h := newHarness(t, hardImage(t), nil)
+	key := newKey(t, "core")
+	r := h.run(t, key, probePath, "crash")
+	if r.code == 0 {
+		t.Fatalf("the crash exited 0:\n%s", r.stderr)
+	}
+	ws := h.home.Workspace(key)
+	entries, err := os.ReadDir(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "core") {
+			fi, _ := e.Info()
+			t.Errorf("core file %s (%d bytes) written into the workspace", e.Name(), fi.Size())
+		}
+	}
+	if r := h.run(t, key, "sh", "-c", "ls -a /workspace | grep -c core; true"); strings.TrimSpace(r.stdout) != "0" {
+		t.Errorf("the sandbox sees core files: %q", r.stdout)
+	}
+}
+
+// TestAgentOutOfReach: a command that tries to take over PID 1 (ptrace attach, reading its memory and
+// environment, signals, dialling the channel socket) gets nowhere, and the key's next command runs normally over
+// the same channel with its exact result.
+func TestAgentOutOfReach(t *testing.T) {
+	h := newHarness(t, hardImage(t), nil)
+	key := newKey(t, "pid1")
+	first := h.run(t, key, "sh", "-c", "echo warm")
+	if first.stdout != "warm\n" || first.res.Transport != lifecycle.TransportAgent {
+		t.Fatalf("first command: %+v", first)
+	}
+	r := h.run(t, key, probePath, "pid1", channel.SocketPath)
+	got := lines(r.stdout)
+	const eperm, eacces = "1", "13"
+	want := map[string]string{
+		"ptrace_attach_1": eperm, "ptrace_seize_1": eperm,
+		"open_mem": eacces, "open_environ": eacces, "readdir_fd": eacces,
+		"dial_channel_read": "closed",
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s = %q, want %q", k, got[k], w)
+		}
+	}
+	if t.Failed() {
+		t.Logf("hardprobe pid1 (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// The signals "worked" (kill(2) returned 0) but changed nothing: PID 1 is the same process, and the next
+	// command is exact.
+	time.Sleep(200 * time.Millisecond)
+	next := h.run(t, key, "sh", "-c", "echo next; echo err >&2; exit 7")
+	if next.code != 7 || next.stdout != "next\n" || next.stderr != "err\n" || next.res.Transport != lifecycle.TransportAgent {
+		t.Fatalf("next command: code %d stdout %q stderr %q transport %s", next.code, next.stdout, next.stderr, next.res.Transport)
+	}
+	if next.res.Sandbox.ID != first.res.Sandbox.ID || next.res.Sandbox.Pid != first.res.Sandbox.Pid {
+		t.Fatalf("the sandbox changed: %s/%d -> %s/%d", first.res.Sandbox.ID, first.res.Sandbox.Pid,
+			next.res.Sandbox.ID, next.res.Sandbox.Pid)
+	}
+}
+
+// TestTmpWritableWhateverTheImage: with an image whose /tmp is 0755 root, /tmp and HOME are writable by the
+// sandbox user and what is written there persists between commands.
+func TestTmpWritableWhateverTheImage(t *testing.T) {
+	image := testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{"/tmp/.keep": {Data: []byte("x")}})
+	image = chmodImage(t, image)
+	h := newHarness(t, image, nil)
+	key := newKey(t, "tmp")
+	if r := h.run(t, key, "sh", "-c", "echo kept > /tmp/a && echo home > $HOME/b && stat -c %a /tmp"); r.code != 0 {
+		t.Fatalf("write /tmp and HOME: exit %d %s%s", r.code, r.stdout, r.stderr)
+	} else if mode := strings.TrimSpace(r.stdout); mode != "1777" {
+		t.Errorf("/tmp mode %s, want 1777", mode)
+	}
+	r := h.run(t, key, "sh", "-c", "cat /tmp/a $HOME/b")
+	if r.code != 0 || r.stdout != "kept\nhome\n" {
+		t.Fatalf("second command: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// chmodImage builds FROM base an image whose /tmp is 0755 and owned by root, as some images ship it. The RUN
+// step runs the base's busybox; nothing is pulled.
+func chmodImage(t *testing.T, base string) string {
+	t.Helper()
+	tag := "sandkeep-test-tmp0755:" + strings.NewReplacer(":", "-", "/", "-").Replace(base)
+	if len(tag) > 120 {
+		tag = tag[:120]
+	}
+	buildFromDockerfile(t, tag, "FROM "+base+"\nRUN chmod 0755 /tmp && chown 0:0 /tmp\n")
+	return tag
+}
+
+// buildFromDockerfile builds dockerfile (a context of that file alone) as tag with the classic builder.
+func buildFromDockerfile(t *testing.T, tag, dockerfile string) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: "Dockerfile", Mode: 0o644, Size: int64(len(dockerfile))}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write([]byte(dockerfile))
+	tw.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	res, err := testutil.Docker(t).ImageBuild(ctx, &buf, client.ImageBuildOptions{
+		Tags: []string{tag}, Dockerfile: "Dockerfile", Remove: true, ForceRemove: true, Version: build.BuilderV1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	out, _ := io.ReadAll(res.Body)
+	if bytes.Contains(out, []byte(`"errorDetail"`)) {
+		t.Fatalf("build %s:\n%s", tag, out)
+	}
+}
