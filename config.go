@@ -37,6 +37,11 @@ type Config struct {
 	Env         []string // base environment of every sandbox, "K=V"
 	Mounts      []string // extra binds in `--mount` syntax, checked by the mount guard
 	Tmpfs       []string // extra tmpfs mounts, "/path[:size=64m,mode=0700,...]" as in sandkeep.yaml
+	// SandboxUIDs, "FIRST-LAST" (e.g. "200000-265535"), gives each key's sandbox a host uid of its own from that
+	// range instead of User (docs/SECURITY.md, "Identity"). Runtime is the engine's OCI runtime for sandboxes
+	// ("" the engine's default, "runsc" for gVisor).
+	SandboxUIDs string
+	Runtime     string
 
 	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
 	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
@@ -150,6 +155,10 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if err != nil {
 		return lifecycle.Config{}, err
 	}
+	uids, err := lifecycle.ParseUIDRange(c.SandboxUIDs)
+	if err != nil {
+		return lifecycle.Config{}, err
+	}
 	tmpfs := map[string]string{}
 	for _, t := range c.Tmpfs {
 		target, opts, _ := strings.Cut(t, ":")
@@ -161,7 +170,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	return lifecycle.Config{
 		Image: c.Image, AgentPath: agent, User: c.User, AllowRoot: c.AllowRoot,
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
-		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs,
+		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs, UIDs: uids, Runtime: c.Runtime,
 		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),

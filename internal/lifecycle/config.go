@@ -43,7 +43,10 @@ type Config struct {
 	Image     string // image ref used for every sandbox
 	AgentPath string // the host path of the static sandkeep-agent binary
 
-	User        string // "uid:gid"; root is refused unless AllowRoot
+	User string // "uid:gid"; root is refused unless AllowRoot
+	// UIDs, when set, gives each key's sandbox a host uid (and gid) of its own from this range instead of User
+	// (uids.go): no two keys share one, and none is a host account's. Changing it recycles sandboxes.
+	UIDs        UIDRange
 	AllowRoot   bool
 	PidsLimit   int64
 	MemoryBytes int64
@@ -184,6 +187,9 @@ func (c *Config) validate() (uid, gid int, err error) {
 		return 0, 0, err
 	}
 	if _, err := ParseTransport(string(c.Transport)); err != nil {
+		return 0, 0, err
+	}
+	if err := c.UIDs.check(); err != nil {
 		return 0, 0, err
 	}
 	if !validRuntime(c.Runtime) {

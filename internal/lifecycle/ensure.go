@@ -49,7 +49,10 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 		return nil, "", err
 	}
 	chanDir := m.channelDir(key)
-	want, hash := m.postureOf(key)
+	want, hash, err := m.postureOf(key)
+	if err != nil {
+		return nil, "", err
+	}
 	if sb := m.cached(key); sb != nil && compatible(sb, imageID, hash) {
 		// Trust this process's last ensure: if the sandbox was stopped or removed since, Exec fails before
 		// running anything and the caller ensures again.
@@ -103,7 +106,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 		case ok && sb.State == driver.StateStopped:
 			d := pick(adopted, DecisionAdopt, DecisionStart)
 			m.decided(key, sb, d)
-			if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
+			if _, err := m.ensureWorkspace(key); err != nil {
 				return nil, "", err
 			}
 			if err := m.drv.Start(ctx, sb); err == nil {
@@ -129,7 +132,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
 func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
-	if _, err := m.home.EnsureWorkspace(key, m.uid, m.gid); err != nil {
+	if _, err := m.ensureWorkspace(key); err != nil {
 		return nil, err
 	}
 	spec := &driver.CreateSpec{
@@ -196,14 +199,47 @@ type keyPosture struct {
 }
 
 // postureOf returns key's posture and its hash. Both are a pure function of the manager's configuration (fixed
-// at New) and the key, so they are built once per key rather than on every command; the driver only reads them.
-func (m *Manager) postureOf(key identity.Key) (driver.Posture, string) {
+// at New) and the key (its uid, when the operator gave a range), so they are built once per key rather than on
+// every command; the driver only reads them.
+func (m *Manager) postureOf(key identity.Key) (driver.Posture, string, error) {
 	if v, ok := m.postures.Load(key.Hex()); ok {
 		kp := v.(keyPosture)
-		return kp.posture, kp.hash
+		return kp.posture, kp.hash, nil
 	}
-	p := m.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), m.uid, m.gid)
+	uid, gid, err := m.idOf(key)
+	if err != nil {
+		return driver.Posture{}, "", err
+	}
+	p := m.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), uid, gid)
 	kp := keyPosture{posture: p, hash: p.Hash()}
 	m.postures.Store(key.Hex(), kp)
-	return kp.posture, kp.hash
+	return kp.posture, kp.hash, nil
+}
+
+// idOf is the host uid and gid key's sandbox runs as: Config.User, or with a uid range the key's own uid (its
+// gid is the same number). An allocated uid is remembered for the manager's life.
+func (m *Manager) idOf(key identity.Key) (uid, gid int, err error) {
+	if m.cfg.UIDs.Count == 0 {
+		return m.uid, m.gid, nil
+	}
+	if v, ok := m.uids.Load(key.Hex()); ok {
+		id := v.(int)
+		return id, id, nil
+	}
+	id, err := m.home.AllocateUID(key, m.cfg.UIDs, HostIDTaken)
+	if err != nil {
+		return 0, 0, err
+	}
+	m.uids.Store(key.Hex(), id)
+	return id, id, nil
+}
+
+// ensureWorkspace creates key's workspace owned by its sandbox's uid (handing over what is inside when that uid
+// changed, e.g. when the operator set a uid range).
+func (m *Manager) ensureWorkspace(key identity.Key) (string, error) {
+	uid, gid, err := m.idOf(key)
+	if err != nil {
+		return "", err
+	}
+	return m.home.EnsureWorkspace(key, uid, gid)
 }

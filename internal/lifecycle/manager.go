@@ -42,6 +42,7 @@ type Manager struct {
 	agentDir string
 	images   *images
 	postures sync.Map // key hex -> keyPosture, built once per key (see postureOf)
+	uids     sync.Map // key hex -> int, the key's host uid from Config.UIDs (see idOf)
 
 	mu        sync.Mutex                   // guards known, listeners and egress
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone

@@ -13,9 +13,12 @@ func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid
 		return "", 0, 0, fault.New(fault.FileNotFound, "run a command or upload a file first",
 			"no workspace for %s", key)
 	}
-	dir, err = m.home.EnsureWorkspace(key, m.uid, m.gid)
+	if uid, gid, err = m.idOf(key); err != nil {
+		return "", 0, 0, err
+	}
+	dir, err = m.home.EnsureWorkspace(key, uid, gid)
 	if err != nil {
 		return "", 0, 0, err
 	}
-	return dir, m.uid, m.gid, nil
+	return dir, uid, gid, nil
 }

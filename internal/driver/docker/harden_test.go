@@ -6,8 +6,10 @@ import (
 	"context"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandkeep/sandkeep/internal/channel"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
@@ -270,5 +273,73 @@ func buildFromDockerfile(t *testing.T, tag, dockerfile string) {
 	out, _ := io.ReadAll(res.Body)
 	if bytes.Contains(out, []byte(`"errorDetail"`)) {
 		t.Fatalf("build %s:\n%s", tag, out)
+	}
+}
+
+// TestDistinctHostUIDs: with an operator uid range, two keys' sandboxes run under different host uids of the
+// range, each owning its own workspace, and each gets EACCES on the other's workspace even when it is bound in
+// (an operator mount standing for a leaked one).
+func TestDistinctHostUIDs(t *testing.T) {
+	testutil.Docker(t)
+	base := t.TempDir()
+	home, err := lifecycle.OpenHome(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newKey(t, "uid-a"), newKey(t, "uid-b")
+	leaked, err := home.EnsureWorkspace(a, 0, 0) // exists before the mount is checked; handed to A's uid later
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Cleanup(t, home.Installation)
+	drvr, err := docker.New(docker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := lifecycle.UIDRange{First: 231000, Count: 1000}
+	m, err := lifecycle.New(home, drvr, lifecycle.Config{
+		Image: testutil.TestImage(t), AgentPath: testutil.AgentBinary(t), Transport: lifecycle.TransportAgent,
+		UIDs: r, Mounts: []driver.Mount{{Source: leaked, Target: "/leak"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	h := &harness{m: m, home: home}
+
+	ra := h.run(t, a, "sh", "-c", "id -u; id -g; echo secret > /workspace/s && cat /leak/s")
+	rb := h.run(t, b, "sh", "-c", "id -u; id -g; echo mine > /workspace/m")
+	uidA, uidB := strings.Fields(ra.stdout), strings.Fields(rb.stdout)
+	if ra.code != 0 || rb.code != 0 || len(uidA) != 3 || len(uidB) != 2 {
+		t.Fatalf("a: %d %q %q; b: %d %q %q", ra.code, ra.stdout, ra.stderr, rb.code, rb.stdout, rb.stderr)
+	}
+	if uidA[0] == uidB[0] || uidA[0] != uidA[1] || uidB[0] != uidB[1] {
+		t.Fatalf("uid:gid of a %v, of b %v: want distinct, gid = uid", uidA[:2], uidB)
+	}
+	for _, u := range []string{uidA[0], uidB[0]} {
+		n, _ := strconv.Atoi(u)
+		if n < r.First || n >= r.First+r.Count {
+			t.Fatalf("uid %d outside the range %s", n, r)
+		}
+	}
+	for key, want := range map[identity.Key]string{a: uidA[0], b: uidB[0]} {
+		fi, err := os.Stat(home.Workspace(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if strconv.Itoa(int(st.Uid)) != want || fi.Mode().Perm() != 0o700 {
+			t.Errorf("workspace of %s: owner %d mode %v, want %s 0700", key.Short(), st.Uid, fi.Mode().Perm(), want)
+		}
+	}
+	// B sees A's workspace bound at /leak and gets nothing from it.
+	for _, cmd := range []string{"ls /leak", "cat /leak/s", "touch /leak/x"} {
+		r := h.run(t, b, "sh", "-c", cmd)
+		if r.code == 0 || !strings.Contains(r.stderr, "Permission denied") {
+			t.Errorf("b: %s: exit %d, stdout %q, stderr %q; want EACCES", cmd, r.code, r.stdout, r.stderr)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(home.Workspace(a), "x")); err == nil {
+		t.Error("b created a file in a's workspace")
 	}
 }
