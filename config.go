@@ -42,6 +42,10 @@ type Config struct {
 	// ("" the engine's default, "runsc" for gVisor).
 	SandboxUIDs string
 	Runtime     string
+	// DiskBytes and DiskInodes bound each workspace with a file system of its own (spec resources.disk and
+	// resources.inodes; needs root); zero is none. DiskMaxBytes and DiskMaxInodes are the operator's ceilings.
+	DiskBytes, DiskInodes       int64
+	DiskMaxBytes, DiskMaxInodes int64
 
 	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
 	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
@@ -171,6 +175,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		Image: c.Image, AgentPath: agent, User: c.User, AllowRoot: c.AllowRoot,
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
 		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs, UIDs: uids, Runtime: c.Runtime,
+		DiskBytes: c.DiskBytes, DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes,
 		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),

@@ -206,6 +206,13 @@ func apply(c *sandkeep.Config, sb spec.Sandbox) error {
 			}
 			c.MemoryBytes = n
 		}
+		if r.Disk != "" {
+			n, err := spec.ParseSize(r.Disk)
+			if err != nil {
+				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 1g or 512m", "resources.disk %q", r.Disk)
+			}
+			c.DiskBytes, c.DiskInodes = n, r.Inodes
+		}
 	}
 	return nil
 }

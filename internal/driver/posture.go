@@ -40,6 +40,11 @@ type Posture struct {
 	StopSignal string `json:"stop_signal"`
 	// Runtime is the engine's OCI runtime ("" the engine's default, "runsc" for gVisor).
 	Runtime string `json:"runtime,omitempty"`
+	// WorkspaceBytes and WorkspaceInodes are the workspace's quota (its own file system, which the lifecycle
+	// mounts before the driver binds it); zero is none. The driver applies nothing for them: they are here so a
+	// change recycles the sandbox.
+	WorkspaceBytes  int64 `json:"workspace_bytes,omitempty"`
+	WorkspaceInodes int64 `json:"workspace_inodes,omitempty"`
 }
 
 // Ulimit is one resource limit (setrlimit) of every process in the sandbox; Soft <= Hard, and a process can

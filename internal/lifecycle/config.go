@@ -44,6 +44,13 @@ type Config struct {
 	AgentPath string // the host path of the static sandkeep-agent binary
 
 	User string // "uid:gid"; root is refused unless AllowRoot
+	// DiskBytes and DiskInodes, when DiskBytes is set, bound each workspace with a file system of its own of that
+	// size and inode count (quota.go; needs root). DiskMaxBytes and DiskMaxInodes, when set, are the operator's
+	// ceilings: a config (a spec's resources.disk) above them is refused. Changing them recycles sandboxes.
+	DiskBytes     int64
+	DiskInodes    int64
+	DiskMaxBytes  int64
+	DiskMaxInodes int64
 	// UIDs, when set, gives each key's sandbox a host uid (and gid) of its own from this range instead of User
 	// (uids.go): no two keys share one, and none is a host account's. Changing it recycles sandboxes.
 	UIDs        UIDRange
@@ -189,6 +196,9 @@ func (c *Config) validate() (uid, gid int, err error) {
 	if _, err := ParseTransport(string(c.Transport)); err != nil {
 		return 0, 0, err
 	}
+	if err := c.checkDisk(); err != nil {
+		return 0, 0, err
+	}
 	if err := c.UIDs.check(); err != nil {
 		return 0, 0, err
 	}
@@ -204,6 +214,26 @@ func (c *Config) validate() (uid, gid int, err error) {
 		}
 	}
 	return uid, gid, nil
+}
+
+// checkDisk refuses a workspace quota that ext4 cannot hold or that passes the operator's ceilings.
+func (c *Config) checkDisk() error {
+	switch {
+	case c.DiskBytes < 0 || c.DiskInodes < 0:
+		return fault.New(fault.InvalidArgument, "give a positive size", "workspace quota %d bytes, %d inodes is negative", c.DiskBytes, c.DiskInodes)
+	case c.DiskInodes > 0 && c.DiskBytes == 0:
+		return fault.New(fault.InvalidArgument, "set resources.disk too: the inode bound is that of the workspace's file system",
+			"resources.inodes without resources.disk")
+	case c.DiskBytes > 0 && c.DiskBytes < MinQuotaBytes:
+		return fault.New(fault.InvalidArgument, "give at least 8m", "workspace quota of %d bytes is below the minimum of 8 MiB", c.DiskBytes)
+	case c.DiskMaxBytes > 0 && c.DiskBytes > c.DiskMaxBytes:
+		return fault.New(fault.PostureRefused, "ask for at most the operator's maximum, or have the operator raise it",
+			"workspace quota of %d bytes is above the operator's maximum of %d", c.DiskBytes, c.DiskMaxBytes)
+	case c.DiskMaxInodes > 0 && c.DiskInodes > c.DiskMaxInodes:
+		return fault.New(fault.PostureRefused, "ask for at most the operator's maximum, or have the operator raise it",
+			"workspace quota of %d inodes is above the operator's maximum of %d", c.DiskInodes, c.DiskMaxInodes)
+	}
+	return nil
 }
 
 // validRuntime: empty, or a name such as "runsc" or "io.containerd.runsc.v1" (letters, digits, . _ -).
@@ -275,8 +305,10 @@ func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driv
 			{Name: "core", Soft: 0, Hard: 0},
 			{Name: "nofile", Soft: c.NofileLimit, Hard: c.NofileLimit},
 		},
-		StopSignal: "SIGKILL",
-		Runtime:    c.Runtime,
+		StopSignal:      "SIGKILL",
+		Runtime:         c.Runtime,
+		WorkspaceBytes:  c.DiskBytes,
+		WorkspaceInodes: c.DiskInodes,
 	}
 	for target, opts := range c.Tmpfs {
 		p.Tmpfs[target] = extraTmpfs(opts, uid, gid)

@@ -106,7 +106,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 		case ok && sb.State == driver.StateStopped:
 			d := pick(adopted, DecisionAdopt, DecisionStart)
 			m.decided(key, sb, d)
-			if _, err := m.ensureWorkspace(key); err != nil {
+			if _, err := m.ensureWorkspace(key, true); err != nil {
 				return nil, "", err
 			}
 			if err := m.drv.Start(ctx, sb); err == nil {
@@ -132,7 +132,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key) (*driver.Sandbo
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
 func (m *Manager) create(ctx context.Context, key identity.Key, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
-	if _, err := m.ensureWorkspace(key); err != nil {
+	if _, err := m.ensureWorkspace(key, true); err != nil {
 		return nil, err
 	}
 	spec := &driver.CreateSpec{
@@ -235,11 +235,21 @@ func (m *Manager) idOf(key identity.Key) (uid, gid int, err error) {
 }
 
 // ensureWorkspace creates key's workspace owned by its sandbox's uid (handing over what is inside when that uid
-// changed, e.g. when the operator set a uid range).
-func (m *Manager) ensureWorkspace(key identity.Key) (string, error) {
+// changed, e.g. when the operator set a uid range), on its quota file system when the config sets one (quota.go).
+// stopped says the key's sandbox is not running, so a quota raised since may grow the file system.
+func (m *Manager) ensureWorkspace(key identity.Key, stopped bool) (string, error) {
 	uid, gid, err := m.idOf(key)
 	if err != nil {
 		return "", err
+	}
+	if m.cfg.DiskBytes > 0 {
+		if _, err := m.home.EnsureWorkspace(key, uid, gid); err != nil { // the mount point
+			return "", err
+		}
+		q := Quota{Bytes: m.cfg.DiskBytes, Inodes: m.cfg.DiskInodes}
+		if err := m.home.ensureQuotaMount(key, q, uid, gid, stopped); err != nil {
+			return "", err
+		}
 	}
 	return m.home.EnsureWorkspace(key, uid, gid)
 }

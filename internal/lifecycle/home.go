@@ -150,8 +150,12 @@ func (h *Home) HasWorkspace(k identity.Key) bool {
 	return err == nil
 }
 
-// RemoveWorkspace deletes the key's workspace. RemoveAll does not follow symlinks planted inside it.
+// RemoveWorkspace deletes the key's workspace, and its quota file system with its image when it has one.
+// RemoveAll does not follow symlinks planted inside it.
 func (h *Home) RemoveWorkspace(k identity.Key) error {
+	if err := h.unmountQuota(k); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(h.Workspace(k)); err != nil {
 		return fmt.Errorf("remove workspace: %w", err)
 	}

@@ -27,6 +27,7 @@ type Info struct {
 	CreatedAt time.Time
 	LastUsed  time.Time // zero when never used
 	IdleFor   time.Duration
+	Disk      *Usage // the workspace quota's use; nil without a quota (or when its file system is not mounted)
 }
 
 // Info describes key's sandbox (one inspect); none is SANDBOX_NOT_FOUND, and so is a container of that name that
@@ -53,7 +54,18 @@ func (m *Manager) info(key identity.Key, sb *driver.Sandbox) Info {
 	return Info{
 		Key: key, Name: sb.Name, ID: sb.ID, State: sb.State, Image: sb.Labels[driver.LabelImage],
 		CreatedAt: created, LastUsed: used, IdleFor: max(0, m.cfg.Now().Sub(idleFrom)).Round(time.Second),
+		Disk: m.diskUsage(key),
 	}
+}
+
+func (m *Manager) diskUsage(key identity.Key) *Usage {
+	if m.cfg.DiskBytes == 0 {
+		return nil
+	}
+	if u, ok := m.home.WorkspaceUsage(key); ok {
+		return &u
+	}
+	return nil
 }
 
 // List returns every sandbox of this installation, sorted by tenant then user. Containers whose labels do

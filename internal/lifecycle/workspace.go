@@ -16,7 +16,8 @@ func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid
 	if uid, gid, err = m.idOf(key); err != nil {
 		return "", 0, 0, err
 	}
-	dir, err = m.home.EnsureWorkspace(key, uid, gid)
+	// Its sandbox may be running: the quota file system is mounted if it is not, never grown.
+	dir, err = m.ensureWorkspace(key, false)
 	if err != nil {
 		return "", 0, 0, err
 	}

@@ -343,3 +343,131 @@ func TestDistinctHostUIDs(t *testing.T) {
 		t.Error("b created a file in a's workspace")
 	}
 }
+
+// quotaHarness is a harness whose keys' workspaces have a quota; every workspace file system it mounted is
+// unmounted and its image deleted when the test ends, after its containers are gone.
+func quotaHarness(t *testing.T, home *lifecycle.Home, image string, keys []identity.Key, edit func(*lifecycle.Config)) *harness {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, k := range keys {
+			if err := home.RemoveWorkspace(k); err != nil {
+				t.Errorf("remove workspace %s: %v", k.Short(), err)
+			}
+		}
+	})
+	testutil.Cleanup(t, home.Installation)
+	drvr, err := docker.New(docker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := lifecycle.Config{Image: image, AgentPath: testutil.AgentBinary(t), Transport: lifecycle.TransportAgent,
+		DiskBytes: 64 << 20, DiskInodes: 2048}
+	if edit != nil {
+		edit(&cfg)
+	}
+	m, err := lifecycle.New(home, drvr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return &harness{m: m, home: home}
+}
+
+// allocated is how much of the host's disk a file takes (its blocks, not its apparent size).
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+func freeBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// TestWorkspaceQuota: with a 64 MiB, 2048-inode quota, writing 100 MiB fails with ENOSPC inside the sandbox, the
+// host loses at most the quota, a neighbour's writes succeed, inode exhaustion is ENOSPC too, ps shows the use,
+// the workspace is bound nosuid,nodev, survives recycling (with the quota still on), and rm frees it.
+func TestWorkspaceQuota(t *testing.T) {
+	testutil.Docker(t)
+	home, err := lifecycle.OpenHome(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, neighbour := newKey(t, "quota-full"), newKey(t, "quota-neighbour")
+	h := quotaHarness(t, home, testutil.TestImage(t), []identity.Key{full, neighbour}, nil)
+	const quota = 64 << 20
+
+	if r := h.run(t, full, "sh", "-c", "grep ' /workspace ' /proc/self/mountinfo"); r.code != 0 ||
+		!strings.Contains(r.stdout, "nosuid") || !strings.Contains(r.stdout, "nodev") {
+		t.Errorf("/workspace mount: %q (exit %d), want nosuid,nodev", r.stdout, r.code)
+	}
+	before := freeBytes(t, home.Dir)
+	r := h.run(t, full, "sh", "-c", "dd if=/dev/zero of=/workspace/big bs=1M count=100 2>&1; echo exit=$?")
+	if !strings.Contains(r.stdout, "No space left on device") || strings.Contains(r.stdout, "exit=0") {
+		t.Fatalf("writing 100 MiB into a 64 MiB workspace: %q", r.stdout)
+	}
+	img := filepath.Join(home.Dir, "disks", full.Hex()+".img")
+	if got := allocated(t, img); got > quota {
+		t.Errorf("the workspace takes %d bytes of the host's disk, more than the quota of %d", got, quota)
+	}
+	t.Logf("host free space dropped by %d MiB (other processes share the disk); the image takes %d MiB",
+		(before-freeBytes(t, home.Dir))>>20, allocated(t, img)>>20)
+
+	if r := h.run(t, neighbour, "sh", "-c", "dd if=/dev/zero of=/workspace/ok bs=1M count=10 2>&1 && ls -l /workspace/ok"); r.code != 0 {
+		t.Errorf("the neighbour's 10 MiB write failed: %q", r.stdout)
+	}
+
+	// ps shows the use.
+	info, err := h.m.Info(t.Context(), full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Disk == nil || info.Disk.Bytes < 50<<20 || info.Disk.BytesLimit > quota || info.Disk.InodesLimit < 2048 {
+		t.Errorf("Info.Disk = %+v, want about 64 MiB of 64 MiB used", info.Disk)
+	}
+
+	// Inodes run out the same way, on the neighbour (its blocks are mostly free).
+	r = h.run(t, neighbour, "sh", "-c", "mkdir /workspace/many && cd /workspace/many && i=0; while [ $i -lt 4000 ]; do true > f$i || break; i=$((i+1)); done; echo made=$i")
+	_, made, _ := strings.Cut(strings.TrimSpace(r.stdout), "made=")
+	if n, _ := strconv.Atoi(made); n < 1500 || n > 2100 || !strings.Contains(r.stderr, "No space left on device") {
+		t.Errorf("files made before the inodes ran out: %s, stderr %q; want about 2048 and ENOSPC", made, r.stderr)
+	}
+	if info, err := h.m.Info(t.Context(), neighbour); err != nil || info.Disk == nil || info.Disk.Inodes < info.Disk.InodesLimit-16 {
+		t.Errorf("Info.Disk of the inode-full workspace: %+v, %v", info.Disk, err)
+	}
+
+	// rm in the sandbox frees it.
+	if r := h.run(t, full, "sh", "-c", "rm /workspace/big && dd if=/dev/zero of=/workspace/again bs=1M count=10 2>&1"); r.code != 0 {
+		t.Errorf("after rm, a 10 MiB write failed: %q", r.stdout)
+	}
+
+	// Recycling (a posture change: another pids limit) keeps the workspace and its quota.
+	h.m.Close()
+	h2 := quotaHarness(t, home, testutil.TestImage(t), nil, func(c *lifecycle.Config) { c.PidsLimit = 300 })
+	r = h2.run(t, full, "sh", "-c", "ls /workspace; dd if=/dev/zero of=/workspace/big bs=1M count=100 2>&1; echo exit=$?")
+	if !strings.Contains(r.stdout, "again") || !strings.Contains(r.stdout, "No space left on device") {
+		t.Errorf("after recycling: %q", r.stdout)
+	}
+	if r.res.Sandbox.ID == info.ID {
+		t.Error("the sandbox was not recycled")
+	}
+
+	// sandkeep rm removes the workspace: its file system is unmounted and its image deleted.
+	if err := h2.m.Remove(t.Context(), full, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(img); !os.IsNotExist(err) {
+		t.Errorf("image after rm: %v", err)
+	}
+	if _, err := os.Stat(home.Workspace(full)); !os.IsNotExist(err) {
+		t.Errorf("workspace after rm: %v", err)
+	}
+}
