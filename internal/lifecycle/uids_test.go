@@ -100,3 +100,22 @@ func TestParseUIDRange(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseUIDRange: a range that parses is within bounds, prints back to itself, and never includes root.
+func FuzzParseUIDRange(f *testing.F) {
+	for _, s := range []string{"200000-265535", "1-1", "0-0", "-5", "5-", "99999999999999999999-1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseUIDRange(s)
+		if err != nil || r.Count == 0 {
+			return
+		}
+		if r.First <= 0 || r.First+r.Count-1 > maxUID {
+			t.Fatalf("%q parsed to %+v", s, r)
+		}
+		if again, err := ParseUIDRange(r.String()); err != nil || again != r {
+			t.Fatalf("%q -> %s -> %+v, %v", s, r, again, err)
+		}
+	})
+}
