@@ -105,6 +105,10 @@ type Config struct {
 	Now    func() time.Time // for tests; time.Now when nil
 }
 
+// RuntimeGVisor is gVisor's runtime name as Debian's runsc package and docker-up.sh register it. Sandboxes under
+// it have no agent channel (transport.go): their commands go through the engine's exec.
+const RuntimeGVisor = "runsc"
+
 // Transport names how a command reaches the agent.
 type Transport string
 

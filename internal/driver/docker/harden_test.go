@@ -37,6 +37,20 @@ func hardImage(t *testing.T) string {
 	return testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{probePath: {Data: data, Mode: 0o755}})
 }
 
+// EnvTestRuntime names the OCI runtime the Docker tests run sandboxes under ("" the engine's default; CI runs the
+// driver suites once more with runsc, scripts/test.sh).
+const EnvTestRuntime = "SANDKEEP_TEST_RUNTIME"
+
+func testRuntime() string { return os.Getenv(EnvTestRuntime) }
+
+// testTransport is the agent channel, forced, except under gVisor, which has none (the engine's exec).
+func testTransport() lifecycle.Transport {
+	if testRuntime() == lifecycle.RuntimeGVisor {
+		return lifecycle.TransportExec
+	}
+	return lifecycle.TransportAgent
+}
+
 // harness is a real lifecycle Manager over the real Docker driver, in a state home of its own.
 type harness struct {
 	m    *lifecycle.Manager
@@ -55,7 +69,8 @@ func newHarness(t *testing.T, image string, edit func(*lifecycle.Config)) *harne
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := lifecycle.Config{Image: image, AgentPath: testutil.AgentBinary(t), Transport: lifecycle.TransportAgent}
+	cfg := lifecycle.Config{Image: image, AgentPath: testutil.AgentBinary(t), Transport: testTransport(),
+		Runtime: testRuntime()}
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -189,7 +204,7 @@ func TestAgentOutOfReach(t *testing.T) {
 	h := newHarness(t, hardImage(t), nil)
 	key := newKey(t, "pid1")
 	first := h.run(t, key, "sh", "-c", "echo warm")
-	if first.stdout != "warm\n" || first.res.Transport != lifecycle.TransportAgent {
+	if first.stdout != "warm\n" || first.res.Transport != testTransport() {
 		t.Fatalf("first command: %+v", first)
 	}
 	r := h.run(t, key, probePath, "pid1", channel.SocketPath)
@@ -199,6 +214,10 @@ func TestAgentOutOfReach(t *testing.T) {
 		"ptrace_attach_1": eperm, "ptrace_seize_1": eperm,
 		"open_mem": eacces, "open_environ": eacces, "readdir_fd": eacces,
 		"dial_channel_read": "closed",
+	}
+	if testRuntime() == lifecycle.RuntimeGVisor {
+		delete(want, "dial_channel_read")
+		want["dial_channel"] = "2" // no channel under gVisor: nothing to dial
 	}
 	for k, w := range want {
 		if got[k] != w {
@@ -212,7 +231,7 @@ func TestAgentOutOfReach(t *testing.T) {
 	// command is exact.
 	time.Sleep(200 * time.Millisecond)
 	next := h.run(t, key, "sh", "-c", "echo next; echo err >&2; exit 7")
-	if next.code != 7 || next.stdout != "next\n" || next.stderr != "err\n" || next.res.Transport != lifecycle.TransportAgent {
+	if next.code != 7 || next.stdout != "next\n" || next.stderr != "err\n" || next.res.Transport != first.res.Transport {
 		t.Fatalf("next command: code %d stdout %q stderr %q transport %s", next.code, next.stdout, next.stderr, next.res.Transport)
 	}
 	if next.res.Sandbox.ID != first.res.Sandbox.ID || next.res.Sandbox.Pid != first.res.Sandbox.Pid {
@@ -298,8 +317,8 @@ func TestDistinctHostUIDs(t *testing.T) {
 	}
 	r := lifecycle.UIDRange{First: 231000, Count: 1000}
 	m, err := lifecycle.New(home, drvr, lifecycle.Config{
-		Image: testutil.TestImage(t), AgentPath: testutil.AgentBinary(t), Transport: lifecycle.TransportAgent,
-		UIDs: r, Mounts: []driver.Mount{{Source: leaked, Target: "/leak"}},
+		Image: testutil.TestImage(t), AgentPath: testutil.AgentBinary(t), Transport: testTransport(),
+		UIDs: r, Mounts: []driver.Mount{{Source: leaked, Target: "/leak"}}, Runtime: testRuntime(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -360,8 +379,8 @@ func quotaHarness(t *testing.T, home *lifecycle.Home, image string, keys []ident
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := lifecycle.Config{Image: image, AgentPath: testutil.AgentBinary(t), Transport: lifecycle.TransportAgent,
-		DiskBytes: 64 << 20, DiskInodes: 2048}
+	cfg := lifecycle.Config{Image: image, AgentPath: testutil.AgentBinary(t), Transport: testTransport(),
+		DiskBytes: 64 << 20, DiskInodes: 2048, Runtime: testRuntime()}
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -405,12 +424,16 @@ func TestWorkspaceQuota(t *testing.T) {
 	h := quotaHarness(t, home, testutil.TestImage(t), []identity.Key{full, neighbour}, nil)
 	const quota = 64 << 20
 
-	if r := h.run(t, full, "sh", "-c", "grep ' /workspace ' /proc/self/mountinfo"); r.code != 0 ||
-		!strings.Contains(r.stdout, "nosuid") || !strings.Contains(r.stdout, "nodev") {
+	r := h.run(t, full, "sh", "-c", "grep ' /workspace ' /proc/self/mountinfo")
+	// Under gVisor the sandbox sees its gofer's 9p mount, whose flags say nothing of the host's mount.
+	if testRuntime() != lifecycle.RuntimeGVisor && (r.code != 0 || !strings.Contains(r.stdout, "nosuid") || !strings.Contains(r.stdout, "nodev")) {
 		t.Errorf("/workspace mount: %q (exit %d), want nosuid,nodev", r.stdout, r.code)
 	}
+	if opts := hostMountOptions(t, home.Workspace(full)); !strings.Contains(opts, "nosuid") || !strings.Contains(opts, "nodev") {
+		t.Errorf("the workspace's file system is mounted %q on the host, want nosuid,nodev", opts)
+	}
 	before := freeBytes(t, home.Dir)
-	r := h.run(t, full, "sh", "-c", "dd if=/dev/zero of=/workspace/big bs=1M count=100 2>&1; echo exit=$?")
+	r = h.run(t, full, "sh", "-c", "dd if=/dev/zero of=/workspace/big bs=1M count=100 2>&1; echo exit=$?")
 	if !strings.Contains(r.stdout, "No space left on device") || strings.Contains(r.stdout, "exit=0") {
 		t.Fatalf("writing 100 MiB into a 64 MiB workspace: %q", r.stdout)
 	}
@@ -470,4 +493,20 @@ func TestWorkspaceQuota(t *testing.T) {
 	if _, err := os.Stat(home.Workspace(full)); !os.IsNotExist(err) {
 		t.Errorf("workspace after rm: %v", err)
 	}
+}
+
+// hostMountOptions returns the per-mount options of the mount at dir in this process's mount table.
+func hostMountOptions(t *testing.T, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 5 && f[4] == dir {
+			return f[5]
+		}
+	}
+	return ""
 }
