@@ -99,7 +99,7 @@ if [ "${pkgs[*]}" = "./..." ] && [ "$SANDKEEP_RUNSC" = 1 ]; then
 	phase "go test -race: the Docker driver suites under gVisor (runsc)"
 	SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
 		go test -race -count=1 -timeout 20m \
-		-run '^(TestConformance|TestNoCoreFile|TestTmpWritableWhateverTheImage|TestDistinctHostUIDs|TestWorkspaceQuota)$' \
+		-run '^(TestConformance|TestNoCoreFile|TestTmpWritableWhateverTheImage|TestDistinctHostUIDs|TestUIDRangeRecycles|TestWorkspaceQuota)$' \
 		./internal/driver/docker/ || fail "go test (runsc)"
 fi
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -228,6 +229,9 @@ func (c *Config) checkDisk() error {
 	case c.DiskInodes > 0 && c.DiskBytes == 0:
 		return fault.New(fault.InvalidArgument, "set resources.disk too: the inode bound is that of the workspace's file system",
 			"resources.inodes without resources.disk")
+	case c.DiskBytes > 0 && os.Geteuid() != 0:
+		return fault.New(fault.SpecUnsupported, "run sandkeep as root, or drop resources.disk",
+			"a workspace quota needs a loop mount, which needs root")
 	case c.DiskBytes > 0 && c.DiskBytes < MinQuotaBytes:
 		return fault.New(fault.InvalidArgument, "give at least 8m", "workspace quota of %d bytes is below the minimum of 8 MiB", c.DiskBytes)
 	case c.DiskMaxBytes > 0 && c.DiskBytes > c.DiskMaxBytes:
