@@ -39,12 +39,11 @@ func main() {
 	if len(os.Args) < 2 {
 		usage()
 	}
-	if os.Args[1] == "init" || os.Args[1] == "serve" {
-		// Before anything else: a command of the same uid must never read or ptrace the agent (init_linux.go).
-		if err := setNotDumpable(); err != nil {
-			fmt.Fprintf(os.Stderr, "sandkeep-agent: PR_SET_DUMPABLE: %v\n", err)
-			os.Exit(1)
-		}
+	// Before anything else, in every mode (init, serve, and put-file, which holds a secret): a command of the same
+	// uid must never read or ptrace the agent (init_linux.go).
+	if err := setNotDumpable(); err != nil {
+		fmt.Fprintf(os.Stderr, "sandkeep-agent: PR_SET_DUMPABLE: %v\n", err)
+		os.Exit(1)
 	}
 	if os.Args[1] == "init" {
 		channel, egress, err := parseInitArgs(os.Args[2:])
