@@ -44,17 +44,7 @@ type Config struct {
 	Image     string // image ref used for every sandbox
 	AgentPath string // the host path of the static sandkeep-agent binary
 
-	User string // "uid:gid"; root is refused unless AllowRoot
-	// DiskBytes and DiskInodes, when DiskBytes is set, bound each workspace with a file system of its own of that
-	// size and inode count (quota.go; needs root). DiskMaxBytes and DiskMaxInodes, when set, are the operator's
-	// ceilings: a config (a spec's resources.disk) above them is refused. Changing them recycles sandboxes.
-	DiskBytes     int64
-	DiskInodes    int64
-	DiskMaxBytes  int64
-	DiskMaxInodes int64
-	// UIDs, when set, gives each key's sandbox a host uid (and gid) of its own from this range instead of User
-	// (uids.go): no two keys share one, and none is a host account's. Changing it recycles sandboxes.
-	UIDs        UIDRange
+	User        string // "uid:gid"; root is refused unless AllowRoot
 	AllowRoot   bool
 	PidsLimit   int64
 	MemoryBytes int64
@@ -73,6 +63,16 @@ type Config struct {
 	// Runtime is the engine's OCI runtime for sandboxes: "" (the engine's default, runc) or a runtime the
 	// engine has registered, such as "runsc" (gVisor). Part of the posture: changing it recycles sandboxes.
 	Runtime string
+	// DiskBytes and DiskInodes, when DiskBytes is set, bound each workspace with a file system of its own of that
+	// size and inode count (quota.go; needs root). DiskMaxBytes and DiskMaxInodes, when set, are the operator's
+	// ceilings: a config (a spec's resources.disk) above them is refused. Changing them recycles sandboxes.
+	DiskBytes     int64
+	DiskInodes    int64
+	DiskMaxBytes  int64
+	DiskMaxInodes int64
+	// UIDs, when set, gives each key's sandbox a host uid (and gid) of its own from this range instead of User
+	// (uids.go): no two keys share one, and none is a host account's. Changing it recycles sandboxes.
+	UIDs UIDRange
 
 	GateWait        time.Duration // bound on waiting for a busy key
 	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
