@@ -40,6 +40,15 @@ type Config struct {
 	Env         []string // base environment of every sandbox, "K=V"
 	Mounts      []string // extra binds in `--mount` syntax, checked by the mount guard
 	Tmpfs       []string // extra tmpfs mounts, "/path[:size=64m,mode=0700,...]" as in sandkeep.yaml
+	// SandboxUIDs, "FIRST-LAST" (e.g. "200000-265535"), gives each key's sandbox a host uid of its own from that
+	// range instead of User (docs/SECURITY.md, "Identity"). Runtime is the engine's OCI runtime for sandboxes
+	// ("" the engine's default, "runsc" for gVisor).
+	SandboxUIDs string
+	Runtime     string
+	// DiskBytes and DiskInodes bound each workspace with a file system of its own (spec resources.disk and
+	// resources.inodes; needs root); zero is none. DiskMaxBytes and DiskMaxInodes are the operator's ceilings.
+	DiskBytes, DiskInodes       int64
+	DiskMaxBytes, DiskMaxInodes int64
 
 	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
 	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
@@ -126,13 +135,15 @@ type egressHooks struct {
 }
 
 // ConfigFromEnv returns a Config filled from the operator's environment: SANDKEEP_HOME, SANDKEEP_IMAGE,
-// SANDKEEP_AGENT, SANDKEEP_GATE_WAIT, SANDKEEP_SANDBOX_DEFAULT, SANDKEEP_SPEC, SANDKEEP_SANDBOX_USER and the
+// SANDKEEP_AGENT, SANDKEEP_GATE_WAIT, SANDKEEP_SANDBOX_DEFAULT, SANDKEEP_SPEC, SANDKEEP_SANDBOX_USER,
+// SANDKEEP_SANDBOX_UIDS (a host uid per key, "FIRST-LAST"), SANDKEEP_RUNTIME (e.g. runsc) and the
 // host kind (SANDKEEP_HOST_KIND, else cloud when KUBERNETES_SERVICE_HOST is set). Drivers and the store are
 // not chosen here: offer them (package drivers, package stores). A malformed variable is reported by Open.
 func ConfigFromEnv() Config {
 	c := Config{Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT"),
 		SandboxDefault: os.Getenv(policy.EnvSandboxDefault), Spec: os.Getenv("SANDKEEP_SPEC"),
 		User: os.Getenv("SANDKEEP_SANDBOX_USER")}
+	c.Runtime, c.SandboxUIDs = os.Getenv("SANDKEEP_RUNTIME"), os.Getenv("SANDKEEP_SANDBOX_UIDS")
 	if kind, err := policy.HostKind(os.Getenv); err != nil {
 		c.envErr = err
 	} else {
@@ -194,6 +205,10 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if err != nil {
 		return lifecycle.Config{}, err
 	}
+	uids, err := lifecycle.ParseUIDRange(c.SandboxUIDs)
+	if err != nil {
+		return lifecycle.Config{}, err
+	}
 	tmpfs := map[string]string{}
 	for _, t := range c.Tmpfs {
 		target, opts, _ := strings.Cut(t, ":")
@@ -205,7 +220,8 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	return lifecycle.Config{
 		Image: c.Image, AgentPath: agent, User: c.User, AllowRoot: c.AllowRoot,
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
-		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs,
+		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs, UIDs: uids, Runtime: c.Runtime,
+		DiskBytes: c.DiskBytes, DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes,
 		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),

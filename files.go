@@ -23,7 +23,15 @@ type FileEntry = files.Entry
 // sandbox itself: no exec, no `docker cp`. With create, a missing workspace is created (owned by the sandbox
 // user); without, it is FILE_NOT_FOUND. The caller closes it.
 func (m *Manager) Files(key Key, create bool, lim FileLimits) (*Files, error) {
-	dir, uid, gid, err := lifecycle.HomeWorkspace(m.home, m.lcfg, key, create)
+	var dir string
+	var uid, gid int
+	var err error
+	if lc, perr := m.primary(context.Background()); perr == nil {
+		dir, uid, gid, err = lc.Workspace(key, create)
+	} else {
+		// No engine: the workspace is still there to read and write, as long as its owner is the Config's.
+		dir, uid, gid, err = lifecycle.HomeWorkspace(m.home, m.lcfg, key, create)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -158,6 +158,13 @@ func (r *repository) apply(c *lifecycle.Config) error {
 			}
 			c.MemoryBytes = n
 		}
+		if res.Disk != "" {
+			n, err := spec.ParseSize(res.Disk)
+			if err != nil {
+				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 1g or 512m", "resources.disk %q", res.Disk)
+			}
+			c.DiskBytes, c.DiskInodes = n, res.Inodes // within the operator's DiskMax*, checked with the shape
+		}
 	}
 	return nil
 }

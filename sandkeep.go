@@ -268,6 +268,16 @@ type Sandbox struct {
 	CreatedAt time.Time `json:"created_at"`
 	LastUsed  time.Time `json:"last_used,omitzero"`
 	IdleFor   string    `json:"idle_for"`
+	// Disk is the workspace quota's use (resources.disk); nil without one.
+	Disk *DiskUsage `json:"disk,omitempty"`
+}
+
+// DiskUsage is what a quota'd workspace holds: bytes and inodes used, and the file system's size in each.
+type DiskUsage struct {
+	Bytes       int64 `json:"bytes"`
+	BytesLimit  int64 `json:"bytes_limit"`
+	Inodes      int64 `json:"inodes"`
+	InodesLimit int64 `json:"inodes_limit"`
 }
 
 // List returns every sandbox of this installation (this Home) on the preferred sandboxing driver, sorted by
@@ -289,11 +299,15 @@ func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
 }
 
 func sandboxOf(in lifecycle.Info) Sandbox {
-	return Sandbox{
+	out := Sandbox{
 		Tenant: in.Key.Tenant, User: in.Key.User, Key: in.Key.Hex(), Name: in.Name, ID: in.ID,
 		State: string(in.State), Image: in.Image, Template: in.Template, CreatedAt: in.CreatedAt, LastUsed: in.LastUsed,
 		IdleFor: in.IdleFor.String(),
 	}
+	if d := in.Disk; d != nil {
+		out.Disk = &DiskUsage{Bytes: d.Bytes, BytesLimit: d.BytesLimit, Inodes: d.Inodes, InodesLimit: d.InodesLimit}
+	}
+	return out
 }
 
 // Stop stops key's sandbox (waiting for its gate); the next Exec starts the same container again.

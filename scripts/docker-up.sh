@@ -5,7 +5,11 @@
 #   - busybox-static is installed when missing (tests build FROM scratch images around /bin/busybox);
 #   - if `docker info` works, nothing else happens;
 #   - otherwise docker.io is installed when missing, dockerd is started detached (log:
-#     /var/log/sandkeep-dockerd.log) and we wait up to 60 s for `docker info` to succeed.
+#     /var/log/sandkeep-dockerd.log) and we wait up to 60 s for `docker info` to succeed;
+#   - with SANDKEEP_RUNSC=1, Debian's runsc (gVisor) is installed when missing and registered as the Docker
+#     runtime "runsc" in /etc/docker/daemon.json (runtimeArgs --network=host, --oci-seccomp: gVisor's own netstack
+#     cannot serve network mode none, and sandkeep's seccomp profile applies inside gVisor too). dockerd is
+#     reloaded (SIGHUP: running containers are not touched) only when the file changed.
 # Fails loudly, with the tail of the daemon log, when the engine does not come up.
 set -euo pipefail
 
@@ -52,9 +56,67 @@ if ! pkg_installed busybox-static; then
 fi
 [ -x /bin/busybox ] || die "busybox-static is installed but /bin/busybox is missing"
 
+# runsc_registered: does the running engine list the runsc runtime?
+runsc_registered() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+
+# ensure_runsc: with SANDKEEP_RUNSC=1, install runsc and register it with the running engine, idempotently.
+ensure_runsc() {
+	[ "${SANDKEEP_RUNSC:-}" = 1 ] || return 0
+	pkg_installed runsc || apt_install runsc
+	local runsc daemon_json=/etc/docker/daemon.json
+	runsc=$(command -v runsc) || die "runsc is installed but not on PATH"
+	if runsc_registered; then
+		say "runsc runtime registered ($runsc)"
+		return 0
+	fi
+	command -v python3 >/dev/null 2>&1 || die "need python3 to edit $daemon_json"
+	"${SUDO[@]}" mkdir -p "$(dirname "$daemon_json")"
+	# Merge, keeping whatever else the file says; write only when the runsc entry differs.
+	changed=$("${SUDO[@]}" python3 - "$daemon_json" "$runsc" <<'PY'
+import json, os, sys
+path, runsc = sys.argv[1], sys.argv[2]
+try:
+    with open(path) as f:
+        cfg = json.load(f)
+except FileNotFoundError:
+    cfg = {}
+want = {"path": runsc, "runtimeArgs": ["--network=host", "--oci-seccomp"]}
+if cfg.get("runtimes", {}).get("runsc") == want:
+    print("no")
+    sys.exit(0)
+cfg.setdefault("runtimes", {})["runsc"] = want
+tmp = path + ".sandkeep-tmp"
+with open(tmp, "w") as f:
+    json.dump(cfg, f, indent=2)
+    f.write("\n")
+os.replace(tmp, path)
+print("yes")
+PY
+) || die "could not update $daemon_json"
+	if [ "$changed" = yes ] || ! runsc_registered; then
+		local pid f
+		for f in /proc/[0-9]*/comm; do
+			if [ "$(cat "$f" 2>/dev/null)" = dockerd ]; then
+				pid=${f#/proc/}
+				pid=${pid%/comm}
+			fi
+		done
+		[ -n "${pid:-}" ] || die "dockerd is not running; cannot reload it to register runsc"
+		say "reloading dockerd (SIGHUP, pid $pid) to register runsc"
+		"${SUDO[@]}" kill -HUP "$pid"
+		for ((i = 0; i < 20; i++)); do
+			runsc_registered && break
+			sleep 0.5
+		done
+	fi
+	runsc_registered || die "dockerd did not pick up the runsc runtime from $daemon_json"
+	say "runsc runtime registered ($runsc)"
+}
+
 # 2. Docker engine.
 if docker_ok; then
 	say "Docker engine is up ($(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?'))"
+	ensure_runsc
 	exit 0
 fi
 
@@ -63,6 +125,7 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; 
 	# On hosts with an init system, the package may have started the daemon itself.
 	if docker_ok; then
 		say "Docker engine is up (started by the package)"
+		ensure_runsc
 		exit 0
 	fi
 fi
@@ -82,6 +145,7 @@ fi
 for ((i = 0; i < WAIT_SECONDS; i++)); do
 	if docker_ok; then
 		say "Docker engine is up after ${i}s ($(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?'))"
+		ensure_runsc
 		exit 0
 	fi
 	if [ -n "$started_pid" ] && ! kill -0 "$started_pid" 2>/dev/null; then

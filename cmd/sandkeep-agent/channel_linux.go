@@ -91,8 +91,8 @@ type channel struct {
 //     it was idle; it kills each command's tree itself): init dials again without a sweep, which would kill
 //     what another host process may have started in the sandbox meanwhile.
 //
-// A new connection therefore proves that every process of the previous session is gone. SIGTERM and SIGINT
-// end init with 0 at any point (the kernel then kills the namespace).
+// A new connection therefore proves that every process of the previous session is gone. Like plain init, it
+// ignores every signal (see runInit): the host ends it with SIGKILL through the engine.
 func runChannel(path string) int {
 	c := &channel{path: path, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
 	if os.Getpid() != 1 {
@@ -105,18 +105,13 @@ func runChannel(path string) int {
 	defer timer.Stop()
 	for {
 		select {
-		case sig := <-sigs:
-			switch sig {
-			case syscall.SIGCHLD:
-				if c.reap() && c.state == sweeping {
-					c.sweep(timer)
-				}
-				if c.cleanEnd {
-					c.cleanEnd = false
-					c.redial(timer)
-				}
-			case syscall.SIGTERM, syscall.SIGINT:
-				return 0
+		case <-sigs: // any signal may stand for a SIGCHLD (notifyInit); the rest are dropped
+			if c.reap() && c.state == sweeping {
+				c.sweep(timer)
+			}
+			if c.cleanEnd {
+				c.cleanEnd = false
+				c.redial(timer)
 			}
 		case <-timer.C:
 			switch c.state {

@@ -15,8 +15,8 @@ import (
 )
 
 // TestInit runs the agent as PID 1 of a new PID namespace (unshare needs root, which the test hosts have):
-// orphans of the namespace reparent to it and must be reaped, it must not spin while idle, and SIGTERM must
-// make it exit 0.
+// orphans of the namespace reparent to it and must be reaped, it must not spin while idle, a SIGTERM must
+// not end it (the only SIGTERM a sandbox's init can receive comes from its own commands), and SIGKILL ends it.
 func TestInit(t *testing.T) {
 	t.Parallel()
 	if os.Geteuid() != 0 {
@@ -52,20 +52,27 @@ func TestInit(t *testing.T) {
 	if used := cpuTicks(t, agent) - cpuBefore; used > 20 { // 0.2 s of CPU in 1 s: it would be spinning
 		t.Errorf("idle init used %d ticks of CPU in a second", used)
 	}
-	if err := syscall.Kill(agent, syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1} {
+		if err := syscall.Kill(agent, sig); err != nil {
+			t.Fatal(err)
+		}
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatalf("init exit: %v", err)
-		}
+		t.Fatalf("init ended on a signal it must ignore: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := syscall.Kill(agent, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done: // unshare reports its child's SIGKILL
 	case <-time.After(10 * time.Second):
 		cmd.Process.Kill()
 		<-done
-		t.Fatal("init did not exit on SIGTERM")
+		t.Fatal("init did not end on SIGKILL")
 	}
 }
 

@@ -7,7 +7,7 @@
 //
 // Modes:
 //
-//	sandkeep-agent init     PID 1 of the sandbox: reaps zombies, exits 0 on SIGTERM or SIGINT
+//	sandkeep-agent init     PID 1 of the sandbox: reaps zombies, ignores every signal its commands send it
 //	sandkeep-agent init --channel PATH
 //	                        the same, and keeps the persistent channel up: dials the host's Unix socket at PATH
 //	                        and serves commands on it (one `serve` child per connection)
@@ -38,6 +38,12 @@ var version = "dev"
 func main() {
 	if len(os.Args) < 2 {
 		usage()
+	}
+	// Before anything else, in every mode (init, serve, and put-file, which holds a secret): a command of the same
+	// uid must never read or ptrace the agent (init_linux.go).
+	if err := setNotDumpable(); err != nil {
+		fmt.Fprintf(os.Stderr, "sandkeep-agent: PR_SET_DUMPABLE: %v\n", err)
+		os.Exit(1)
 	}
 	if os.Args[1] == "init" {
 		channel, egress, err := parseInitArgs(os.Args[2:])

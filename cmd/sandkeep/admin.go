@@ -39,16 +39,25 @@ func newPs(g *globals) *cobra.Command {
 				return enc.Encode(list)
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TENANT\tUSER\tKEY\tSTATE\tIMAGE\tCREATED\tLAST USED\tIDLE FOR")
+			fmt.Fprintln(tw, "TENANT\tUSER\tKEY\tSTATE\tIMAGE\tCREATED\tLAST USED\tIDLE FOR\tDISK")
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(s.Tenant), cell(s.User), shortKey(s.Key),
-					s.State, cell(s.Image), when(s.CreatedAt, "-"), when(s.LastUsed, "never"), s.IdleFor)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(s.Tenant), cell(s.User), shortKey(s.Key),
+					s.State, cell(s.Image), when(s.CreatedAt, "-"), when(s.LastUsed, "never"), s.IdleFor, disk(s.Disk))
 			}
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
+}
+
+// disk is the DISK cell: "12.5M/64.0M" of the workspace quota, or "-" without one.
+func disk(d *sandkeep.DiskUsage) string {
+	if d == nil {
+		return "-"
+	}
+	mib := func(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + "M" }
+	return mib(d.Bytes) + "/" + mib(d.BytesLimit)
 }
 
 // cell keeps a table cell on one line and its columns aligned: tenant and user may hold any printable

@@ -70,11 +70,11 @@ func TestPsStopRm(t *testing.T) {
 	// ps: a table with the documented columns.
 	r := c.run(t, "ps").want(t, 0)
 	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
-	if len(lines) != 3 || !regexp.MustCompile(`^TENANT\s+USER\s+KEY\s+STATE\s+IMAGE\s+CREATED\s+LAST USED\s+IDLE FOR$`).MatchString(lines[0]) {
+	if len(lines) != 3 || !regexp.MustCompile(`^TENANT\s+USER\s+KEY\s+STATE\s+IMAGE\s+CREATED\s+LAST USED\s+IDLE FOR\s+DISK$`).MatchString(lines[0]) {
 		t.Fatalf("ps table:\n%s", r.stdout)
 	}
 	row := regexp.MustCompile(`^` + c.ten("acme") + `\s+alice\s+` + key.Hex()[:24] + `\s+running\s+` + regexp.QuoteMeta(image) +
-		`\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\S+$`)
+		`\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\S+\s+-$`)
 	if !row.MatchString(lines[1]) || !strings.HasPrefix(lines[2], c.ten("beta")) {
 		t.Errorf("ps table rows:\n%s", r.stdout)
 	}

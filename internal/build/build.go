@@ -293,6 +293,16 @@ func (s *sender) planDockerfile(root *os.Root, ctxRel, dfRel string) error {
 			if fi.Size() > MaxDockerfileBytes {
 				return invalid("", "the Dockerfile %s is larger than %d bytes", dfRel, MaxDockerfileBytes)
 			}
+			data, err := s.croot.ReadFile(inCtx)
+			if err != nil {
+				return invalidWrap(err, "", "the Dockerfile %s cannot be read: %v", dfRel, err)
+			}
+			if int64(len(data)) > MaxDockerfileBytes {
+				return invalid("", "the Dockerfile %s is larger than %d bytes", dfRel, MaxDockerfileBytes)
+			}
+			if err := CheckDockerfile(dfRel, data); err != nil {
+				return err
+			}
 			s.dfName, s.dfInCtx = inCtx, true
 			return nil
 		}
@@ -315,6 +325,9 @@ func (s *sender) planDockerfile(root *os.Root, ctxRel, dfRel string) error {
 	}
 	if int64(len(data)) > MaxDockerfileBytes {
 		return invalid("", "the Dockerfile %s is larger than %d bytes", dfRel, MaxDockerfileBytes)
+	}
+	if err := CheckDockerfile(dfRel, data); err != nil {
+		return err
 	}
 	s.dfName, s.dfReserved = ReservedDockerfile, data
 	return nil

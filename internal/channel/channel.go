@@ -3,7 +3,10 @@
 // directory of its own that is bound read-only into the sandbox; the agent's PID 1 dials it. The host accepts a
 // connection only when SO_PEERCRED says it comes from the sandbox's PID 1, so a command that dials the socket
 // itself is turned away, and the sandbox can neither replace the socket nor redirect the host anywhere: the host
-// never opens a path the sandbox can change.
+// never opens a path the sandbox can change. While the agent's connection is up, every other connection is
+// turned away before it is verified: one connection at a time, and a new one only once the old one is gone
+// (the agent reconnects only after every process of its last session is dead), so even code running as PID 1
+// cannot take over a live channel, and a command dialling in a loop costs the host no engine inspection.
 package channel
 
 import (
@@ -152,6 +155,11 @@ func (l *Listener) acceptLoop() {
 			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: do not spin
 			continue
 		}
+		if l.connected() {
+			l.log.Warn("channel: refused a second connection while the agent's is up")
+			c.Close()
+			continue
+		}
 		pid, err := peerPID(c)
 		if err != nil || !l.verify(pid) {
 			l.log.Warn("channel: refused a connection that is not the sandbox's agent", "peer_pid", pid, "err", err)
@@ -162,6 +170,45 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
+// connected reports whether the current connection is up. One whose peer is gone (EOF, reset) is dropped.
+func (l *Listener) connected() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn == nil {
+		return false
+	}
+	if peerGone(l.conn) {
+		l.conn.Close()
+		l.conn = nil
+		return false
+	}
+	return true
+}
+
+// peerGone reports whether c's peer has closed it, without reading and without waiting for a command that may
+// be reading it right now (Control takes no read lock): a peek that sees EOF or an error. Bytes waiting to be
+// read mean a peer that is still there.
+func peerGone(c *net.UnixConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return true
+	}
+	gone := true
+	if err := raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case rerr == unix.EAGAIN || rerr == unix.EWOULDBLOCK || rerr == unix.EINTR:
+			gone = false
+		case rerr == nil:
+			gone = n == 0
+		}
+	}); err != nil {
+		return true
+	}
+	return gone
+}
+
 func (l *Listener) install(c *net.UnixConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -170,7 +217,11 @@ func (l *Listener) install(c *net.UnixConn) {
 		return
 	}
 	if l.conn != nil {
-		l.conn.Close() // the agent reconnected: the old connection is dead to it
+		if !peerGone(l.conn) { // another connection got in since connected(): the first one stays
+			c.Close()
+			return
+		}
+		l.conn.Close()
 	}
 	l.conn = c
 	close(l.arrived)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -170,4 +171,48 @@ func TestTakeHonoursContext(t *testing.T) {
 	if _, err := l.Take(t.Context(), time.Minute); !errors.Is(err, ErrNoChannel) {
 		t.Fatalf("Take after Close = %v", err)
 	}
+}
+
+// TestOneConnectionAtATime: while the agent's connection is up, another connection, even one that would pass
+// verification, is closed without being verified and does not replace it; once the first is gone, the next one
+// is taken.
+func TestOneConnectionAtATime(t *testing.T) {
+	dir := t.TempDir()
+	var verified atomicCount
+	l := listen(t, dir, func(pid int) bool { verified.add(); return self(pid) })
+	agent := dial(t, dir)
+	first, err := l.Take(t.Context(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	intruder := dial(t, dir)
+	intruder.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := intruder.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a second connection was kept open")
+	}
+	if n := verified.get(); n != 1 {
+		t.Fatalf("verifier called %d times, want 1 (the second connection must be refused before it)", n)
+	}
+	if c, err := l.Take(t.Context(), time.Second); err != nil || c != first {
+		t.Fatalf("Take after the intruder = %v, %v; want the first connection", c, err)
+	}
+	// The agent's connection ends (its serve child died): the reconnection is taken.
+	agent.Close()
+	time.Sleep(50 * time.Millisecond)
+	dial(t, dir)
+	if !l.WaitReconnect(t.Context(), first, 10*time.Second) {
+		t.Fatal("the reconnection after the first connection ended was not taken")
+	}
+}
+
+type atomicCount struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (a *atomicCount) add() { a.mu.Lock(); a.n++; a.mu.Unlock() }
+func (a *atomicCount) get() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
 }

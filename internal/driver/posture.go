@@ -32,6 +32,27 @@ type Posture struct {
 	LogMaxSize      string            `json:"log_max_size"`
 	LogMaxFiles     string            `json:"log_max_files"`
 	Init            []string          `json:"init"` // PID 1: the agent in init mode, which reaps zombies
+	// Seccomp is the seccomp profile, compact JSON (SeccompProfile); "" leaves the engine's default.
+	Seccomp string   `json:"seccomp"`
+	Ulimits []Ulimit `json:"ulimits"`
+	// StopSignal is what the engine sends PID 1 to stop the sandbox. The agent's init ignores every signal its
+	// commands can send it, so the host stops with SIGKILL, which only the host can deliver to a namespace's init.
+	StopSignal string `json:"stop_signal"`
+	// Runtime is the engine's OCI runtime ("" the engine's default, "runsc" for gVisor).
+	Runtime string `json:"runtime,omitempty"`
+	// WorkspaceBytes and WorkspaceInodes are the workspace's quota (its own file system, which the lifecycle
+	// mounts before the driver binds it); zero is none. The driver applies nothing for them: they are here so a
+	// change recycles the sandbox.
+	WorkspaceBytes  int64 `json:"workspace_bytes,omitempty"`
+	WorkspaceInodes int64 `json:"workspace_inodes,omitempty"`
+}
+
+// Ulimit is one resource limit (setrlimit) of every process in the sandbox; Soft <= Hard, and a process can
+// never raise Hard.
+type Ulimit struct {
+	Name string `json:"name"` // "core", "nofile", as Docker names them
+	Soft int64  `json:"soft"`
+	Hard int64  `json:"hard"`
 }
 
 // Mount is one host path bound into a sandbox.

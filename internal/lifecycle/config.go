@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,6 +34,9 @@ const (
 	DefaultRetention   = 24 * time.Hour
 	DefaultStopGrace   = 5 * time.Second
 	DefaultGrace       = 2 * time.Second
+	// DefaultNofile is every sandbox process's RLIMIT_NOFILE, soft and hard. It must not exceed the engine's own
+	// hard limit (runc cannot raise it: the container fails to start), which is 20000 on the CI host.
+	DefaultNofile = 8192
 )
 
 // Config is what the lifecycle needs; zero fields take the defaults above.
@@ -53,6 +57,22 @@ type Config struct {
 	// mounted rw,nosuid,nodev, owned by the sandbox user (mode 0755) unless the options say otherwise, and
 	// 64 MiB unless they give a size.
 	Tmpfs map[string]string
+	// NofileLimit is every sandbox process's RLIMIT_NOFILE (soft and hard); default DefaultNofile. Core dumps are
+	// always off (RLIMIT_CORE 0): a crash would write up to the memory limit into the workspace.
+	NofileLimit int64
+	// Runtime is the engine's OCI runtime for sandboxes: "" (the engine's default, runc) or a runtime the
+	// engine has registered, such as "runsc" (gVisor). Part of the posture: changing it recycles sandboxes.
+	Runtime string
+	// DiskBytes and DiskInodes, when DiskBytes is set, bound each workspace with a file system of its own of that
+	// size and inode count (quota.go; needs root). DiskMaxBytes and DiskMaxInodes, when set, are the operator's
+	// ceilings: a config (a spec's resources.disk) above them is refused. Changing them recycles sandboxes.
+	DiskBytes     int64
+	DiskInodes    int64
+	DiskMaxBytes  int64
+	DiskMaxInodes int64
+	// UIDs, when set, gives each key's sandbox a host uid (and gid) of its own from this range instead of User
+	// (uids.go): no two keys share one, and none is a host account's. Changing it recycles sandboxes.
+	UIDs UIDRange
 
 	GateWait        time.Duration // bound on waiting for a busy key
 	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
@@ -85,6 +105,10 @@ type Config struct {
 	Logger *slog.Logger
 	Now    func() time.Time // for tests; time.Now when nil
 }
+
+// RuntimeGVisor is gVisor's runtime name as Debian's runsc package and docker-up.sh register it. Sandboxes under
+// it have no agent channel (transport.go): their commands go through the engine's exec.
+const RuntimeGVisor = "runsc"
 
 // Transport names how a command reaches the agent.
 type Transport string
@@ -126,6 +150,7 @@ func (c *Config) setDefaults() {
 	def(&c.NanoCPUs, DefaultNanoCPUs)
 	def(&c.TmpBytes, DefaultTmpSize)
 	def(&c.HomeBytes, DefaultHomeSize)
+	def(&c.NofileLimit, DefaultNofile)
 	defDur(&c.GateWait, DefaultGateWait)
 	defDur(&c.IdleTimeout, DefaultIdleTimeout)
 	defDur(&c.Retention, DefaultRetention)
@@ -176,6 +201,16 @@ func (c *Config) validate() (uid, gid int, err error) {
 	if _, err := ParseTransport(string(c.Transport)); err != nil {
 		return 0, 0, err
 	}
+	if err := c.checkDisk(); err != nil {
+		return 0, 0, err
+	}
+	if err := c.UIDs.check(); err != nil {
+		return 0, 0, err
+	}
+	if !validRuntime(c.Runtime) {
+		return 0, 0, fault.New(fault.InvalidArgument, "name a runtime registered with the engine, e.g. runsc (see `docker info`)",
+			"runtime %q is not a runtime name", c.Runtime)
+	}
 	for target := range c.Tmpfs {
 		switch target {
 		case "/tmp", driver.HomeDir, spec.SecretsDir, driver.WorkspaceDir, driver.AgentDir, channel.MountPoint:
@@ -184,6 +219,42 @@ func (c *Config) validate() (uid, gid int, err error) {
 		}
 	}
 	return uid, gid, nil
+}
+
+// checkDisk refuses a workspace quota that ext4 cannot hold or that passes the operator's ceilings.
+func (c *Config) checkDisk() error {
+	switch {
+	case c.DiskBytes < 0 || c.DiskInodes < 0:
+		return fault.New(fault.InvalidArgument, "give a positive size", "workspace quota %d bytes, %d inodes is negative", c.DiskBytes, c.DiskInodes)
+	case c.DiskInodes > 0 && c.DiskBytes == 0:
+		return fault.New(fault.InvalidArgument, "set resources.disk too: the inode bound is that of the workspace's file system",
+			"resources.inodes without resources.disk")
+	case c.DiskBytes > 0 && os.Geteuid() != 0:
+		return fault.New(fault.SpecUnsupported, "run sandkeep as root, or drop resources.disk",
+			"a workspace quota needs a loop mount, which needs root")
+	case c.DiskBytes > 0 && c.DiskBytes < MinQuotaBytes:
+		return fault.New(fault.InvalidArgument, "give at least 8m", "workspace quota of %d bytes is below the minimum of 8 MiB", c.DiskBytes)
+	case c.DiskMaxBytes > 0 && c.DiskBytes > c.DiskMaxBytes:
+		return fault.New(fault.PostureRefused, "ask for at most the operator's maximum, or have the operator raise it",
+			"workspace quota of %d bytes is above the operator's maximum of %d", c.DiskBytes, c.DiskMaxBytes)
+	case c.DiskMaxInodes > 0 && c.DiskInodes > c.DiskMaxInodes:
+		return fault.New(fault.PostureRefused, "ask for at most the operator's maximum, or have the operator raise it",
+			"workspace quota of %d inodes is above the operator's maximum of %d", c.DiskInodes, c.DiskMaxInodes)
+	}
+	return nil
+}
+
+// validRuntime: empty, or a name such as "runsc" or "io.containerd.runsc.v1" (letters, digits, . _ -).
+func validRuntime(s string) bool {
+	if len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func parseUser(s string) (uid, gid int, err error) {
@@ -222,7 +293,10 @@ func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driv
 		MemorySwapBytes: c.MemoryBytes,
 		NanoCPUs:        c.NanoCPUs,
 		Tmpfs: map[string]string{
-			"/tmp":         fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,mode=1777", c.TmpBytes),
+			// Owned by the sandbox user: runc gives a tmpfs the mode of the image's directory it covers (an image's
+			// /tmp may be 0755 root), so ownership is what keeps /tmp writable whatever the image; the agent's init
+			// also sets the mode back to 1777 (init_linux.go).
+			"/tmp":         fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=1777", c.TmpBytes, uid, gid),
 			driver.HomeDir: fmt.Sprintf("rw,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0700", c.HomeBytes, uid, gid),
 			// Secret files (secrets.go) live here, for one command each. Mounted always, whatever the run asks for:
 			// the posture never depends on a run's secrets, so runs with and without them share a sandbox.
@@ -234,6 +308,15 @@ func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driv
 		LogMaxSize:  "1m",
 		LogMaxFiles: "2",
 		Init:        initArgv,
+		Seccomp:     driver.SeccompProfile(),
+		Ulimits: []driver.Ulimit{
+			{Name: "core", Soft: 0, Hard: 0},
+			{Name: "nofile", Soft: c.NofileLimit, Hard: c.NofileLimit},
+		},
+		StopSignal:      "SIGKILL",
+		Runtime:         c.Runtime,
+		WorkspaceBytes:  c.DiskBytes,
+		WorkspaceInodes: c.DiskInodes,
 	}
 	for target, opts := range c.Tmpfs {
 		p.Tmpfs[target] = extraTmpfs(opts, uid, gid)

@@ -49,7 +49,10 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 		return nil, "", err
 	}
 	chanDir := m.channelDir(key)
-	want, hash := m.postureOf(key, sh)
+	want, hash, err := m.postureOf(key, sh)
+	if err != nil {
+		return nil, "", err
+	}
 	if sb := m.cached(key); sb != nil && compatible(sb, imageID, hash) {
 		// Trust this process's last ensure: if the sandbox was stopped or removed since, Exec fails before
 		// running anything and the caller ensures again.
@@ -103,7 +106,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 		case ok && sb.State == driver.StateStopped:
 			d := pick(adopted, DecisionAdopt, DecisionStart)
 			m.decided(key, sb, d)
-			if _, err := m.home.EnsureWorkspace(key, sh.uid, sh.gid); err != nil {
+			if _, err := m.ensureWorkspace(key, sh, true); err != nil {
 				return nil, "", err
 			}
 			if err := m.drv.Start(ctx, sb); err == nil {
@@ -129,7 +132,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
 func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
-	if _, err := m.home.EnsureWorkspace(key, sh.uid, sh.gid); err != nil {
+	if _, err := m.ensureWorkspace(key, sh, true); err != nil {
 		return nil, err
 	}
 	spec := &driver.CreateSpec{
@@ -199,14 +202,18 @@ type keyPosture struct {
 }
 
 // postureOf returns key's posture in shape sh and its hash. Both are a pure function of the shape (fixed when it
-// was made) and the key, so they are built once per key and shape rather than on every command; the driver only
-// reads them.
-func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string) {
+// was made) and the key (its uid, when the operator gave a range), so they are built once per key and shape
+// rather than on every command; the driver only reads them.
+func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string, error) {
 	if v, ok := sh.postures.Load(key.Hex()); ok {
 		kp := v.(keyPosture)
-		return kp.posture, kp.hash
+		return kp.posture, kp.hash, nil
 	}
-	p := sh.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), sh.uid, sh.gid)
+	uid, gid, err := m.idOf(key, sh)
+	if err != nil {
+		return driver.Posture{}, "", err
+	}
+	p := sh.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), uid, gid)
 	if sh.Template != "" {
 		// The template is part of what the sandbox is: asking for another one recycles it, even when both
 		// happen to describe the same container.
@@ -214,5 +221,43 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	}
 	kp := keyPosture{posture: p, hash: p.Hash()}
 	sh.postures.Store(key.Hex(), kp)
-	return kp.posture, kp.hash
+	return kp.posture, kp.hash, nil
+}
+
+// idOf is the host uid and gid key's sandbox runs as in shape sh: its User, or with a uid range the key's own uid
+// (its gid is the same number). An allocated uid is remembered for the manager's life.
+func (m *Manager) idOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
+	if m.cfg.UIDs.Count == 0 {
+		return sh.uid, sh.gid, nil
+	}
+	if v, ok := m.uids.Load(key.Hex()); ok {
+		id := v.(int)
+		return id, id, nil
+	}
+	id, err := m.home.AllocateUID(key, m.cfg.UIDs, HostIDTaken)
+	if err != nil {
+		return 0, 0, err
+	}
+	m.uids.Store(key.Hex(), id)
+	return id, id, nil
+}
+
+// ensureWorkspace creates key's workspace owned by its sandbox's uid (handing over what is inside when that uid
+// changed, e.g. when the operator set a uid range), on its quota file system when the shape sets one (quota.go).
+// stopped says the key's sandbox is not running, so a quota raised since may grow the file system.
+func (m *Manager) ensureWorkspace(key identity.Key, sh *Shape, stopped bool) (string, error) {
+	uid, gid, err := m.idOf(key, sh)
+	if err != nil {
+		return "", err
+	}
+	if sh.cfg.DiskBytes > 0 {
+		if _, err := m.home.EnsureWorkspace(key, uid, gid); err != nil { // the mount point
+			return "", err
+		}
+		q := Quota{Bytes: sh.cfg.DiskBytes, Inodes: sh.cfg.DiskInodes}
+		if err := m.home.ensureQuotaMount(key, q, uid, gid, stopped); err != nil {
+			return "", err
+		}
+	}
+	return m.home.EnsureWorkspace(key, uid, gid)
 }

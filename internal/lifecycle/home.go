@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -112,11 +113,35 @@ func (h *Home) EnsureWorkspace(k identity.Key, uid, gid int) (string, error) {
 		return "", fmt.Errorf("workspace mode: %w", err)
 	}
 	if os.Geteuid() == 0 || os.Geteuid() == uid {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 && (int(st.Uid) != uid || int(st.Gid) != gid) {
+			// The key's sandbox user changed (a uid range was set or changed): what it wrote is handed over.
+			if err := chownTree(dir, int(st.Uid), uid, gid); err != nil {
+				return "", fmt.Errorf("workspace owner: %w", err)
+			}
+		}
 		if err := os.Lchown(dir, uid, gid); err != nil {
 			return "", fmt.Errorf("workspace owner: %w", err)
 		}
 	}
 	return dir, nil
+}
+
+// chownTree gives uid:gid every entry under dir that the previous owner old owns, never following a symlink
+// (WalkDir does not, and Lchown changes the link itself). The sandbox is not running while this happens.
+func chownTree(dir string, old, uid, gid int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == old {
+			return os.Lchown(p, uid, gid)
+		}
+		return nil
+	})
 }
 
 // HasWorkspace reports whether key's workspace directory exists.
@@ -125,8 +150,12 @@ func (h *Home) HasWorkspace(k identity.Key) bool {
 	return err == nil
 }
 
-// RemoveWorkspace deletes the key's workspace. RemoveAll does not follow symlinks planted inside it.
+// RemoveWorkspace deletes the key's workspace, and its quota file system with its image when it has one.
+// RemoveAll does not follow symlinks planted inside it.
 func (h *Home) RemoveWorkspace(k identity.Key) error {
+	if err := h.unmountQuota(k); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(h.Workspace(k)); err != nil {
 		return fmt.Errorf("remove workspace: %w", err)
 	}

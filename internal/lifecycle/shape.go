@@ -25,7 +25,8 @@ type Shape struct {
 }
 
 // NewShape returns the Manager's Config changed by edit, validated as New validates a Config. Only the
-// sandbox's own fields (Image, User, AllowRoot, limits, Env, Mounts, Tmpfs, PostCreate) may be edited: the
+// sandbox's own fields (Image, User, AllowRoot, limits, Env, Mounts, Tmpfs, PostCreate, the workspace quota) may be
+// edited (the quota within the operator's DiskMax*): the
 // others belong to the Manager and are put back.
 func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) {
 	cfg := m.cfg
@@ -42,6 +43,7 @@ func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) 
 	own.Image, own.User, own.AllowRoot = cfg.Image, cfg.User, cfg.AllowRoot
 	own.PidsLimit, own.MemoryBytes, own.NanoCPUs, own.TmpBytes, own.HomeBytes = cfg.PidsLimit, cfg.MemoryBytes, cfg.NanoCPUs, cfg.TmpBytes, cfg.HomeBytes
 	own.Env, own.Mounts, own.Tmpfs, own.PostCreate = cfg.Env, cfg.Mounts, cfg.Tmpfs, cfg.PostCreate
+	own.DiskBytes, own.DiskInodes = cfg.DiskBytes, cfg.DiskInodes
 	own.setDefaults()
 	uid, gid, err := own.validate()
 	if err != nil {

@@ -28,6 +28,7 @@ type Info struct {
 	CreatedAt time.Time
 	LastUsed  time.Time // zero when never used
 	IdleFor   time.Duration
+	Disk      *Usage // the workspace quota's use; nil without a quota (or when its file system is not mounted)
 }
 
 // Info describes key's sandbox (one inspect); none is SANDBOX_NOT_FOUND, and so is a container of that name that
@@ -53,8 +54,18 @@ func (m *Manager) info(key identity.Key, sb *driver.Sandbox) Info {
 	}
 	return Info{
 		Key: key, Name: sb.Name, ID: sb.ID, State: sb.State, Image: sb.Labels[driver.LabelImage],
-		Template: sb.Labels[driver.LabelTemplate], CreatedAt: created, LastUsed: used, IdleFor: max(0, m.cfg.Now().Sub(idleFrom)).Round(time.Second),
+		Template: sb.Labels[driver.LabelTemplate], CreatedAt: created, LastUsed: used,
+		IdleFor: max(0, m.cfg.Now().Sub(idleFrom)).Round(time.Second), Disk: m.diskUsage(key),
 	}
+}
+
+// diskUsage is key's workspace usage when it is on a quota file system of its own (two stats), else nil. Any shape
+// may have set the quota, so the mount is what says.
+func (m *Manager) diskUsage(key identity.Key) *Usage {
+	if u, ok := m.home.WorkspaceUsage(key); ok {
+		return &u
+	}
+	return nil
 }
 
 // List returns every sandbox of this installation, sorted by tenant then user. Containers whose labels do

@@ -27,9 +27,12 @@ const (
 // errNotStarted: the command did not start over the channel and the sandbox was recycled; run it again.
 var errNotStarted = errors.New("command not started; sandbox recycled")
 
-// channelDir is key's channel directory, or "" when the driver cannot bind one.
+// channelDir is key's channel directory, or "" when the driver cannot bind one or the runtime cannot carry it:
+// under gVisor (runsc) a sandbox reaches a host Unix socket only through its gofer, so the host would see the
+// gofer, not the sandbox's PID 1, as the peer, and could not verify the agent. Such sandboxes use the engine's
+// exec.
 func (m *Manager) channelDir(key identity.Key) string {
-	if !m.drv.Capabilities().Channel {
+	if !m.drv.Capabilities().Channel || m.cfg.Runtime == RuntimeGVisor {
 		return ""
 	}
 	return m.home.ChannelDir(key)

@@ -13,16 +13,25 @@ func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid
 		return "", 0, 0, fault.New(fault.FileNotFound, "run a command or upload a file first",
 			"no workspace for %s", key)
 	}
-	dir, err = m.home.EnsureWorkspace(key, m.uid, m.gid)
+	if uid, gid, err = m.idOf(key, m.def); err != nil {
+		return "", 0, 0, err
+	}
+	// Its sandbox may be running: the quota file system is mounted if it is not, never grown.
+	dir, err = m.ensureWorkspace(key, m.def, false)
 	if err != nil {
 		return "", 0, 0, err
 	}
-	return dir, m.uid, m.gid, nil
+	return dir, uid, gid, nil
 }
 
 // HomeWorkspace is Workspace without a driver: key's workspace in home, owned by cfg's sandbox user. The file
-// API uses it so that files can be read and written while no engine answers.
+// API uses it so that files can be read and written while no engine answers. It refuses a cfg with a uid range or
+// a workspace quota, whose owner and file system only a Manager knows.
 func HomeWorkspace(home *Home, cfg Config, key identity.Key, create bool) (dir string, uid, gid int, err error) {
+	if cfg.UIDs.Count > 0 || cfg.DiskBytes > 0 {
+		return "", 0, 0, fault.New(fault.SandboxDriverUnavailable, "start the container engine (docker info), then try again",
+			"the workspace of %s has a uid or a quota of its own, which needs a usable driver", key)
+	}
 	if !create && !home.HasWorkspace(key) {
 		return "", 0, 0, fault.New(fault.FileNotFound, "run a command or upload a file first", "no workspace for %s", key)
 	}

@@ -157,7 +157,7 @@ var (
 	fileKeys      = []string{"sandbox"}
 	sandboxKeys   = []string{"mode", "image", "build", "user", "env", "mounts", "tmpfs", "resources", "post_create", "workspace_folder", "host_state", "secret_files", "network"}
 	buildKeys     = []string{"dockerfile", "context", "args"}
-	resourceKeys  = []string{"cpus", "memory", "pids"}
+	resourceKeys  = []string{"cpus", "memory", "pids", "disk", "inodes"}
 	secretKeys    = []string{"name", "path", "from_env", "from_file", "mode"}
 	networkKeys   = []string{"mode", "preset", "rules", "inherit", "credentials", "inspect"}
 	credKeys      = []string{"name", "from_env", "hosts"}
@@ -327,6 +327,22 @@ func (p *parser) resources(n *yaml.Node, r *Resources) {
 				return
 			}
 			r.Memory, _ = p.str(v, path)
+		case "disk":
+			if v.Kind == yaml.ScalarNode && (v.ShortTag() == "!!int" || v.ShortTag() == "!!float") {
+				p.c.atNode(diag.Error, diag.SpecResources, v, "give a unit: disk: "+v.Value+"m, or disk: 1g", "%s %s has no unit", path, v.Value)
+				return
+			}
+			r.Disk, _ = p.str(v, path)
+		case "inodes":
+			if !p.scalarOf(v, path, "a whole number", "!!int") {
+				return
+			}
+			n, err := strconv.ParseInt(v.Value, 10, 64)
+			if err != nil || n <= 0 {
+				p.c.atNode(diag.Error, diag.SpecResources, v, inodesHint, "%s %q is not a positive decimal whole number", path, v.Value)
+				return
+			}
+			r.Inodes = n
 		case "pids":
 			if !p.scalarOf(v, path, "a whole number", "!!int") {
 				return

@@ -59,11 +59,14 @@ type Build struct {
 	Args       map[string]string `yaml:"args" json:"args,omitempty"`
 }
 
-// Resources bound the sandbox. Memory is a size ("2g", "512m").
+// Resources bound the sandbox. Memory and Disk are sizes ("2g", "512m"). Disk and Inodes bound the workspace
+// with a file system of its own (docs/SECURITY.md, "Disk").
 type Resources struct {
 	CPUs   float64 `yaml:"cpus" json:"cpus,omitempty"`
 	Memory string  `yaml:"memory" json:"memory,omitempty"`
 	Pids   int64   `yaml:"pids" json:"pids,omitempty"`
+	Disk   string  `yaml:"disk" json:"disk,omitempty"`
+	Inodes int64   `yaml:"inodes" json:"inodes,omitempty"`
 }
 
 // SecretFile is a secret delivered as a file on a tmpfs inside the sandbox, never as an environment variable.

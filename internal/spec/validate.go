@@ -39,8 +39,11 @@ const (
 )
 
 const (
-	cpusHint = "give cpus from 0.01 to 64, e.g. cpus: 1.5"
-	pidsHint = "give pids of at least 16, e.g. pids: 512"
+	cpusHint   = "give cpus from 0.01 to 64, e.g. cpus: 1.5"
+	pidsHint   = "give pids of at least 16, e.g. pids: 512"
+	inodesHint = "give a whole number of files, e.g. inodes: 100000"
+	// MinDisk is the smallest workspace quota: ext4's metadata and journal need a few MiB.
+	MinDisk = 8 << 20
 )
 
 // Validate checks a Sandbox that did not come from Parse (an API request, a fused devcontainer): the same
@@ -470,6 +473,21 @@ func (c *checker) resources(r *Resources) {
 		case n < MinMemory:
 			c.errorf(diag.SpecResources, "sandbox.resources.memory", "give at least 6m, e.g. memory: 512m", "sandbox.resources.memory %q is below the minimum of 6m", r.Memory)
 		}
+	}
+	if r.Disk != "" && c.text("sandbox.resources.disk", r.Disk) {
+		n, err := ParseSize(r.Disk)
+		switch {
+		case err != nil:
+			c.errorf(diag.SpecResources, "sandbox.resources.disk", "write a whole number with a unit: disk: 512m or disk: 10g", "sandbox.resources.disk: %v", err)
+		case n < MinDisk:
+			c.errorf(diag.SpecResources, "sandbox.resources.disk", "give at least 8m, e.g. disk: 1g", "sandbox.resources.disk %q is below the minimum of 8m", r.Disk)
+		}
+	}
+	if r.Inodes != 0 && r.Disk == "" {
+		c.errorf(diag.SpecResources, "sandbox.resources.inodes", "set disk too, e.g. disk: 1g", "sandbox.resources.inodes bounds the workspace's own file system, which needs sandbox.resources.disk")
+	}
+	if r.Inodes < 0 {
+		c.errorf(diag.SpecResources, "sandbox.resources.inodes", inodesHint, "sandbox.resources.inodes is %d", r.Inodes)
 	}
 	if r.Pids != 0 && (r.Pids < MinPids || r.Pids > MaxPids) {
 		c.errorf(diag.SpecResources, "sandbox.resources.pids", pidsHint, "sandbox.resources.pids is %d; want %d to %d", r.Pids, MinPids, MaxPids)

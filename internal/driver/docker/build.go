@@ -27,12 +27,22 @@ var _ imageBuilder = (*client.Client)(nil)
 // which runs under the sandbox's network policy.
 const buildNetworkMode = "none"
 
+// Bounds of a build's RUN steps, the same as a sandbox's defaults: a Dockerfile cannot take the host's memory or
+// every CPU. The classic builder applies them to each intermediate container.
+const (
+	buildMemoryBytes = 2 << 30
+	buildCPUPeriod   = 100_000 // µs
+	buildCPUQuota    = 100_000 // one CPU
+)
+
 const hintBuild = "read the build output above, fix the Dockerfile, and run again"
 
 // Build builds req's image with the classic builder, or returns the image already built from the very same
 // inputs (tag build.Tag(digest) carrying label build.LabelDigest=digest). The base image is never re-pulled when
 // present (PullParent false); a base image that is absent is pulled by the daemon, as `docker build` does.
-// RUN steps run with network mode "none". Intermediate containers are removed, even on failure.
+// RUN steps run with network mode "none", 2 GiB of memory (no swap) and one CPU; a Dockerfile that would reach
+// a network anyway (ADD <url>, RUN --network) is refused before the daemon is called (build.CheckDockerfile).
+// Intermediate containers are removed, even on failure.
 //
 // progress receives the daemon's output as plain lines (nil: discard); a failing progress writer does not stop
 // the build. ctx bounds everything, including the upload of the context; when ctx ends the HTTP request is
@@ -77,6 +87,10 @@ func (d *Driver) Build(ctx context.Context, req build.Request, progress io.Write
 		ForceRemove: true,
 		PullParent:  false,
 		NetworkMode: buildNetworkMode,
+		Memory:      buildMemoryBytes,
+		MemorySwap:  buildMemoryBytes,
+		CPUPeriod:   buildCPUPeriod,
+		CPUQuota:    buildCPUQuota,
 		Version:     apibuild.BuilderV1,
 	})
 	if err != nil {

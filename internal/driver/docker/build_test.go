@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -377,5 +379,59 @@ func TestBuildDockerfileOutsideContext(t *testing.T) {
 		if _, ok := files[p]; ok {
 			t.Errorf("%s reached the image", p)
 		}
+	}
+}
+
+// TestBuildRefusesNetworkSteps: a Dockerfile with ADD <url> (pointing at a recording server on loopback) or
+// RUN --network is refused with BUILD_CONTEXT_INVALID before the daemon is called, and the server sees nothing.
+func TestBuildRefusesNetworkSteps(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		io.WriteString(w, "fetched")
+	}))
+	defer srv.Close()
+	base := testutil.TestImage(t)
+	for _, df := range []string{
+		"FROM " + base + "\nADD " + srv.URL + "/x /x\n",
+		"FROM " + base + "\nARG U=" + srv.URL + "/x\nADD $U /x\n",
+		"FROM " + base + "\nONBUILD ADD " + srv.URL + "/x /x\n",
+		"FROM " + base + "\nRUN --network=host wget -O- " + srv.URL + "/x\n",
+	} {
+		d, eng := newBuildDriver(t)
+		root := buildRepo(t, map[string]string{"Dockerfile": df})
+		ref, _, err := d.Build(t.Context(), build.Request{Root: root}, nil)
+		if ref != "" {
+			removeImage(t, ref)
+		}
+		if !fault.Is(err, build.CodeContextInvalid) || !strings.Contains(err.Error(), "Dockerfile:") {
+			t.Errorf("%q: err = %v, want %s naming the line", df, err, build.CodeContextInvalid)
+		}
+		if n := eng.builds.Load(); n != 0 {
+			t.Errorf("%q: the daemon was asked to build %d times", df, n)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("the recording server was hit %d times", n)
+	}
+}
+
+// TestBuildBounded: a build's RUN steps run under the build's memory and CPU bounds (cgroup v1 here).
+func TestBuildBounded(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, _ := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\n" +
+		"RUN echo mem=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max) " +
+		"cpu=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max)\n"})
+	var progress bytes.Buffer
+	ref, _, err := d.Build(t.Context(), build.Request{Root: root}, &progress)
+	if ref != "" {
+		removeImage(t, ref)
+	}
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, progress.String())
+	}
+	if !strings.Contains(progress.String(), "mem=2147483648 cpu=100000") {
+		t.Errorf("RUN's bounds:\n%s", progress.String())
 	}
 }

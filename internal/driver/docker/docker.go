@@ -211,6 +211,7 @@ func containerConfig(spec *driver.CreateSpec) (*container.Config, *container.Hos
 		WorkingDir: driver.WorkspaceDir,
 		Labels:     spec.Labels,
 		Hostname:   "sandbox",
+		StopSignal: p.StopSignal,
 	}
 	pids := p.PidsLimit
 	host := &container.HostConfig{
@@ -222,6 +223,7 @@ func containerConfig(spec *driver.CreateSpec) (*container.Config, *container.Hos
 			"max-size": p.LogMaxSize, "max-file": p.LogMaxFiles,
 		}},
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
+		Runtime:       p.Runtime,
 		Resources: container.Resources{
 			Memory:     p.MemoryBytes,
 			MemorySwap: p.MemorySwapBytes,
@@ -231,6 +233,13 @@ func containerConfig(spec *driver.CreateSpec) (*container.Config, *container.Hos
 	}
 	if p.NoNewPrivileges {
 		host.SecurityOpt = append(host.SecurityOpt, "no-new-privileges:true")
+	}
+	if p.Seccomp != "" {
+		// The Engine API takes the profile itself (the CLI reads the file and sends its content).
+		host.SecurityOpt = append(host.SecurityOpt, "seccomp="+p.Seccomp)
+	}
+	for _, u := range p.Ulimits {
+		host.Resources.Ulimits = append(host.Resources.Ulimits, &container.Ulimit{Name: u.Name, Soft: u.Soft, Hard: u.Hard})
 	}
 	for _, m := range p.Mounts {
 		host.Mounts = append(host.Mounts, mount.Mount{
@@ -256,7 +265,8 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 // Stop stops the container; an absent container is not an error.
 func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Duration) error {
 	secs := int(grace.Round(time.Second) / time.Second)
-	_, err := d.api.ContainerStop(ctx, sb.ID, client.ContainerStopOptions{Timeout: &secs})
+	// SIGKILL: the agent's init ignores every other signal (its commands could send them too).
+	_, err := d.api.ContainerStop(ctx, sb.ID, client.ContainerStopOptions{Signal: "SIGKILL", Timeout: &secs})
 	if err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("stop %s: %w", sb.Name, err)
 	}

@@ -57,7 +57,7 @@ func specFor(t *testing.T, key identity.Key, installation, agent string) *driver
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := lifecycle.BuildPosture(lifecycle.Config{Image: "unused", AgentPath: agent}, ws, agentDir, "")
+	p, err := lifecycle.BuildPosture(lifecycle.Config{Image: "unused", AgentPath: agent, Runtime: testRuntime()}, ws, agentDir, "")
 	if err != nil {
 		t.Fatal(err)
 	}

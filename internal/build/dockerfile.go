@@ -1,0 +1,83 @@
+package build
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
+)
+
+// The engine's builder fetches `ADD <url>` itself, from the host's network (metadata endpoints, the intranet),
+// whatever network mode the RUN steps get, and `RUN --network=...` asks for a network for one step. Both are
+// refused in a repository's Dockerfile before anything is sent: a build never reaches a network.
+const hintNetworkStep = "fetch it in post_create (which runs under the sandbox's network policy), or vendor the file into the repository and COPY it"
+
+// CheckDockerfile parses a Dockerfile with BuildKit's parser (the one `docker build` uses) and refuses every
+// instruction that would reach a network during the build, ONBUILD triggers included: an ADD whose source is a
+// URL (any scheme, or git@host:...) or is not literal (a $variable could expand to a URL), and a RUN with a
+// --network flag other than none. name is the Dockerfile's path for the message. A Dockerfile the parser
+// rejects is refused too.
+func CheckDockerfile(name string, data []byte) error {
+	res, err := parser.Parse(bytes.NewReader(data))
+	if err != nil {
+		return invalidWrap(err, "fix the Dockerfile's syntax", "the Dockerfile %s does not parse: %v", name, err)
+	}
+	for _, n := range res.AST.Children {
+		if err := checkInstruction(name, n, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkInstruction(name string, n *parser.Node, onbuild bool) error {
+	where := fmt.Sprintf("%s:%d", name, n.StartLine)
+	if onbuild {
+		where += " (ONBUILD)"
+	}
+	switch strings.ToLower(n.Value) {
+	case "onbuild":
+		if n.Next != nil {
+			for _, c := range n.Next.Children {
+				if err := checkInstruction(name, c, true); err != nil {
+					return err
+				}
+			}
+		}
+	case "add":
+		var args []string
+		for a := n.Next; a != nil; a = a.Next {
+			args = append(args, a.Value)
+		}
+		if len(args) < 2 {
+			return nil // the builder reports it
+		}
+		for _, src := range args[:len(args)-1] {
+			switch {
+			case isRemote(src):
+				return invalid(hintNetworkStep,
+					"%s: ADD %s would be fetched by the engine from the host's network; builds get no network", where, src)
+			case strings.ContainsAny(src, "$"):
+				return invalid("write ADD's source literally (use COPY for files of the repository)",
+					"%s: ADD source %q is not literal: a variable could make it a URL the engine fetches from the host's network", where, src)
+			}
+		}
+	case "run":
+		for _, f := range n.Flags {
+			k, v, _ := strings.Cut(strings.TrimLeft(f, "-"), "=")
+			if strings.EqualFold(k, "network") && v != "none" {
+				return invalid(hintNetworkStep, "%s: RUN %s asks for a network; builds get none", where, f)
+			}
+		}
+	}
+	return nil
+}
+
+// isRemote reports whether an ADD source names something off the machine: a URL of any scheme, or a git remote.
+func isRemote(src string) bool {
+	if i := strings.Index(src, "://"); i > 0 && !strings.ContainsAny(src[:i], "/.") {
+		return true
+	}
+	return strings.HasPrefix(src, "git@")
+}
