@@ -37,6 +37,7 @@ type RunQuery struct {
 	FailureCode string
 	Mode        string // the resolved mode
 	Driver      string
+	Admission   string // admitted | refused
 	// After is the cursor of a page: only runs strictly older than (After.CreatedAt, After.ID) in the page order.
 	// Zero: from the newest.
 	After Cursor
@@ -120,6 +121,11 @@ func PrepareRunQuery(q RunQuery) (RunQuery, error) {
 	}
 	if q.Status != "" {
 		if err := oneOf("query runs: status", q.Status, StatusRunning, StatusSucceeded, StatusFailed, StatusFailedResumable); err != nil {
+			return q, err
+		}
+	}
+	if q.Admission != "" {
+		if err := oneOf("query runs: admission", q.Admission, AdmissionAdmitted, AdmissionRefused); err != nil {
 			return q, err
 		}
 	}

@@ -34,6 +34,7 @@ func (s *Store) QueryRuns(ctx context.Context, q store.RunQuery) (store.RunPage,
 	eq("failure_code", q.FailureCode)
 	eq("resolved_mode", q.Mode)
 	eq("driver", q.Driver)
+	eq("admission", q.Admission)
 	if !q.After.IsZero() {
 		where = append(where, "(created_at, id) < ("+arg(q.After.CreatedAt)+", "+arg(q.After.ID)+")")
 	}

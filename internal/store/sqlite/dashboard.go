@@ -31,6 +31,7 @@ func (s *Store) QueryRuns(ctx context.Context, q store.RunQuery) (store.RunPage,
 	eq("failure_code", q.FailureCode)
 	eq("resolved_mode", q.Mode)
 	eq("driver", q.Driver)
+	eq("admission", q.Admission)
 	if !q.After.IsZero() {
 		at := fmtTime(q.After.CreatedAt)
 		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")

@@ -61,6 +61,7 @@ func testQueryRuns(t *testing.T, s store.Store) {
 		{"failure code", store.RunQuery{FailureCode: "EXEC_TIMEOUT"}, pick(3)},
 		{"mode", store.RunQuery{Mode: "inline"}, pick(2, 1)},
 		{"driver", store.RunQuery{Driver: "host"}, pick(3)},
+		{"refused", store.RunQuery{Admission: store.AdmissionRefused}, pick(2)},
 		{"together", store.RunQuery{Tenant: "t1", User: "alice", Mode: "auto", Driver: "docker"}, pick(4, 0)},
 		{"after a tie", store.RunQuery{After: store.Cursor{CreatedAt: all[5].CreatedAt, ID: all[5].ID}}, pick(4, 3, 2, 1, 0)},
 		{"no match", store.RunQuery{Tenant: "t3"}, nil},
