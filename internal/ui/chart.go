@@ -84,7 +84,11 @@ func lineChart(title string, ss []series, from, to time.Time) template.HTML {
 	}
 	for _, i := range []int{0, n / 2, n - 1} { // x labels: start, middle, end of the window
 		at := from.Add(time.Duration(float64(span) * (float64(i) + 0.5) / float64(n)))
-		fmt.Fprintf(&sb, `<text class="axis" x="%.1f" y="%d" text-anchor="middle">%s</text>`, x(i), height-8, esc(at.UTC().Format(layout)))
+		label := at.UTC().Format(layout)
+		if i == n-1 {
+			label += " UTC"
+		}
+		fmt.Fprintf(&sb, `<text class="axis" x="%.1f" y="%d" text-anchor="middle">%s</text>`, x(i), height-8, esc(label))
 	}
 	for k, s := range ss {
 		var path strings.Builder
@@ -131,8 +135,8 @@ func niceMax(v float64) float64 {
 }
 
 func formatCount(v float64) string {
-	if v == math.Trunc(v) {
+	if v == math.Trunc(v) || math.Abs(v) >= 100 {
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	}
-	return strconv.FormatFloat(v, 'f', 1, 64)
+	return strconv.FormatFloat(v, 'g', 3, 64)
 }

@@ -134,6 +134,7 @@ type overviewData struct {
 	States    []stateCount
 	Sandboxes int
 	Blocked   []refusal
+	BlockedN  int // refused requests in 24h
 	Refused   []store.Run
 	Truncated bool // the sandbox list could not be read
 }
@@ -179,6 +180,14 @@ func (u *UI) handleOverview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		d.States = append(d.States, stateCount{s, n})
 	}
 	sort.Slice(d.States, func(i, j int) bool { return d.States[i].State < d.States[j].State })
+	hosts, err := u.cfg.Store.RefusedHosts(ctx, store.EventQuery{Tenant: v.scope(), Since: u.now().Add(-24 * time.Hour), Limit: store.MaxEventLimit})
+	if err != nil {
+		u.failErr(w, r, v, "the refused hosts", err)
+		return
+	}
+	for _, h := range hosts {
+		d.BlockedN += h.Count
+	}
 	if d.Blocked, err = u.refusals(ctx, v, 10); err != nil {
 		u.failErr(w, r, v, "the refusals", err)
 		return
@@ -531,10 +540,13 @@ func ago(t time.Time) string {
 		return "—"
 	}
 	d := time.Since(t)
-	if d < 0 {
-		d = 0
+	switch {
+	case d < time.Second:
+		return "just now"
+	case d < time.Minute:
+		return strconv.Itoa(int(d.Seconds())) + "s ago"
 	}
-	return fmtDuration(d.Truncate(time.Second)) + " ago"
+	return fmtDuration(d) + " ago"
 }
 
 func stamp(t time.Time) string {

@@ -25,7 +25,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	goleak.VerifyTestMain(m,
+		// The shared Docker client (testutil.Docker) keeps idle HTTP connections for the whole test process.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }
 
@@ -75,7 +79,9 @@ type browser struct {
 
 func (w *world) browser() *browser {
 	jar, _ := cookiejar.New(nil)
-	return &browser{w: w, hc: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
+	tr := &http.Transport{}
+	w.t.Cleanup(tr.CloseIdleConnections)
+	return &browser{w: w, hc: &http.Client{Transport: tr, Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}}}
 }
