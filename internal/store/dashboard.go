@@ -86,9 +86,13 @@ type RunCounts struct {
 // EventQuery selects events over a time window; zero fields match everything.
 type EventQuery struct {
 	Tenant string
+	User   string    // only events of this user's runs (with Tenant)
 	Names  []string  // only events with one of these names (RecentEvents); RefusedHosts ignores it
 	Since  time.Time // only events at or after Since
 	Limit  int
+	// Newest bounds the work of RefusedHosts: it aggregates at most the Newest matching events, newest first
+	// (0: all of them). RecentEvents ignores it.
+	Newest int
 }
 
 // RefusedHost is one group of network_blocked events: the same host, port, reason and rule.
@@ -151,6 +155,12 @@ func PrepareEventQuery(op string, q EventQuery, def int) (EventQuery, error) {
 	}
 	if !q.Since.IsZero() {
 		q.Since = events.Truncate(q.Since)
+	}
+	if q.Newest < 0 {
+		return q, invalid("%s: negative bound %d", op, q.Newest)
+	}
+	if q.User != "" && q.Tenant == "" {
+		return q, invalid("%s: a user needs a tenant", op)
 	}
 	for _, n := range q.Names {
 		if n == "" {

@@ -48,18 +48,23 @@ type egressData struct {
 	Total   int
 	Chart   template.HTML
 	Recent  []refusal
+	Capped  bool // only the newest egressEvents refusals were counted
+	Bound   int
 }
+
+// egressEvents bounds the refusals the egress page and the overview count: the newest ones of the window.
+const egressEvents = 5_000
 
 func (u *UI) handleEgress(w http.ResponseWriter, r *http.Request, v *viewer) {
 	name, d := windowOf(r)
 	ctx, cancel := pageCtx(r)
 	defer cancel()
-	hosts, err := u.cfg.Store.RefusedHosts(ctx, store.EventQuery{Tenant: v.scope(), Since: u.now().Add(-d), Limit: 200})
+	hosts, err := u.cfg.Store.RefusedHosts(ctx, store.EventQuery{Tenant: v.scope(), Since: u.now().Add(-d), Limit: 200, Newest: egressEvents})
 	if err != nil {
 		u.failErr(w, r, v, "the refused hosts", err)
 		return
 	}
-	data := egressData{Window: name, Windows: windowNames(), Hosts: hosts}
+	data := egressData{Window: name, Windows: windowNames(), Hosts: hosts, Bound: egressEvents}
 	var bars []bar
 	for i, h := range hosts {
 		data.Total += h.Count
@@ -67,6 +72,7 @@ func (u *UI) handleEgress(w http.ResponseWriter, r *http.Request, v *viewer) {
 			bars = append(bars, bar{Label: h.Host + " · " + orDash(h.Reason), Value: float64(h.Count)})
 		}
 	}
+	data.Capped = data.Total >= egressEvents
 	data.Chart = barChart("Refused requests by host and reason", bars, func(v float64) string { return formatCount(v) })
 	if data.Recent, err = u.refusals(ctx, v, 20); err != nil {
 		u.failErr(w, r, v, "the refusals", err)
@@ -91,7 +97,7 @@ type latencyData struct {
 }
 
 // latencyEvents bounds the events the latency page reads: the newest ones of the window.
-const latencyEvents = 20_000
+const latencyEvents = 5_000
 
 // handleLatency draws warm exec time, gate wait and first-command time over the window from the recorded events
 // (the viewer's tenant's, or every tenant's for an admin), and, for an admin, the server's own histograms.

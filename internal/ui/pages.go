@@ -130,13 +130,14 @@ func pageCtx(r *http.Request) (context.Context, context.CancelFunc) {
 // --- overview ---
 
 type overviewData struct {
-	Day, All  store.RunCounts
-	States    []stateCount
-	Sandboxes int
-	Blocked   []refusal
-	BlockedN  int // refused requests in 24h
-	Refused   []store.Run
-	Truncated bool // the sandbox list could not be read
+	Day, All      store.RunCounts
+	States        []stateCount
+	Sandboxes     int
+	Blocked       []refusal
+	BlockedN      int  // refused requests in 24h
+	BlockedCapped bool // BlockedN is the bound: there were at least as many
+	Refused       []store.Run
+	Truncated     bool // the sandbox list could not be read
 }
 
 type stateCount struct {
@@ -180,7 +181,8 @@ func (u *UI) handleOverview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		d.States = append(d.States, stateCount{s, n})
 	}
 	sort.Slice(d.States, func(i, j int) bool { return d.States[i].State < d.States[j].State })
-	hosts, err := u.cfg.Store.RefusedHosts(ctx, store.EventQuery{Tenant: v.scope(), Since: u.now().Add(-24 * time.Hour), Limit: store.MaxEventLimit})
+	hosts, err := u.cfg.Store.RefusedHosts(ctx, store.EventQuery{Tenant: v.scope(), Since: u.now().Add(-24 * time.Hour),
+		Limit: store.MaxEventLimit, Newest: egressEvents})
 	if err != nil {
 		u.failErr(w, r, v, "the refused hosts", err)
 		return
@@ -188,6 +190,7 @@ func (u *UI) handleOverview(w http.ResponseWriter, r *http.Request, v *viewer) {
 	for _, h := range hosts {
 		d.BlockedN += h.Count
 	}
+	d.BlockedCapped = d.BlockedN >= egressEvents
 	if d.Blocked, err = u.refusals(ctx, v, 10); err != nil {
 		u.failErr(w, r, v, "the refusals", err)
 		return
@@ -249,8 +252,23 @@ func (u *UI) sandboxRows(ctx context.Context, v *viewer) ([]sandboxRow, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The last command of each sandbox: one bounded query per sandbox when there are few (a user's newest
+	// exec_started), else the newest exec_started events of the viewer's scope.
 	last := map[[2]string]store.RunEvent{}
-	if len(boxes) > 0 {
+	if len(boxes) <= perSandboxQueries {
+		for _, sb := range boxes {
+			if !v.sees(sb.Tenant) {
+				continue
+			}
+			evs, err := u.cfg.Store.RecentEvents(ctx, store.EventQuery{Tenant: sb.Tenant, User: sb.User, Names: []string{events.NameExecStarted}, Limit: 1})
+			if err != nil {
+				return nil, err
+			}
+			if len(evs) > 0 {
+				last[[2]string{sb.Tenant, sb.User}] = evs[0]
+			}
+		}
+	} else {
 		evs, err := u.cfg.Store.RecentEvents(ctx, store.EventQuery{Tenant: v.scope(), Names: []string{events.NameExecStarted}, Limit: 1000})
 		if err != nil {
 			return nil, err
@@ -438,6 +456,9 @@ type eventLine struct {
 }
 
 const maxRunEvents = 2000
+
+// perSandboxQueries is how many sandboxes get a query of their own for their last command.
+const perSandboxQueries = 50
 
 func (u *UI) handleRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	ctx, cancel := pageCtx(r)

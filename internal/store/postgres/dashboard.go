@@ -97,6 +97,10 @@ func eventScope(q store.EventQuery, args []any) (join string, where []string, _ 
 		join = ` JOIN runs r ON r.id = e.run_id`
 		args = append(args, q.Tenant)
 		where = append(where, "r.tenant = $"+strconv.Itoa(len(args)))
+		if q.User != "" {
+			args = append(args, q.User)
+			where = append(where, "r.user_name = $"+strconv.Itoa(len(args)))
+		}
 	}
 	if !q.Since.IsZero() {
 		args = append(args, q.Since)
@@ -113,14 +117,19 @@ func (s *Store) RefusedHosts(ctx context.Context, q store.EventQuery) ([]store.R
 	}
 	join, where, args := eventScope(q, []any{events.NameNetworkBlocked})
 	where = append([]string{"e.name = $1"}, where...)
+	// The newest matching events first (bounded by q.Newest), then their groups.
+	inner := `SELECT e.payload, e.time FROM events e` + join + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY e.seq DESC`
+	if q.Newest > 0 {
+		args = append(args, q.Newest)
+		inner += ` LIMIT $` + strconv.Itoa(len(args))
+	}
 	args = append(args, q.Limit)
-	stmt := `SELECT COALESCE(e.payload->>'host', '') AS host,
-		COALESCE((e.payload->>'port')::int, 0) AS port,
-		COALESCE(e.payload->>'reason', '') AS reason,
-		COALESCE(e.payload->>'rule', '') AS rule,
-		COUNT(*) AS n, COUNT(DISTINCT e.payload->>'sandbox') AS boxes, MAX(e.time) AS last
-		FROM events e` + join + ` WHERE ` + strings.Join(where, " AND ") + `
-		GROUP BY 1, 2, 3, 4 ORDER BY n DESC, last DESC, host LIMIT $` + strconv.Itoa(len(args))
+	stmt := `SELECT COALESCE(payload->>'host', '') AS host,
+		COALESCE((payload->>'port')::int, 0) AS port,
+		COALESCE(payload->>'reason', '') AS reason,
+		COALESCE(payload->>'rule', '') AS rule,
+		COUNT(*) AS n, COUNT(DISTINCT payload->>'sandbox') AS boxes, MAX(time) AS last
+		FROM (` + inner + `) AS blocked GROUP BY 1, 2, 3, 4 ORDER BY n DESC, last DESC, host LIMIT $` + strconv.Itoa(len(args))
 	rows, err := s.pool.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, fmt.Errorf("refused hosts: %w", err)

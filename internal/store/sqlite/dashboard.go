@@ -95,6 +95,10 @@ func eventScope(q store.EventQuery) (join string, where []string, args []any) {
 		join = ` JOIN runs r ON r.id = e.run_id`
 		where = append(where, "r.tenant = ?")
 		args = append(args, q.Tenant)
+		if q.User != "" {
+			where = append(where, "r.user_name = ?")
+			args = append(args, q.User)
+		}
 	}
 	if !q.Since.IsZero() {
 		where = append(where, "e.time >= ?")
@@ -112,13 +116,18 @@ func (s *Store) RefusedHosts(ctx context.Context, q store.EventQuery) ([]store.R
 	join, where, args := eventScope(q)
 	where = append([]string{"e.name = ?"}, where...)
 	args = append([]any{events.NameNetworkBlocked}, args...)
-	stmt := `SELECT COALESCE(json_extract(e.payload, '$.host'), '') AS host,
-		COALESCE(json_extract(e.payload, '$.port'), 0) AS port,
-		COALESCE(json_extract(e.payload, '$.reason'), '') AS reason,
-		COALESCE(json_extract(e.payload, '$.rule'), '') AS rule,
-		COUNT(*) AS n, COUNT(DISTINCT json_extract(e.payload, '$.sandbox')) AS boxes, MAX(e.time) AS last
-		FROM events e` + join + ` WHERE ` + strings.Join(where, " AND ") + `
-		GROUP BY host, port, reason, rule ORDER BY n DESC, last DESC, host LIMIT ?`
+	// The newest matching events first (bounded by q.Newest), then their groups.
+	inner := `SELECT e.payload, e.time FROM events e` + join + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY e.seq DESC`
+	if q.Newest > 0 {
+		inner += ` LIMIT ?`
+		args = append(args, q.Newest)
+	}
+	stmt := `SELECT COALESCE(json_extract(payload, '$.host'), '') AS host,
+		COALESCE(json_extract(payload, '$.port'), 0) AS port,
+		COALESCE(json_extract(payload, '$.reason'), '') AS reason,
+		COALESCE(json_extract(payload, '$.rule'), '') AS rule,
+		COUNT(*) AS n, COUNT(DISTINCT json_extract(payload, '$.sandbox')) AS boxes, MAX(time) AS last
+		FROM (` + inner + `) GROUP BY host, port, reason, rule ORDER BY n DESC, last DESC, host LIMIT ?`
 	args = append(args, q.Limit)
 	rows, err := s.db.QueryContext(ctx, stmt, args...)
 	if err != nil {

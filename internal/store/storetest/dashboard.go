@@ -182,6 +182,14 @@ func testEventAggregates(t *testing.T, s store.Store) {
 	if err != nil || len(hosts) != 2 || hosts[0].Count != 4 || hosts[0].Sandboxes != 3 {
 		t.Errorf("RefusedHosts(all, limit 2) = %+v, %v", hosts, err)
 	}
+	hosts, err = s.RefusedHosts(ctx, store.EventQuery{Tenant: "acme", Newest: 2}) // events 6 and 3 only
+	want = []store.RefusedHost{
+		{Host: "evil.test", Port: 443, Reason: "not-allowlisted", Count: 1, Sandboxes: 1, Last: base.Add(6 * time.Minute)},
+		{Host: "gist.test", Port: 443, Reason: "denied-by-rule", Rule: "!gist", Count: 1, Sandboxes: 1, Last: base.Add(3 * time.Minute)},
+	}
+	if err != nil || !slices.EqualFunc(hosts, want, sameRefused) {
+		t.Errorf("RefusedHosts(acme, newest 2) = %+v, %v\nwant %+v", hosts, err, want)
+	}
 	hosts, err = s.RefusedHosts(ctx, store.EventQuery{Tenant: "initech"})
 	if err != nil || len(hosts) != 0 {
 		t.Errorf("RefusedHosts(a tenant with no runs) = %+v, %v", hosts, err)
@@ -209,6 +217,15 @@ func testEventAggregates(t *testing.T, s store.Store) {
 	if e := recent[1]; e.RunID != "" || e.Tenant != "" || string(e.Payload) == "" {
 		t.Errorf("an event of no run: %+v", e)
 	}
+	c := newRun(t, "acme", "carol")
+	mustCreate(t, s, c)
+	add(c.ID, events.NameNetworkBlocked, 7*time.Minute, blocked("evil.test", "not-allowlisted", "", "sb-c"))
+	recent, err = s.RecentEvents(ctx, store.EventQuery{Tenant: "acme", User: "alice", Names: []string{events.NameNetworkBlocked}, Limit: 1})
+	if err != nil || !slices.Equal(runEventSeqs(recent), []int64{seqs[6]}) {
+		t.Errorf("RecentEvents(acme, alice) = %v, %v: want alice's newest only", runEventSeqs(recent), err)
+	}
+	_, err = s.RecentEvents(ctx, store.EventQuery{User: "alice"})
+	wantErr(t, "RecentEvents with a user and no tenant", err, errdefs.ErrInvalidArgument)
 	recent, err = s.RecentEvents(ctx, store.EventQuery{Tenant: "globex"})
 	if err != nil || !slices.Equal(runEventSeqs(recent), []int64{seqs[4]}) {
 		t.Errorf("RecentEvents(globex) = %v, %v", runEventSeqs(recent), err)
