@@ -70,6 +70,7 @@ const (
 	DefaultRefusedLimit = 100
 	DefaultRecentLimit  = 100
 	MaxEventLimit       = 50_000
+	MaxRunIDs           = 1_000
 )
 
 // RunCounts are runs by status and admission. Refused counts the runs admission refused (their status is
@@ -87,6 +88,7 @@ type RunCounts struct {
 type EventQuery struct {
 	Tenant string
 	User   string    // only events of this user's runs (with Tenant)
+	RunIDs []string  // only events of these runs (at most MaxRunIDs); empty: of any run
 	Names  []string  // only events with one of these names (RecentEvents); RefusedHosts ignores it
 	Since  time.Time // only events at or after Since
 	Limit  int
@@ -158,6 +160,9 @@ func PrepareEventQuery(op string, q EventQuery, def int) (EventQuery, error) {
 	}
 	if q.Newest < 0 {
 		return q, invalid("%s: negative bound %d", op, q.Newest)
+	}
+	if len(q.RunIDs) > MaxRunIDs {
+		return q, invalid("%s: %d run ids: at most %d", op, len(q.RunIDs), MaxRunIDs)
 	}
 	if q.User != "" && q.Tenant == "" {
 		return q, invalid("%s: a user needs a tenant", op)

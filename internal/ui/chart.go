@@ -84,11 +84,14 @@ func lineChart(title string, ss []series, from, to time.Time) template.HTML {
 	}
 	for _, i := range []int{0, n / 2, n - 1} { // x labels: start, middle, end of the window
 		at := from.Add(time.Duration(float64(span) * (float64(i) + 0.5) / float64(n)))
-		label := at.UTC().Format(layout)
-		if i == n-1 {
-			label += " UTC"
+		label, anchor := at.UTC().Format(layout), "middle"
+		switch i {
+		case 0:
+			anchor = "start"
+		case n - 1:
+			label, anchor = label+" UTC", "end"
 		}
-		fmt.Fprintf(&sb, `<text class="axis" x="%.1f" y="%d" text-anchor="middle">%s</text>`, x(i), height-8, esc(label))
+		fmt.Fprintf(&sb, `<text class="axis" x="%.1f" y="%d" text-anchor="%s">%s</text>`, x(i), height-8, anchor, esc(label))
 	}
 	for k, s := range ss {
 		var path strings.Builder
@@ -106,9 +109,10 @@ func lineChart(title string, ss []series, from, to time.Time) template.HTML {
 			pen = true
 		}
 		fmt.Fprintf(&sb, `<path class="line s%d" d="%s"></path>`, k, strings.TrimSpace(path.String()))
-		for i, v := range s.Values { // points, so a lone bucket still shows
+		for i, v := range s.Values { // points, so a lone bucket still shows; smaller on top, so equal ones all show
 			if !math.IsNaN(v) {
-				fmt.Fprintf(&sb, `<circle class="dot s%d" cx="%.1f" cy="%.1f" r="2.5"><title>%s %s</title></circle>`, k, x(i), y(v), esc(s.Name), esc(formatCount(v)))
+				fmt.Fprintf(&sb, `<circle class="dot s%d" cx="%.1f" cy="%.1f" r="%.1f"><title>%s %s</title></circle>`, k, x(i), y(v),
+					4.5-1.2*float64(k), esc(s.Name), esc(formatCount(v)))
 			}
 		}
 	}

@@ -90,14 +90,15 @@ type latencyData struct {
 	Gate          template.HTML
 	First         template.HTML
 	WarmN, FirstN int
-	Sampled       int  // events read
-	Capped        bool // the window had more events than were read
+	Runs          int  // runs read
+	Capped        bool // the window may have more runs than were read
+	Bound         int
 	Server        template.HTML
 	ServerShown   bool
 }
 
-// latencyEvents bounds the events the latency page reads: the newest ones of the window.
-const latencyEvents = 5_000
+// latencyRuns bounds the runs the latency page reads the events of: the newest ones of the window.
+const latencyRuns = 500
 
 // handleLatency draws warm exec time, gate wait and first-command time over the window from the recorded events
 // (the viewer's tenant's, or every tenant's for an admin), and, for an admin, the server's own histograms.
@@ -111,13 +112,29 @@ func (u *UI) handleLatency(w http.ResponseWriter, r *http.Request, v *viewer) {
 	since := now.Add(-d)
 	ctx, cancel := pageCtx(r)
 	defer cancel()
-	evs, err := u.cfg.Store.RecentEvents(ctx, store.EventQuery{Tenant: v.scope(), Since: since, Limit: latencyEvents,
-		Names: []string{events.NameSandboxStarted, events.NameSandboxRecycled, events.NameSandboxAdopted, events.NameExecStarted, events.NameExecFinished}})
+	// The newest runs first (an index walk), then their command events: bounded work whatever the window holds.
+	page, err := u.cfg.Store.QueryRuns(ctx, store.RunQuery{Tenant: v.scope(), Limit: latencyRuns})
 	if err != nil {
-		u.failErr(w, r, v, "the latency events", err)
+		u.failErr(w, r, v, "the runs", err)
 		return
 	}
-	data := latencyData{Window: name, Windows: windowNames(), Sampled: len(evs), Capped: len(evs) == latencyEvents}
+	var ids []string
+	for _, run := range page.Runs {
+		if !run.FinishedAt.IsZero() && run.FinishedAt.Before(since) {
+			continue
+		}
+		ids = append(ids, run.ID)
+	}
+	var evs []store.RunEvent
+	if len(ids) > 0 {
+		evs, err = u.cfg.Store.RecentEvents(ctx, store.EventQuery{Tenant: v.scope(), RunIDs: ids, Since: since, Limit: store.MaxEventLimit,
+			Names: []string{events.NameSandboxStarted, events.NameSandboxRecycled, events.NameSandboxAdopted, events.NameExecStarted, events.NameExecFinished}})
+		if err != nil {
+			u.failErr(w, r, v, "the latency events", err)
+			return
+		}
+	}
+	data := latencyData{Window: name, Windows: windowNames(), Runs: len(ids), Capped: page.More && len(ids) == len(page.Runs), Bound: latencyRuns}
 	s := latencySamples(evs)
 	data.WarmN, data.FirstN = len(s.warm), len(s.first)
 	const buckets = 24

@@ -102,6 +102,10 @@ func eventScope(q store.EventQuery, args []any) (join string, where []string, _ 
 			where = append(where, "r.user_name = $"+strconv.Itoa(len(args)))
 		}
 	}
+	if len(q.RunIDs) > 0 {
+		args = append(args, q.RunIDs)
+		where = append(where, "e.run_id = ANY($"+strconv.Itoa(len(args))+")")
+	}
 	if !q.Since.IsZero() {
 		args = append(args, q.Since)
 		where = append(where, "e.time >= $"+strconv.Itoa(len(args)))

@@ -100,6 +100,12 @@ func eventScope(q store.EventQuery) (join string, where []string, args []any) {
 			args = append(args, q.User)
 		}
 	}
+	if len(q.RunIDs) > 0 {
+		where = append(where, "e.run_id IN (?"+strings.Repeat(", ?", len(q.RunIDs)-1)+")")
+		for _, id := range q.RunIDs {
+			args = append(args, id)
+		}
+	}
 	if !q.Since.IsZero() {
 		where = append(where, "e.time >= ?")
 		args = append(args, fmtTime(q.Since))
@@ -117,7 +123,8 @@ func (s *Store) RefusedHosts(ctx context.Context, q store.EventQuery) ([]store.R
 	where = append([]string{"e.name = ?"}, where...)
 	args = append([]any{events.NameNetworkBlocked}, args...)
 	// The newest matching events first (bounded by q.Newest), then their groups.
-	inner := `SELECT e.payload, e.time FROM events e` + join + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY e.seq DESC`
+	// INDEXED BY: walk one name's events newest first and stop at the bound, instead of sorting the window.
+	inner := `SELECT e.payload, e.time FROM events e INDEXED BY events_by_name_seq` + join + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY e.seq DESC`
 	if q.Newest > 0 {
 		inner += ` LIMIT ?`
 		args = append(args, q.Newest)

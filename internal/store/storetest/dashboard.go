@@ -224,6 +224,14 @@ func testEventAggregates(t *testing.T, s store.Store) {
 	if err != nil || !slices.Equal(runEventSeqs(recent), []int64{seqs[6]}) {
 		t.Errorf("RecentEvents(acme, alice) = %v, %v: want alice's newest only", runEventSeqs(recent), err)
 	}
+	recent, err = s.RecentEvents(ctx, store.EventQuery{RunIDs: []string{b.ID, c.ID}})
+	if err != nil || !slices.Equal(runEventSeqs(recent), []int64{seqs[7], seqs[4]}) {
+		t.Errorf("RecentEvents(runs b, c) = %v, %v", runEventSeqs(recent), err)
+	}
+	recent, err = s.RecentEvents(ctx, store.EventQuery{Tenant: "acme", RunIDs: []string{b.ID}})
+	if err != nil || len(recent) != 0 {
+		t.Errorf("RecentEvents(acme, globex's run) = %v, %v: want none", runEventSeqs(recent), err)
+	}
 	_, err = s.RecentEvents(ctx, store.EventQuery{User: "alice"})
 	wantErr(t, "RecentEvents with a user and no tenant", err, errdefs.ErrInvalidArgument)
 	recent, err = s.RecentEvents(ctx, store.EventQuery{Tenant: "globex"})
