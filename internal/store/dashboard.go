@@ -2,6 +2,9 @@ package store
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/events"
@@ -173,4 +176,65 @@ func PrepareEventQuery(op string, q EventQuery, def int) (EventQuery, error) {
 		}
 	}
 	return q, nil
+}
+
+// RefusedGroups groups network_blocked payloads as RefusedHosts does, for a store that aggregates in Go. The zero
+// value is empty and ready.
+type RefusedGroups struct {
+	groups map[refusedKey]*refusedGroup
+}
+
+type refusedKey struct {
+	host, reason, rule string
+	port               int
+}
+
+type refusedGroup struct {
+	RefusedHost
+	boxes map[string]bool
+}
+
+// Add counts one network_blocked payload recorded at at. A payload that does not decode counts under an empty
+// host, as SQL's COALESCE of a missing field would.
+func (g *RefusedGroups) Add(payload []byte, at time.Time) {
+	var p events.NetworkBlocked
+	_ = json.Unmarshal(payload, &p)
+	if g.groups == nil {
+		g.groups = map[refusedKey]*refusedGroup{}
+	}
+	k := refusedKey{p.Host, p.Reason, p.Rule, p.Port}
+	gr := g.groups[k]
+	if gr == nil {
+		gr = &refusedGroup{RefusedHost: RefusedHost{Host: p.Host, Port: p.Port, Reason: p.Reason, Rule: p.Rule}, boxes: map[string]bool{}}
+		g.groups[k] = gr
+	}
+	gr.Count++
+	if p.Sandbox != "" {
+		gr.boxes[p.Sandbox] = true
+	}
+	if at.After(gr.Last) {
+		gr.Last = at.UTC()
+	}
+}
+
+// Result returns the groups most refused first, then the latest refusal first, then by host; at most limit.
+func (g *RefusedGroups) Result(limit int) []RefusedHost {
+	out := make([]RefusedHost, 0, len(g.groups))
+	for _, gr := range g.groups {
+		gr.Sandboxes = len(gr.boxes)
+		out = append(out, gr.RefusedHost)
+	}
+	slices.SortFunc(out, func(a, b RefusedHost) int {
+		switch {
+		case a.Count != b.Count:
+			return b.Count - a.Count
+		case !a.Last.Equal(b.Last):
+			return b.Last.Compare(a.Last)
+		}
+		return strings.Compare(a.Host, b.Host)
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out
 }

@@ -50,7 +50,7 @@ func barChart(title string, bars []bar, format func(float64) string) template.HT
 // lineChart draws series over the buckets of [from, to) with a y axis in milliseconds; a gap where a bucket has
 // no sample. The legend names each series.
 func lineChart(title string, ss []series, from, to time.Time) template.HTML {
-	const width, height, left, right, top, bottom = 640, 240, 56, 12, 12, 28
+	const width, height, left, right, top, bottom = 640, 260, 76, 12, 14, 32
 	n := 0
 	maxV := 0.0
 	any := false

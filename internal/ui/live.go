@@ -23,7 +23,10 @@ const recheck = 10 * time.Second
 // stream runs fn with an SSE writer until fn returns, the client goes away, the stream's time is up, or the UI
 // closes. fn returns false to end the stream.
 func (u *UI) stream(w http.ResponseWriter, r *http.Request, v *viewer, tick func(ctx context.Context, sw *sse) bool) {
-	u.wg.Add(1)
+	if !u.join() {
+		u.fail(w, r, v, http.StatusServiceUnavailable, "The server is shutting down.", "Reload the page in a moment.")
+		return
+	}
 	defer u.wg.Done()
 	ctx, cancel := context.WithTimeout(r.Context(), u.cfg.StreamMax)
 	defer cancel()

@@ -92,6 +92,8 @@ type UI struct {
 
 	ctx    context.Context // cancelled by Close: every live stream watches it
 	cancel context.CancelFunc
+	mu     sync.Mutex // guards closed, so that no stream joins wg once Close waits for it
+	closed bool
 	wg     sync.WaitGroup // the live streams
 }
 
@@ -140,8 +142,22 @@ func (u *UI) ServeHTTP(w http.ResponseWriter, r *http.Request) { u.handler.Serve
 
 // Close ends every live stream and waits for them. The dashboard keeps answering pages.
 func (u *UI) Close() {
+	u.mu.Lock()
+	u.closed = true
+	u.mu.Unlock()
 	u.cancel()
 	u.wg.Wait()
+}
+
+// join adds a live stream to wg, unless the UI is closed.
+func (u *UI) join() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return false
+	}
+	u.wg.Add(1)
+	return true
 }
 
 func (u *UI) routes() {
