@@ -252,7 +252,7 @@ func TestBrowser(t *testing.T) {
 	ctx := browser(t)
 	acme, globex := "acme-"+s.id, "globex-"+s.id
 	admin := s.token("ops-"+s.id, auth.ScopeAdmin)
-	acmeExec := s.client(s.token(acme, auth.ScopeExec, auth.ScopeRead))
+	acmeExec := s.client(s.token(acme, auth.ScopeExec, auth.ScopeRead, auth.ScopeFiles))
 
 	// Sign in; the token never shows in the URL.
 	signIn(t, ctx, s.url, admin)
@@ -273,7 +273,11 @@ func TestBrowser(t *testing.T) {
 	}
 	first := make(chan result, 1)
 	go func() {
-		res, err := acmeExec.Exec(context.Background(), "alice", client.ExecRequest{Command: "echo started; sleep 12; echo done", Timeout: 2 * time.Minute})
+		// It runs until the test uploads /workspace/release (or two minutes pass), so the page is open before
+		// it ends, however slow the machine.
+		res, err := acmeExec.Exec(context.Background(), "alice", client.ExecRequest{
+			Command: "echo started; i=0; while [ ! -e /workspace/release ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done; echo done",
+			Timeout: 3 * time.Minute})
 		first <- result{res, err}
 	}()
 	row := fmt.Sprintf(`tr[data-sandbox="%s/alice"]`, acme)
@@ -305,6 +309,9 @@ func TestBrowser(t *testing.T) {
 	do(t, ctx, "open the run", chromedp.Click(chromedp.CSS(`a[href="/ui/runs/`+runID+`"]`)), chromedp.WaitVisible(chromedp.CSS("ol.timeline")))
 	if strings.Contains(html(t, ctx), "exec_finished") {
 		t.Fatal("the command finished before its run page was open: the live part is not tested")
+	}
+	if _, err := acmeExec.Upload(t.Context(), "alice", "release", strings.NewReader("go"), 0o644); err != nil {
+		t.Fatalf("release the command: %v", err)
 	}
 	do(t, ctx, "exec_finished arrives live",
 		chromedp.WaitVisible(chromedp.CSS(`ol.timeline li.new.ok`)),

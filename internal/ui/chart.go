@@ -24,7 +24,7 @@ func barChart(title string, bars []bar, format func(float64) string) template.HT
 	if len(bars) == 0 {
 		return template.HTML(`<p class="empty">` + esc(title) + `: nothing in this window.</p>`)
 	}
-	const rowH, labelW, width = 26, 0, 640
+	const rowH, labelW, width = 30, 0, 640
 	maxV := 0.0
 	for _, b := range bars {
 		maxV = math.Max(maxV, b.Value)
