@@ -135,7 +135,11 @@ func (u *UI) handleLatency(w http.ResponseWriter, r *http.Request, v *viewer) {
 		}
 	}
 	data := latencyData{Window: name, Windows: windowNames(), Runs: len(ids), Capped: page.More && len(ids) == len(page.Runs), Bound: latencyRuns}
-	s := latencySamples(evs)
+	created := make(map[string]time.Time, len(page.Runs))
+	for _, run := range page.Runs {
+		created[run.ID] = run.CreatedAt
+	}
+	s := latencySamples(evs, created)
 	data.WarmN, data.FirstN = len(s.warm), len(s.first)
 	const buckets = 24
 	data.Warm = lineChart("Warm command time (ms)", quantileSeries(s.warm, since, now, buckets), since, now)
@@ -154,12 +158,15 @@ type sample struct {
 
 type samples struct{ warm, gate, first []sample }
 
-// latencySamples walks each run's events in order (evs is newest first).
-func latencySamples(evs []store.RunEvent) samples {
+// latencySamples walks each run's events in order (evs is newest first). A first command that is its run's
+// first is timed from the run's creation (created, when known) to its end: admission, the sandbox's start and
+// the command, as its caller waited; another is timed as the start's duration_ms plus its own.
+func latencySamples(evs []store.RunEvent, created map[string]time.Time) samples {
 	var s samples
 	type state struct {
 		coldMS  int64 // the start's duration since the last command, -1: none (warm)
 		started bool
+		execs   int // commands finished in this run so far
 	}
 	runs := map[string]*state{}
 	for i := len(evs) - 1; i >= 0; i-- {
@@ -192,11 +199,16 @@ func latencySamples(evs []store.RunEvent) samples {
 				continue
 			}
 			if st.coldMS >= 0 {
-				s.first = append(s.first, sample{e.Time, float64(st.coldMS + p.DurationMS)})
+				ms := float64(st.coldMS + p.DurationMS)
+				if at, ok := created[e.RunID]; ok && st.execs == 0 {
+					ms = max(ms, float64(e.Time.Sub(at).Milliseconds()))
+				}
+				s.first = append(s.first, sample{e.Time, ms})
 			} else {
 				s.warm = append(s.warm, sample{e.Time, float64(p.DurationMS)})
 			}
 			st.coldMS, st.started = -1, false
+			st.execs++
 		}
 	}
 	return s

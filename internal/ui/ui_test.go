@@ -478,9 +478,13 @@ func TestLatencySamples(t *testing.T) {
 	for i := range asc {
 		desc[len(asc)-1-i] = asc[i]
 	}
-	s := latencySamples(desc)
+	s := latencySamples(desc, nil)
 	if len(s.first) != 1 || s.first[0].ms != 1000 {
 		t.Errorf("first commands = %+v, want one of 1000ms", s.first)
+	}
+	// With the run's creation time known, a run's first command is timed from it (here 4s before its end).
+	if s := latencySamples(desc, map[string]time.Time{"r1": at}); len(s.first) != 1 || s.first[0].ms != 4000 {
+		t.Errorf("first commands from the run's creation = %+v, want 4000ms", s.first)
 	}
 	if len(s.warm) != 2 || s.warm[0].ms != 20 || s.warm[1].ms != 30 {
 		t.Errorf("warm commands = %+v, want 20ms and 30ms", s.warm)
