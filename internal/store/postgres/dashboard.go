@@ -122,7 +122,8 @@ func (s *Store) RefusedHosts(ctx context.Context, q store.EventQuery) ([]store.R
 	join, where, args := eventScope(q, []any{events.NameNetworkBlocked})
 	where = append([]string{"e.name = $1"}, where...)
 	// The newest matching events first (bounded by q.Newest), then their groups.
-	inner := `SELECT e.payload, e.time FROM events e` + join + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY e.seq DESC`
+	// Each payload is parsed once (jsonb), not once per field (json's ->> parses the text every time).
+	inner := `SELECT e.payload::jsonb AS payload, e.time FROM events e` + join + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY e.seq DESC`
 	if q.Newest > 0 {
 		args = append(args, q.Newest)
 		inner += ` LIMIT $` + strconv.Itoa(len(args))
