@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -232,6 +233,18 @@ func shoot(t *testing.T, ctx context.Context, name string) {
 	do(t, ctx, "viewport", chromedp.EmulateViewport(1280, 900))
 }
 
+// dark turns the emulated prefers-color-scheme to dark (or back to the default).
+func dark(t *testing.T, ctx context.Context, on bool) {
+	t.Helper()
+	var features []*emulation.MediaFeature
+	if on {
+		features = []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}
+	}
+	if _, err := chromedp.Call(ctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{Features: features}); err != nil {
+		t.Fatalf("emulate the dark scheme: %v", err)
+	}
+}
+
 func signIn(t *testing.T, ctx context.Context, base, token string) {
 	t.Helper()
 	do(t, ctx, "sign in",
@@ -344,6 +357,9 @@ func TestBrowser(t *testing.T) {
 		t.Error("the overview's last refusals lack denied.test")
 	}
 	shoot(t, ctx, "overview")
+	dark(t, ctx, true)
+	shoot(t, ctx, "overview-dark")
+	dark(t, ctx, false)
 	do(t, ctx, "latency", chromedp.Navigate(s.url+"/ui/latency?window=1h"), chromedp.WaitVisible(chromedp.CSS("figure.chart svg")))
 	shoot(t, ctx, "latency")
 
