@@ -56,6 +56,15 @@ export SANDKEEP_TEST_POSTGRES
 export SANDKEEP_REQUIRE_POSTGRES=1
 # --- end store block ---
 
+# --- ui: Chromium for the dashboard's browser tests (internal/ui) ---
+# chromium-up.sh installs Debian's chromium when missing. REQUIRE=1: a missing browser fails the browser tests,
+# it never skips them. Their screenshots go to $SANDKEEP_ARTIFACTS/ui (default .artifacts/, gitignored).
+phase "chromium: scripts/chromium-up.sh"
+bash scripts/chromium-up.sh >/dev/null || fail "chromium not available (see above)"
+export SANDKEEP_REQUIRE_CHROMIUM=1
+export SANDKEEP_ARTIFACTS="${SANDKEEP_ARTIFACTS:-$PWD/.artifacts}"
+# --- end ui block ---
+
 # -race needs cgo and a C compiler.
 if ! command -v gcc >/dev/null 2>&1; then
 	phase "toolchain: installing gcc (needed by go test -race)"

@@ -98,8 +98,9 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 				"metrics_token_env names %s, which is not set", sc.MetricsTokenEnv)
 		}
 	}
+	reg := serveRegistry()
 	srv, err := api.New(api.Config{
-		Backend: svc.backend, Tokens: svc.st,
+		Backend: svc.backend, Tokens: svc.st, Registry: reg,
 		Limits: sc.Limits.api(), TenantLimits: sc.tenantLimits(),
 		MaxBodyBytes: size(sc.MaxBody), MaxUploadBytes: sc.fileLimits().MaxFileBytes,
 		Logger: access, MetricsToken: metricsToken,
@@ -118,6 +119,9 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		return fault.Wrap(err, fault.InvalidArgument, "choose a free address with --listen", "cannot listen on %s", sc.Listen)
 	}
 	hs := srv.HTTPServer(sc.Listen)
+	if err := mountUI(hs, svc, reg, access); err != nil {
+		return err
+	}
 	scheme := "http"
 	if sc.TLS.Cert != "" {
 		scheme = "https"

@@ -47,6 +47,8 @@ type Store interface {
 	ListEvents(ctx context.Context, f EventFilter) ([]Event, error)
 	// TokenStore keeps the service's API tokens in the same database as the runs.
 	TokenStore
+	// Dashboard is the read-only queries of the operator dashboard.
+	Dashboard
 	// Close releases the store's resources.
 	Close() error
 }

@@ -92,6 +92,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"UpdateRunInvalid", testUpdateRunInvalid},
 		{"NotFound", testNotFound},
 		{"ListRuns", testListRuns},
+		{"QueryRuns", testQueryRuns},
+		{"EventAggregates", testEventAggregates},
 		{"Events", testEvents},
 		{"EventPayloadRoundTrip", testEventPayloadRoundTrip},
 		{"EventInvalid", testEventInvalid},
