@@ -267,26 +267,20 @@ func TestBuildFailingRun(t *testing.T) {
 	}
 }
 
-// TestBuildNoNetwork: RUN steps cannot reach the network (network mode none). The address is never contacted:
-// without an interface other than lo, connecting fails at once.
+// TestBuildNoNetwork: RUN steps have no network (network mode none): only lo, and no route. Nothing is dialled
+// to show it: the step reads its interfaces and routes and prints a marker only when there are none.
 func TestBuildNoNetwork(t *testing.T) {
 	base := testutil.TestImage(t)
 	d, _ := newBuildDriver(t)
-	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\nRUN nc -w 5 192.0.2.1 80 </dev/null\n"})
+	step := `RUN ls /sys/class/net; [ "$(ls /sys/class/net)" = lo ] && [ "$(wc -l < /proc/net/route)" -le 1 ] && echo no-network-marker`
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\n" + step + "\n"})
 	var progress bytes.Buffer
-	start := time.Now()
 	ref, _, err := d.Build(t.Context(), build.Request{Root: root}, &progress)
 	if ref != "" {
 		removeImage(t, ref)
 	}
-	if !fault.Is(err, build.CodeFailed) {
-		t.Fatalf("err = %v, want %s", err, build.CodeFailed)
-	}
-	if !strings.Contains(progress.String(), "Network is unreachable") {
-		t.Errorf("nc did not fail for lack of a network:\n%s", progress.String())
-	}
-	if time.Since(start) > 30*time.Second {
-		t.Errorf("took %v", time.Since(start))
+	if err != nil || !strings.Contains(progress.String(), "no-network-marker") {
+		t.Fatalf("a RUN step saw a network (err %v):\n%s", err, progress.String())
 	}
 }
 
