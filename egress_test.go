@@ -576,3 +576,46 @@ func hostIPv4s(t *testing.T) []string {
 	}
 	return out
 }
+
+// TestEgressPerCommand: a command's network policy and proxy token are its own and end with it. A later command
+// without a network block, or one with another policy, cannot reach the first command's hosts by reusing the
+// first command's proxy URL (what a process it left behind would hold), and each command gets a fresh token.
+func TestEgressPerCommand(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, nil)
+	p := w.plain.port()
+	key := w.key("acme", "percommand")
+	allowed := &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test", "127.0.0.1:" + p}}
+	other := &sandkeep.Network{Mode: "allowlist", Rules: []string{"other.test", "127.0.0.1:" + p}}
+	url := "http://allowed.test:" + p + "/x"
+
+	proxyOf := func(net *sandkeep.Network) string {
+		res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo $HTTP_PROXY; " + testutil.ProbePath + " http " + url}, Network: net})
+		first, _, _ := strings.Cut(res.Stdout, "\n")
+		return strings.TrimSpace(first)
+	}
+	first := proxyOf(allowed)
+	if first == "" || w.plain.hits() != 1 {
+		t.Fatalf("the first command: proxy %q, %d hits", first, w.plain.hits())
+	}
+	if second := proxyOf(allowed); second == first || second == "" {
+		t.Errorf("two commands got the same proxy URL (token): %q", second)
+	}
+	hits := w.plain.hits()
+
+	// The first command's proxy URL, used by a later command with no network or with another policy.
+	for _, net := range []*sandkeep.Network{nil, {Mode: "none"}, other} {
+		res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "HTTP_PROXY=" + first + " " + testutil.ProbePath + " proxied " + url}, Network: net})
+		if !strings.Contains(res.Stdout, "status 407") {
+			t.Errorf("network %+v: an earlier command's token: exit %d\n%s%s", net, res.ExitCode, res.Stdout, res.Stderr)
+		}
+	}
+	// A command with no network block after one that had a policy does not inherit it through the proxy.
+	res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}, Network: other})
+	if !strings.Contains(res.Stdout, "status 403 denied=not-allowlisted") {
+		t.Errorf("another policy still allowed the earlier command's host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if got := w.plain.hits(); got != hits {
+		t.Errorf("the earlier command's host got %d more requests after its command ended", got-hits)
+	}
+}

@@ -223,7 +223,8 @@ func applyNetwork(c *sandkeep.Config, n *spec.Network) error {
 			return fault.New(fault.SecretUnavailable, "export "+cr.FromEnv+" in sandkeep's environment",
 				"credential %s: $%s is not set", cr.Name, cr.FromEnv)
 		}
-		nw.Credentials = append(nw.Credentials, sandkeep.Credential{Name: cr.Name, Value: v, Hosts: cr.Hosts})
+		nw.Credentials = append(nw.Credentials, sandkeep.Credential{Name: cr.Name, Value: v, Hosts: cr.Hosts,
+			Header: cr.Header, Scheme: cr.Scheme, Fields: cr.Fields, AllowPlaintext: cr.AllowPlaintext})
 	}
 	c.Network = nw
 	return nil

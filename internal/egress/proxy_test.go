@@ -34,10 +34,10 @@ func TestMain(m *testing.M) {
 
 const testToken = "s3cret-token-for-tests"
 
-// testNet is the tests' "internet": 203.0.113.0/24 (TEST-NET-3) stands for public hosts, and the dialer
+// testNet is the tests' "internet": 192.88.99.0/24 (the retired 6to4 relay range) stands for public hosts, and the dialer
 // sends those to the same port on 127.0.0.1, where the httptest servers listen. Nothing else is ever dialed:
 // a dial of any other address (a forbidden one the proxy should have refused) fails the test.
-var testNet = netip.MustParsePrefix("203.0.113.0/24")
+var testNet = netip.MustParsePrefix("192.88.99.0/24")
 
 // recorder is a fake Resolver and a guarded Dial that record what the proxy asked for.
 type recorder struct {
@@ -343,8 +343,8 @@ func TestForwardAllowed(t *testing.T) {
 // expected at all) and reported, with the reason in the response header.
 func TestRefusals(t *testing.T) {
 	answers := map[string][]string{
-		"good.example.test": {"203.0.113.10"},
-		"bad.example.test":  {"203.0.113.11"},
+		"good.example.test": {"192.88.99.10"},
+		"bad.example.test":  {"192.88.99.11"},
 		"priv.test":         {"10.0.0.1"},
 		"meta.test":         {"169.254.169.254"},
 		"mapped.test":       {"::ffff:169.254.169.254"},
@@ -353,14 +353,14 @@ func TestRefusals(t *testing.T) {
 		"meta6.test":        {"fd00:ec2::254"},
 		"loop.test":         {"127.0.0.1"},
 		"cgnat.test":        {"100.64.0.1"},
-		"multi.test":        {"203.0.113.10", "10.0.0.1"},
-		"self.test":         {"203.0.113.99"},
+		"multi.test":        {"192.88.99.10", "10.0.0.1"},
+		"self.test":         {"192.88.99.99"},
 		"ula.test":          {"fd12::1"},
 		"linklocal.test":    {"fe80::1"},
 		"mcast.test":        {"224.0.0.1"},
 		"zero.test":         {"0.0.0.0"},
 	}
-	self := netip.MustParseAddr("203.0.113.99")
+	self := netip.MustParseAddr("192.88.99.99")
 	tests := []struct {
 		name   string
 		mode   string
@@ -374,7 +374,7 @@ func TestRefusals(t *testing.T) {
 		{name: "unlisted", mode: ModeAllowlist, rules: []string{"good.example.test"}, target: "other.test:443", status: 403, reason: ReasonUnlisted},
 		{name: "negated", mode: ModeAllowlist, rules: []string{"**.example.test", "!bad.example.test"}, target: "bad.example.test:443", status: 403, reason: ReasonRule, rule: "!bad.example.test"},
 		{name: "negated port", mode: ModeOpen, rules: []string{"!**.example.test:25"}, target: "good.example.test:25", status: 403, reason: ReasonRule, rule: "!**.example.test:25"},
-		{name: "negated CIDR on a resolved address", mode: ModeOpen, rules: []string{"!203.0.113.0/28"}, target: "good.example.test:443", status: 403, reason: ReasonRule, rule: "!203.0.113.0/28", addr: "203.0.113.10"},
+		{name: "negated CIDR on a resolved address", mode: ModeOpen, rules: []string{"!192.88.99.0/28"}, target: "good.example.test:443", status: 403, reason: ReasonRule, rule: "!192.88.99.0/28", addr: "192.88.99.10"},
 		{name: "mode none", mode: ModeNone, rules: []string{"**"}, target: "good.example.test:443", status: 403, reason: ReasonModeNone},
 		{name: "private", mode: ModeOpen, target: "priv.test:443", status: 403, reason: ClassPrivate, addr: "10.0.0.1"},
 		{name: "metadata", mode: ModeAllowlist, rules: []string{"**"}, target: "meta.test:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
@@ -390,8 +390,8 @@ func TestRefusals(t *testing.T) {
 		{name: "multicast", mode: ModeOpen, target: "mcast.test:80", status: 403, reason: ClassMulticast, addr: "224.0.0.1"},
 		{name: "unspecified", mode: ModeOpen, target: "zero.test:80", status: 403, reason: ClassUnspecified, addr: "0.0.0.0"},
 		{name: "one of several forbidden", mode: ModeOpen, target: "multi.test:443", status: 403, reason: ClassPrivate, addr: "10.0.0.1"},
-		{name: "self", mode: ModeOpen, target: "self.test:443", status: 403, reason: ClassSelf, addr: "203.0.113.99"},
-		{name: "self by IP", mode: ModeOpen, target: "203.0.113.99:443", status: 403, reason: ClassSelf, addr: "203.0.113.99"},
+		{name: "self", mode: ModeOpen, target: "self.test:443", status: 403, reason: ClassSelf, addr: "192.88.99.99"},
+		{name: "self by IP", mode: ModeOpen, target: "192.88.99.99:443", status: 403, reason: ClassSelf, addr: "192.88.99.99"},
 		{name: "metadata dotted", mode: ModeOpen, target: "169.254.169.254:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
 		{name: "metadata decimal", mode: ModeOpen, target: "2852039166:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
 		{name: "metadata hex", mode: ModeOpen, target: "0xa9.0xfe.0xa9.0xfe:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
@@ -445,9 +445,9 @@ func TestRefusals(t *testing.T) {
 func TestAllowedByRule(t *testing.T) {
 	up := newEcho(t, false)
 	answers := map[string][]string{
-		"good.example.test": {"203.0.113.10"},
+		"good.example.test": {"192.88.99.10"},
 		"local.test":        {"127.0.0.1"},
-		"both.test":         {"203.0.113.10", "203.0.113.11"},
+		"both.test":         {"192.88.99.10", "192.88.99.11"},
 	}
 	tests := []struct {
 		name   string
@@ -504,7 +504,7 @@ func tunnelGet(t *testing.T, c net.Conn, br *bufio.Reader, host string) string {
 // with the token pass.
 func TestAuth(t *testing.T) {
 	up := newEcho(t, false)
-	rec := newRecorder(t, map[string][]string{"good.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"good.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "good.test")}, rec)
 	basic := func(user, pass string) string {
 		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
@@ -584,7 +584,7 @@ func TestRebinding(t *testing.T) {
 	for _, via := range []string{"connect", "forward"} {
 		t.Run(via, func(t *testing.T) {
 			rec := newRecorder(t, nil)
-			rec.set("rebind.test", "203.0.113.10")
+			rec.set("rebind.test", "192.88.99.10")
 			rec.set("rebind.test", "169.254.169.254")
 			h := newHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "rebind.test")}, rec)
 			target := "rebind.test:" + up.port()
@@ -607,7 +607,7 @@ func TestRebinding(t *testing.T) {
 			if n := rec.lookupCount("rebind.test"); n != 1 {
 				t.Errorf("%d lookups for one request, want 1", n)
 			}
-			if d := rec.dialed(); len(d) != 1 || d[0] != "203.0.113.10:"+up.port() {
+			if d := rec.dialed(); len(d) != 1 || d[0] != "192.88.99.10:"+up.port() {
 				t.Errorf("dialed %v, want the checked address once", d)
 			}
 			resp, _, _ := h.connect(target, bearer())
@@ -643,7 +643,7 @@ func TestConnectToSelf(t *testing.T) {
 
 // TestSilent: a host on the silent list is refused, with no event and no lookup, even in open mode.
 func TestSilent(t *testing.T) {
-	rec := newRecorder(t, map[string][]string{"telemetry.example.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"telemetry.example.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeOpen, Silent: []string{"**.example.test"}}, rec)
 	for _, target := range []string{"telemetry.example.test:443", "TELEMETRY.example.test.:443"} {
 		resp, _, _ := h.connect(target, bearer())
@@ -722,7 +722,7 @@ func TestTunnelEnds(t *testing.T) {
 		_, err := c.Read(b) // the client closes: EOF here
 		upstreamSaw <- fmt.Sprint(err)
 	})
-	rec := newRecorder(t, map[string][]string{"raw.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"raw.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeOpen}, rec)
 
 	// The client sends its first bytes in the same write as the CONNECT request.
@@ -787,7 +787,7 @@ func TestTunnelIdle(t *testing.T) {
 			}
 		}
 	})
-	rec := newRecorder(t, map[string][]string{"raw.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"raw.test": {"192.88.99.10"}})
 	p, err := New(Config{Policy: Policy{Mode: ModeOpen}, Token: testToken, Resolver: rec, Dial: rec.Dial})
 	if err != nil {
 		t.Fatal(err)
@@ -819,7 +819,7 @@ func TestTunnelIdle(t *testing.T) {
 // TestCloseEndsTunnels: Close ends open tunnels and in-flight requests and waits for them.
 func TestCloseEndsTunnels(t *testing.T) {
 	port := rawUpstream(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
-	rec := newRecorder(t, map[string][]string{"raw.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"raw.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeOpen}, rec)
 	var conns []*bufio.Reader
 	for range 3 {
@@ -880,7 +880,7 @@ func TestClassify(t *testing.T) {
 		want string
 	}{
 		{"8.8.8.8", ""},
-		{"203.0.113.10", ""},
+		{"192.88.99.10", ""},
 		{"2001:db8::1", ""},
 		{"2606:4700::1111", ""},
 		{"64:ff9b::808:808", ""}, // NAT64 of a public address
@@ -1041,12 +1041,12 @@ func slicesContains(s []netip.Addr, a netip.Addr) bool {
 
 // fuzzAnswers are what the fuzz resolver answers, chosen by the pick argument.
 var fuzzAnswers = [][]string{
-	{"203.0.113.10"},
+	{"192.88.99.10"},
 	{"10.0.0.1"},
 	{"169.254.169.254"},
 	{"::ffff:169.254.169.254"},
 	{"64:ff9b::a9fe:a9fe"},
-	{"203.0.113.10", "127.0.0.1"},
+	{"192.88.99.10", "127.0.0.1"},
 	{"2002:a9fe:a9fe::1"},
 	{"10.1.2.3"},
 	{"fd00:ec2::254"},

@@ -31,6 +31,7 @@ const (
 	NameExecStarted          = "exec_started"
 	NameExecFinished         = "exec_finished"
 	NameNetworkBlocked       = "network_blocked"
+	NameCredentialReflected  = "credential_reflected"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -61,6 +62,7 @@ var payloadTypes = map[string]reflect.Type{
 	NameExecStarted:          reflect.TypeFor[ExecStarted](),
 	NameExecFinished:         reflect.TypeFor[ExecFinished](),
 	NameNetworkBlocked:       reflect.TypeFor[NetworkBlocked](),
+	NameCredentialReflected:  reflect.TypeFor[CredentialReflected](),
 }
 
 // Names returns every event name, in no particular order.

@@ -127,6 +127,19 @@ type NetworkBlocked struct {
 	Key     string `json:"key,omitempty"`     // the sandbox's key, short form
 }
 
+// CredentialReflected (credential_reflected): a response from one of a credential's hosts carried the
+// credential's value back towards the sandbox (in a form the egress proxy produced: literal, percent-encoded,
+// base64, the Basic credential it wrote), and the proxy replaced it with the placeholder before the sandbox saw
+// it. One per response, credential and place. Never the value.
+type CredentialReflected struct {
+	Credential string `json:"credential"` // the credential's name
+	Host       string `json:"host"`
+	Port       int    `json:"port"`
+	Where      string `json:"where"`             // header or body
+	Sandbox    string `json:"sandbox,omitempty"` // the sandbox's container name
+	Key        string `json:"key,omitempty"`     // the sandbox's key, short form
+}
+
 // maxCommand bounds ExecStarted.Command: argv[0] is usually a short program name, and an event is no place for
 // a long one.
 const maxCommand = 256

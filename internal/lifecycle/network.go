@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -30,6 +31,14 @@ type Credential struct {
 	Name  string   // the environment variable the sandbox sees, e.g. GITHUB_TOKEN
 	Value string   // the real secret: never in the sandbox, in events or in logs
 	Hosts []string // egress rules (no negation) of the hosts it may go to
+
+	// Where the value goes (see egress.Credential): Header ("" is Authorization) written with Scheme ("" is
+	// Bearer in Authorization; none, Basic, token, ...), the Fields opted into by name (header:<Name>,
+	// form:<field>, json:<member>), and plain http:// only with AllowPlaintext.
+	Header         string
+	Scheme         string
+	Fields         []string
+	AllowPlaintext bool
 }
 
 // Inherit values.
@@ -205,6 +214,13 @@ func resolveCredentials(in []Credential) ([]egress.Credential, error) {
 			return nil, fault.New(fault.NetworkInvalid, "list the hosts it may be sent to, e.g. hosts: [api.github.com]",
 				"credential %s names no host", c.Name)
 		}
+		if err := egress.CheckCredentialPlacement(c.Header, c.Scheme, c.Fields); err != nil {
+			var fe *fault.Error
+			if errors.As(err, &fe) {
+				return nil, fault.Wrap(err, fault.NetworkInvalid, fe.Hint, "credential %s: %s", c.Name, fe.Message)
+			}
+			return nil, err
+		}
 		hosts, errs := egress.ParseRules(c.Hosts)
 		if len(errs) > 0 {
 			return nil, ruleError(fmt.Sprintf("credential %s host", c.Name), errs[0])
@@ -215,7 +231,8 @@ func resolveCredentials(in []Credential) ([]egress.Credential, error) {
 					"credential %s: host %q is negated", c.Name, h.String())
 			}
 		}
-		out = append(out, egress.Credential{Name: c.Name, Value: c.Value, Hosts: hosts})
+		out = append(out, egress.Credential{Name: c.Name, Value: c.Value, Hosts: hosts,
+			Header: c.Header, Scheme: c.Scheme, Fields: slices.Clone(c.Fields), AllowPlaintext: c.AllowPlaintext})
 	}
 	return out, nil
 }
