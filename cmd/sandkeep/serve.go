@@ -83,6 +83,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig) error {
 	svc, err := g.openService(ctx, sc.Spec, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.NetworkPresets = sc.Network.Presets
 		c.NetworkSilent = sc.Network.Silent
+		c.NetworkRefused = sc.Network.Refused
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
 		c.Retention = duration(sc.Sweep.Retention, 0)
 	})

@@ -52,6 +52,7 @@ type serverConfig struct {
 	Network struct {
 		Presets map[string][]string `yaml:"presets"`
 		Silent  []string            `yaml:"silent"`
+		Refused []string            `yaml:"refused"` // CIDRs refused like private ranges unless an IP rule names them
 	} `yaml:"network"`
 }
 
@@ -83,6 +84,7 @@ func operatorNetwork(c *sandkeep.Config) error {
 	}
 	c.NetworkPresets = sc.Network.Presets
 	c.NetworkSilent = sc.Network.Silent
+	c.NetworkRefused = sc.Network.Refused
 	return nil
 }
 

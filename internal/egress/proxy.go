@@ -43,7 +43,9 @@ const (
 	// TLS inspection and credentials.
 	ReasonSNIMismatch    = "sni-mismatch"         // the TLS hello names another host than the CONNECT (Block.Host is the hello's)
 	ReasonHostMismatch   = "host-mismatch"        // a decrypted request's Host is not the CONNECT host (Block.Host is the request's)
-	ReasonNotTLS         = "not-tls"              // inspecting, and the client sent something else than a TLS hello in its tunnel
+	ReasonNotTLS         = "not-tls"              // inspecting, and the client sent something else than a TLS hello in its tunnel (or a plain tunnel's hello does not parse)
+	ReasonSNIFronting    = "sni-fronting"         // a plain tunnel's TLS hello names another host than the CONNECT (Block.Host is the hello's)
+	ReasonSNIMissing     = "sni-missing"          // a plain tunnel to a name carries a TLS hello without a server name
 	ReasonCredentialLeak = "credential-leak"      // a credential's placeholder or value heading to a host it may not go to (Block.Rule names it)
 	ReasonPlaintext      = "credential-plaintext" // a credential's placeholder in a plain-HTTP request to its host, which it may reach over TLS only (Block.Rule names it)
 )
@@ -109,6 +111,9 @@ type Config struct {
 	OnReflected func(Reflection)
 	// Self lists the proxy's own addresses: refused as targets unless a rule names them.
 	Self []netip.Addr
+	// Refused adds ranges refused like the private ones (class operator) unless an IP or CIDR rule names them:
+	// the host's own public NAT address, a provider's host endpoints, a partner network.
+	Refused []netip.Prefix
 	// UpstreamRoots verifies upstream servers when the proxy inspects TLS; nil is the host's roots.
 	UpstreamRoots *x509.CertPool
 }
@@ -127,6 +132,7 @@ type Proxy struct {
 	resolver  Resolver
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	self      []netip.Addr
+	refused   []netip.Prefix // Config.Refused, masked
 
 	srv          *http.Server
 	forward      *httputil.ReverseProxy // plain HTTP, over transport
@@ -136,6 +142,7 @@ type Proxy struct {
 	inner        *http.Server  // serves decrypted connections, handed to it through innerLn
 	innerLn      *connListener //
 	tunnelIdle   time.Duration
+	noPeek       bool // benchmarks only: plain tunnels without the ClientHello check
 
 	ctx    context.Context // cancelled by Close: ends resolutions, dials and forwarded requests
 	cancel context.CancelFunc
@@ -180,6 +187,15 @@ func New(cfg Config) (*Proxy, error) {
 	p.SetOnReflected(cfg.OnReflected)
 	for _, a := range cfg.Self {
 		p.self = append(p.self, a.Unmap().WithZone(""))
+	}
+	for _, r := range cfg.Refused {
+		if !r.IsValid() {
+			return nil, errors.New("egress proxy: a refused range is not a valid prefix")
+		}
+		if r.Addr().Is4In6() && r.Bits() >= 96 {
+			r = netip.PrefixFrom(r.Addr().Unmap(), r.Bits()-96)
+		}
+		p.refused = append(p.refused, r.Masked())
 	}
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
@@ -452,7 +468,7 @@ func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, por
 			b.Reason, b.Rule = ReasonRule, r.String()
 			return p.refuse(http.StatusForbidden, b)
 		}
-		if class := classify(a, p.self); class != "" && r == nil {
+		if class := classify(a, p.self, p.refused...); class != "" && r == nil {
 			b.Reason = class
 			return p.refuse(http.StatusForbidden, b)
 		}
@@ -581,15 +597,9 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		t.close()
 		return
 	}
-	// Bytes the client sent after its request (a pipelined TLS hello) are in brw's buffer, not the socket.
-	if n := brw.Reader.Buffered(); n > 0 {
-		b, _ := brw.Reader.Peek(n)
-		_ = up.SetWriteDeadline(time.Now().Add(headerTimeout))
-		if _, err := up.Write(b); err != nil {
-			t.close()
-			return
-		}
-	}
+	// The client's first bytes are checked before any reaches the upstream (a TLS hello's server name must be the
+	// CONNECT host); they, and whatever else it sent after its request, are in brw's buffer, not the socket.
+	t.first = func() bool { return p.checkHello(client, brw.Reader, up, v) }
 	t.run(&p.wg)
 }
 
@@ -616,6 +626,7 @@ func (p *Proxy) untrack(t *tunnel) {
 type tunnel struct {
 	client, upstream net.Conn
 	idle             time.Duration
+	first            func() bool  // run before the client's bytes are copied to the upstream; false ends the tunnel
 	last             atomic.Int64 // unix nanoseconds when a copy last reported bytes moved, either way
 	once             sync.Once
 }
@@ -628,7 +639,9 @@ func (t *tunnel) run(wg *sync.WaitGroup) {
 	go func() {
 		defer wg.Done()
 		defer close(done)
-		t.copy(t.upstream, t.client)
+		if t.first == nil || t.first() {
+			t.copy(t.upstream, t.client)
+		}
 		t.close()
 	}()
 	t.copy(t.client, t.upstream)

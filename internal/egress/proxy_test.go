@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -278,16 +277,15 @@ func (e *echoServer) seen() []http.Header {
 // HTTP proxy with Basic credentials in its URL, so a CONNECT tunnel carries TLS to a local server. The name
 // resolves to 127.0.0.1, which is refused by default and reachable only because a rule names it.
 func TestConnectAllowed(t *testing.T) {
-	up := newEcho(t, true)
+	up := newUpstream(t, true) // its certificate names allowed.test: the hello's name must be the CONNECT host
 	rec := newRecorder(t, map[string][]string{"allowed.test": {"127.0.0.1"}})
 	h := newHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "allowed.test", "127.0.0.1/32")}, rec)
 
-	roots := x509.NewCertPool()
-	roots.AddCert(up.Certificate())
+	roots := testPKI(t).roots
 	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("anyone", testToken), Host: h.addr}
 	tr := &http.Transport{
 		Proxy:           http.ProxyURL(proxyURL),
-		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "example.com"},
+		TLSClientConfig: &tls.Config{RootCAs: roots},
 	}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("https://allowed.test:" + up.port() + "/x")
@@ -881,7 +879,7 @@ func TestClassify(t *testing.T) {
 	}{
 		{"8.8.8.8", ""},
 		{"192.88.99.10", ""},
-		{"2001:db8::1", ""},
+		{"2001:db8::1", ClassDocumentation}, // was let through before issue 12
 		{"2606:4700::1111", ""},
 		{"64:ff9b::808:808", ""}, // NAT64 of a public address
 		{"2002:808:808::1", ""},  // 6to4 of a public address
@@ -925,6 +923,27 @@ func TestClassify(t *testing.T) {
 		{"198.51.100.7", ClassSelf},
 		{"::ffff:198.51.100.7", ClassSelf},
 		{"64:ff9b::c633:6407", ClassSelf},
+		// Unclassified before issue 12: not private, but no public host either.
+		{"192.0.0.1", ClassProtocol},
+		{"192.0.0.192", ClassProtocol},
+		{"192.0.2.1", ClassDocumentation},
+		{"198.51.100.8", ClassDocumentation},
+		{"203.0.113.10", ClassDocumentation},
+		{"198.18.0.1", ClassBenchmarking},
+		{"198.19.255.255", ClassBenchmarking},
+		{"198.20.0.1", ""},
+		{"2001:db8:ffff::1", ClassDocumentation},
+		{"2001:2::1", ClassBenchmarking},
+		{"100::1", ClassProtocol},
+		{"2001:10::1", ClassProtocol},
+		{"2001:1f::1", ClassProtocol},
+		{"2001:20::1", ClassProtocol},
+		{"2001:2f:ffff::1", ClassProtocol},
+		{"2001:30::1", ""},
+		{"168.63.129.16", ClassMetadata},
+		{"100.100.100.200", ClassMetadata},
+		{"::ffff:168.63.129.16", ClassMetadata},
+		{"64:ff9b::c000:201", ClassDocumentation}, // NAT64 of 192.0.2.1
 	}
 	for _, tt := range tests {
 		if got := classify(netip.MustParseAddr(tt.addr), self); got != tt.want {
@@ -960,6 +979,9 @@ func TestDecideUnlock(t *testing.T) {
 		{name: "metadata named", rules: []string{"169.254.169.254"}, host: "169.254.169.254", port: 80, addrs: []string{"169.254.169.254:80"}},
 		{name: "metadata by name, IP named", rules: []string{"meta.test", "169.254.169.254/32"}, host: "meta.test", port: 80, addrs: []string{"169.254.169.254:80"}},
 		{name: "** with a mapped literal", rules: []string{"**"}, host: "[::ffff:a9fe:a9fe]", port: 80, reason: ClassMetadata},
+		{name: "documentation range named", rules: []string{"192.0.2.0/24"}, host: "192.0.2.1", port: 80, addrs: []string{"192.0.2.1:80"}},
+		{name: "provider endpoint named", rules: []string{"168.63.129.16"}, host: "168.63.129.16", port: 80, addrs: []string{"168.63.129.16:80"}},
+		{name: "** does not unlock a documentation range", rules: []string{"**"}, host: "203.0.113.5", port: 443, reason: ClassDocumentation},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1138,4 +1160,55 @@ func FuzzDecide(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestUnclassifiedRefused: every range issue 12 found let through, and a range the operator adds, is refused like
+// a private one, by address or by a name that resolves there, before anything is dialed: the recorder's Dial
+// fails the test for any of these addresses, and no dial is recorded.
+func TestUnclassifiedRefused(t *testing.T) {
+	targets := map[string]string{
+		"192.0.0.9": ClassProtocol, "192.0.2.1": ClassDocumentation, "198.51.100.1": ClassDocumentation,
+		"203.0.113.1": ClassDocumentation, "198.18.0.1": ClassBenchmarking, "168.63.129.16": ClassMetadata,
+		"[2001:db8::1]": ClassDocumentation, "[100::1]": ClassProtocol, "[2001:10::1]": ClassProtocol,
+		"[2001:20::1]": ClassProtocol, "192.88.99.77": ClassOperator,
+	}
+	answers := map[string][]string{}
+	for addr := range targets {
+		answers["n"+strings.Trim(strings.NewReplacer(".", "-", ":", "-").Replace(addr), "[]")+".test"] = []string{strings.Trim(addr, "[]")}
+	}
+	rec := newRecorder(t, answers)
+	h := &harness{t: t, rec: rec}
+	p, err := New(Config{
+		Policy: Policy{Mode: ModeOpen}, Token: testToken, Resolver: rec, Dial: rec.Dial,
+		Refused: []netip.Prefix{netip.MustParsePrefix("192.88.99.64/26")}, // the operator's own NAT range, say
+		OnBlocked: func(b Block) {
+			h.mu.Lock()
+			h.blocks = append(h.blocks, b)
+			h.mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start(p)
+	for addr, class := range targets {
+		name := "n" + strings.Trim(strings.NewReplacer(".", "-", ":", "-").Replace(addr), "[]") + ".test"
+		for _, target := range []string{addr, name} {
+			resp, _, _ := h.connect(target+":443", bearer())
+			if resp.StatusCode != http.StatusForbidden || resp.Header.Get(DeniedHeader) != class {
+				t.Errorf("CONNECT %s: %d %q, want 403 %s", target, resp.StatusCode, resp.Header.Get(DeniedHeader), class)
+			}
+			resp, _ = h.get(target+":80", bearer())
+			if resp.StatusCode != http.StatusForbidden || resp.Header.Get(DeniedHeader) != class {
+				t.Errorf("GET %s: %d %q, want 403 %s", target, resp.StatusCode, resp.Header.Get(DeniedHeader), class)
+			}
+		}
+	}
+	if d := rec.dialed(); len(d) != 0 {
+		t.Errorf("dialed %v", d)
+	}
+	// The operator's range does not swallow the rest of the test internet.
+	if v := p.decide(context.Background(), "192.88.99.10", 443); v.status == http.StatusForbidden {
+		t.Errorf("192.88.99.10 refused %q: the operator's range is 192.88.99.64/26 only", v.block.Reason)
+	}
 }

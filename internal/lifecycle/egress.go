@@ -154,6 +154,7 @@ func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
 		Dial:          m.cfg.EgressDial,
 		UpstreamRoots: m.cfg.EgressUpstreamRoots,
 		Self:          hostAddrs(),
+		Refused:       m.cfg.EgressRefused,
 		OnBlocked:     m.blockedSink(context.Background(), key),
 	})
 	if err != nil {

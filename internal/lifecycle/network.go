@@ -53,7 +53,7 @@ const PresetDefault = "default"
 // defaultPreset: the package registries and source hosts that agents fetch from most.
 var defaultPreset = []string{
 	// Go
-	"proxy.golang.org", "sum.golang.org", "index.golang.org", "storage.googleapis.com",
+	"proxy.golang.org", "sum.golang.org", "index.golang.org",
 	// JavaScript
 	"registry.npmjs.org", "registry.yarnpkg.com", "repo.yarnpkg.com",
 	// Python
@@ -63,9 +63,10 @@ var defaultPreset = []string{
 	// Ruby, Java, PHP, .NET
 	"rubygems.org", "index.rubygems.org", "repo.maven.apache.org", "repo1.maven.org", "plugins.gradle.org",
 	"services.gradle.org", "repo.packagist.org", "api.nuget.org",
-	// Source hosts
-	"github.com", "api.github.com", "codeload.github.com", "objects.githubusercontent.com",
-	"raw.githubusercontent.com", "gitlab.com", "bitbucket.org",
+	// Source hosts. Hosts that serve anyone's uploads as they are (storage.googleapis.com buckets,
+	// raw.githubusercontent.com, objects.githubusercontent.com, gist.github.com) are left out: through them a
+	// command could fetch, or with a writable bucket leave, anything. Operators add them in a preset of their own.
+	"github.com", "api.github.com", "codeload.github.com", "gitlab.com", "bitbucket.org",
 	// Distribution packages
 	"deb.debian.org", "security.debian.org", "archive.ubuntu.com", "security.ubuntu.com", "dl-cdn.alpinelinux.org",
 }
