@@ -619,3 +619,45 @@ func TestEgressPerCommand(t *testing.T) {
 		t.Errorf("the earlier command's host got %d more requests after its command ended", got-hits)
 	}
 }
+
+// TestEgressRefusalFlood: a command refused in a loop costs the store one network_blocked event for the host and
+// one network_blocked_repeats counting the rest, not one write per refusal.
+func TestEgressRefusalFlood(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, nil)
+	dsn := filepath.Join(t.TempDir(), "runs.db")
+	w.m = w.open(withStore(w.cfg, dsn))
+	p := w.plain.port()
+	key := w.key("acme", "flood")
+	const n = 40
+	script := "i=0; while [ $i -lt " + strconv.Itoa(n) + " ]; do " + testutil.ProbePath + " http http://denied.test:" + p + "/x >/dev/null; i=$((i+1)); done"
+	w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}, Network: &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test"}}})
+	st, err := record.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	evs, err := st.ListEvents(t.Context(), store.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocked, repeats int
+	for _, ev := range evs {
+		switch ev.Name {
+		case events.NameNetworkBlocked:
+			blocked++
+		case events.NameNetworkBlockedRepeat:
+			var rep events.NetworkBlockedRepeats
+			if err := json.Unmarshal(ev.Payload, &rep); err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Repeats) != 1 || rep.Repeats[0].Host != "denied.test" || rep.Repeats[0].Count != n-1 {
+				t.Errorf("repeats %+v, want denied.test %d times", rep, n-1)
+			}
+			repeats++
+		}
+	}
+	if blocked != 1 || repeats != 1 {
+		t.Errorf("%d refusals cost %d network_blocked and %d network_blocked_repeats writes, want 1 and 1", n, blocked, repeats)
+	}
+}

@@ -42,6 +42,7 @@ type Listener struct {
 	path   string
 	ln     *net.UnixListener
 	verify Verifier
+	refuse *refusalLog
 	log    *slog.Logger
 
 	mu      sync.Mutex
@@ -62,7 +63,7 @@ func Listen(dir string, verify Verifier, log *slog.Logger) (*Listener, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Listener{path: path, ln: ln, verify: verify, log: log, arrived: make(chan struct{})}
+	l := &Listener{path: path, ln: ln, verify: verify, log: log, refuse: newRefusalLog(log), arrived: make(chan struct{})}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -154,7 +155,7 @@ func (l *Listener) acceptLoop() {
 		}
 		pid, err := peerPID(c)
 		if err != nil || !l.verify(pid) {
-			l.log.Warn("channel: refused a connection that is not the sandbox's agent", "peer_pid", pid, "err", err)
+			l.refuse.refused("channel: refused a connection that is not the sandbox's agent", "peer_pid", pid, "err", err)
 			c.Close()
 			continue
 		}

@@ -87,10 +87,15 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 	if err != nil {
 		return nil, release, err
 	}
-	ke.proxy.SetOnBlocked(m.blockedSink(ctx, key))
+	tally := newBlockTally(func(ev events.NetworkBlocked) { m.emit(ctx, events.NameNetworkBlocked, ev) })
+	ke.proxy.SetOnBlocked(func(b egress.Block) { tally.add(blockedEvent(key, b)) })
 	ke.proxy.SetOnReflected(m.reflectedSink(ctx, key))
 	idle := func() {
 		ke.proxy.End()
+		if rep, ok := tally.flush(); ok {
+			rep.Sandbox, rep.Key = key.ContainerName(), key.Short()
+			m.emit(ctx, events.NameNetworkBlockedRepeat, rep)
+		}
 		ke.proxy.SetOnBlocked(m.blockedSink(context.Background(), key))
 		ke.proxy.SetOnReflected(m.reflectedSink(context.Background(), key))
 	}
@@ -176,14 +181,73 @@ func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
 // blockedSink reports the proxy's refusals as network_blocked events: to ctx's sink (the command's run) while a
 // command runs, else to the manager's.
 func (m *Manager) blockedSink(ctx context.Context, key identity.Key) func(egress.Block) {
-	return func(b egress.Block) {
-		ev := events.NetworkBlocked{Host: b.Host, Port: int(b.Port), Rule: b.Rule, Reason: b.Reason,
-			Sandbox: key.ContainerName(), Key: key.Short()}
-		if b.Addr.IsValid() {
-			ev.Addr = b.Addr.String()
-		}
-		m.emit(ctx, events.NameNetworkBlocked, ev)
+	return func(b egress.Block) { m.emit(ctx, events.NameNetworkBlocked, blockedEvent(key, b)) }
+}
+
+func blockedEvent(key identity.Key, b egress.Block) events.NetworkBlocked {
+	ev := events.NetworkBlocked{Host: b.Host, Port: int(b.Port), Rule: b.Rule, Reason: b.Reason,
+		Sandbox: key.ContainerName(), Key: key.Short()}
+	if b.Addr.IsValid() {
+		ev.Addr = b.Addr.String()
 	}
+	return ev
+}
+
+// maxBlockKinds caps the network_blocked events one command records: one per host, port, reason and rule, up to
+// this many; the rest are counted in its network_blocked_repeats.
+const maxBlockKinds = 32
+
+// blockTally aggregates one command's refusals so that a command refused in a loop costs the store a bounded
+// number of writes: the first refusal of each kind is emitted at once (the caller sees why as it happens),
+// repeats are counted, kinds past maxBlockKinds only counted; flush gives the counts for one event at the end.
+type blockTally struct {
+	emit func(events.NetworkBlocked)
+
+	mu      sync.Mutex
+	counts  map[events.BlockedCount]int // kind (Count zero) -> repeats after the first
+	order   []events.BlockedCount       // kinds in the order first seen
+	dropped int
+}
+
+func newBlockTally(emit func(events.NetworkBlocked)) *blockTally {
+	return &blockTally{emit: emit, counts: map[events.BlockedCount]int{}}
+}
+
+func (t *blockTally) add(ev events.NetworkBlocked) {
+	kind := events.BlockedCount{Host: ev.Host, Port: ev.Port, Reason: ev.Reason, Rule: ev.Rule}
+	t.mu.Lock()
+	n, seen := t.counts[kind]
+	first := false
+	switch {
+	case seen:
+		t.counts[kind] = n + 1
+	case len(t.order) >= maxBlockKinds:
+		t.dropped++
+	default:
+		t.counts[kind] = 0
+		t.order = append(t.order, kind)
+		first = true
+	}
+	t.mu.Unlock()
+	if first {
+		t.emit(ev)
+	}
+}
+
+// flush returns the repeats and the dropped count, and resets them; ok is false when there were none.
+func (t *blockTally) flush() (events.NetworkBlockedRepeats, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var rep events.NetworkBlockedRepeats
+	for _, k := range t.order {
+		if n := t.counts[k]; n > 0 {
+			t.counts[k] = 0
+			k.Count = n
+			rep.Repeats = append(rep.Repeats, k)
+		}
+	}
+	rep.Dropped, t.dropped = t.dropped, 0
+	return rep, len(rep.Repeats) > 0 || rep.Dropped > 0
 }
 
 // reflectedSink reports the proxy's scrubbed reflections as credential_reflected events, like blockedSink.
