@@ -54,23 +54,59 @@ func writeExecResponse(w http.ResponseWriter, status int, resp ExecResponse) {
 	_ = bw.Flush()
 }
 
-// writeJSONString writes the inside of s as a JSON string (no quotes), escaped as encoding/json escapes it without
-// HTML escaping, encodeChunk bytes at a time, never splitting a UTF-8 sequence between two chunks.
+// writeJSONString writes the inside of s as a JSON string (no quotes), escaped exactly as encoding/json escapes it
+// without HTML escaping (TestWriteExecResponseSame holds it to that), through bw: nothing of the size of s is
+// allocated.
 func writeJSONString(bw *bufio.Writer, s string) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	for len(s) > 0 {
-		n := min(len(s), encodeChunk)
-		if n < len(s) {
-			for k := 0; k < utf8.UTFMax && n > 1 && !utf8.RuneStart(s[n]); k++ {
-				n--
+	const hex = "0123456789abcdef"
+	start := 0
+	for i := 0; i < len(s); {
+		if b := s[i]; b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' {
+				i++
+				continue
 			}
+			_, _ = bw.WriteString(s[start:i])
+			switch b {
+			case '"', '\\':
+				_ = bw.WriteByte('\\')
+				_ = bw.WriteByte(b)
+			case '\b':
+				_, _ = bw.WriteString(`\b`)
+			case '\f':
+				_, _ = bw.WriteString(`\f`)
+			case '\n':
+				_, _ = bw.WriteString(`\n`)
+			case '\r':
+				_, _ = bw.WriteString(`\r`)
+			case '\t':
+				_, _ = bw.WriteString(`\t`)
+			default:
+				_, _ = bw.WriteString(`\u00`)
+				_ = bw.WriteByte(hex[b>>4])
+				_ = bw.WriteByte(hex[b&0xf])
+			}
+			i++
+			start = i
+			continue
 		}
-		buf.Reset()
-		_ = enc.Encode(s[:n])
-		out := buf.Bytes()
-		_, _ = bw.Write(out[1 : len(out)-2]) // without the quotes and the newline
-		s = s[n:]
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			_, _ = bw.WriteString(s[start:i])
+			_, _ = bw.WriteString(`\ufffd`)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			_, _ = bw.WriteString(s[start:i])
+			_, _ = bw.WriteString(`\u202`)
+			_ = bw.WriteByte(hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
 	}
+	_, _ = bw.WriteString(s[start:])
 }

@@ -1,7 +1,9 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/json"
 	"context"
 	"io"
 	"net/http"
@@ -16,7 +18,7 @@ import (
 // TestWriteExecResponseSame: the streamed answer is byte for byte what encoding the whole value gives, for output
 // that straddles the chunk size with multi-byte runes, invalid UTF-8, control bytes, HTML and line separators.
 func TestWriteExecResponseSame(t *testing.T) {
-	long := strings.Repeat("é", encodeChunk/2+1) + "\x00\x01<&>\u2028" + string([]byte{0xff, 0xe2, 0x82}) + strings.Repeat("x", encodeChunk)
+	long := strings.Repeat("é", encodeChunk/2+1) + "\x00\x01\b\f\r\n\x1f\x7f<&>\u2028\u2029\\" + string([]byte{0xff, 0xe2, 0x82}) + strings.Repeat("x", encodeChunk)
 	for _, res := range []*sandkeep.ExecResult{
 		{},
 		{ExitCode: 3, Stdout: "hello\n", Stderr: "oops \"quoted\"\t", StdoutTruncated: true, Transport: "agent"},
@@ -63,4 +65,24 @@ func TestExecAnswerHeap(t *testing.T) {
 	} else {
 		t.Logf("answering %d MiB of output (%d MiB as JSON) allocated %.1f MiB", size>>20, n>>20, float64(alloc)/(1<<20))
 	}
+}
+
+// FuzzWriteJSONString: the streaming escaper writes what encoding/json writes (without HTML escaping), for any bytes.
+func FuzzWriteJSONString(f *testing.F) {
+	for _, s := range []string{"", "a\x00b", "\u2028\u2029", string([]byte{0xff, 0xc3}), "é<&>\"\\\b\f"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(s)
+		var got bytes.Buffer
+		bw := bufio.NewWriter(&got)
+		writeJSONString(bw, s)
+		_ = bw.Flush()
+		if w := want.Bytes(); !bytes.Equal(got.Bytes(), w[1:len(w)-2]) {
+			t.Fatalf("%q: wrote %q, encoding/json %q", s, got.Bytes(), w)
+		}
+	})
 }
