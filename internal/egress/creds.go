@@ -81,6 +81,11 @@ func (c *policy) planFor(name string, ip netip.Addr, isIP bool, port uint16, tls
 	return cp
 }
 
+// scansBody reports whether apply reads the start of r's body.
+func (cp *credPlan) scansBody(r *http.Request) bool {
+	return !cp.empty() && r.Body != nil && r.Body != http.NoBody && (len(cp.forbid) > 0 || cp.fields)
+}
+
 func (cp *credPlan) empty() bool {
 	return len(cp.inject) == 0 && len(cp.forbid) == 0 && len(cp.plain) == 0
 }

@@ -210,7 +210,8 @@ func (p *Proxy) serveInspected(w http.ResponseWriter, r *http.Request) {
 		respond(w, v)
 		return
 	}
-	plan, ok := p.credentials(w, r, pol, v, true)
+	plan, release, ok := p.credentials(w, r, pol, v, true)
+	defer release()
 	if !ok {
 		return
 	}

@@ -63,6 +63,9 @@ const (
 	responseTimeout   = 60 * time.Second // a forwarded request's response header
 	tunnelIdleTimeout = 5 * time.Minute  // a CONNECT tunnel with no byte in either direction
 	maxResponseHeader = 1 << 20          // an upstream response's header block
+	bodyReadTimeout   = 30 * time.Second // reading the scanned start of a request body
+	scanSlots         = 8                // request bodies scanned at once, per proxy (each holds up to bodyScanLimit)
+	maxStreams        = 64               // concurrent HTTP/2 streams on one decrypted connection
 )
 
 // Policy is where a sandbox may connect to, and what the proxy does for it on the way.
@@ -142,7 +145,9 @@ type Proxy struct {
 	inner        *http.Server  // serves decrypted connections, handed to it through innerLn
 	innerLn      *connListener //
 	tunnelIdle   time.Duration
-	noPeek       bool // benchmarks only: plain tunnels without the ClientHello check
+	noPeek       bool          // benchmarks only: plain tunnels without the ClientHello check
+	scans        chan struct{} // one slot per request body being scanned: at most scanSlots*bodyScanLimit held
+	bodyTimeout  time.Duration // bodyReadTimeout; tests shorten it
 
 	ctx    context.Context // cancelled by Close: ends resolutions, dials and forwarded requests
 	cancel context.CancelFunc
@@ -174,12 +179,14 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		resolver:   cfg.Resolver,
-		dial:       cfg.Dial,
-		tunnelIdle: tunnelIdleTimeout,
-		tunnels:    make(map[*tunnel]struct{}),
-		intercepts: make(map[*tls.Conn]*inspectConn),
-		upstreams:  make(map[*upstreamConn]struct{}),
+		resolver:    cfg.Resolver,
+		dial:        cfg.Dial,
+		tunnelIdle:  tunnelIdleTimeout,
+		tunnels:     make(map[*tunnel]struct{}),
+		intercepts:  make(map[*tls.Conn]*inspectConn),
+		upstreams:   make(map[*upstreamConn]struct{}),
+		scans:       make(chan struct{}, scanSlots),
+		bodyTimeout: bodyReadTimeout,
 	}
 	p.setToken(cfg.Token)
 	p.pol.Store(pol)
@@ -269,6 +276,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.inner.Protocols = new(http.Protocols)
 	p.inner.Protocols.SetHTTP1(true)
 	p.inner.Protocols.SetHTTP2(true)
+	p.inner.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: maxStreams}
 	return p, nil
 }
 
@@ -730,7 +738,8 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 		respond(w, v)
 		return
 	}
-	plan, ok := p.credentials(w, r, pol, v, false)
+	plan, release, ok := p.credentials(w, r, pol, v, false)
+	defer release()
 	if !ok {
 		return
 	}
@@ -743,23 +752,37 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 // those the target may receive where their definitions say, or refuses r (403, a Block naming the credential)
 // when it carries another's placeholder or value (credential-leak), or is plain HTTP and carries the placeholder
 // of one that may go into TLS only (credential-plaintext). ok is false when r was answered.
-func (p *Proxy) credentials(w http.ResponseWriter, r *http.Request, pol *policy, v verdict, tls bool) (plan *credPlan, ok bool) {
+func (p *Proxy) credentials(w http.ResponseWriter, r *http.Request, pol *policy, v verdict, tls bool) (plan *credPlan, release func(), ok bool) {
 	cp := pol.planFor(v.host, v.ip, v.isIP, v.port, tls)
-	plan = &cp
+	plan, release = &cp, func() {}
 	if name := plan.plaintext(r); name != "" {
 		respond(w, p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: name, Reason: ReasonPlaintext}))
-		return plan, false
+		return plan, release, false
+	}
+	if plan.scansBody(r) {
+		// The start of the body is held from the check until it is forwarded: a slot (released by the caller when
+		// the request is over) bounds how many are held at once, and a read deadline how long a stalled body may
+		// hold one.
+		select {
+		case p.scans <- struct{}{}:
+		case <-r.Context().Done():
+			return plan, release, false
+		}
+		release = func() { <-p.scans }
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(p.bodyTimeout))
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
 	leak, err := plan.apply(r)
 	if err != nil {
-		badRequest(w, "cannot read the request body")
-		return plan, false
+		http.Error(w, "sandkeep egress: cannot read the request body (too slow, or cut off)", http.StatusRequestTimeout)
+		return plan, release, false
 	}
 	if leak != "" {
 		respond(w, p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: leak, Reason: ReasonCredentialLeak}))
-		return plan, false
+		return plan, release, false
 	}
-	return plan, true
+	return plan, release, true
 }
 
 // rewrite makes the outbound request: to the checked target, Host from the URL, without the proxy's
