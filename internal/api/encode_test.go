@@ -3,8 +3,8 @@ package api
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
