@@ -38,6 +38,8 @@ type serverConfig struct {
 	} `yaml:"sweep"`
 	// MetricsTokenEnv names the environment variable holding the bearer token /metrics requires; empty: no auth.
 	MetricsTokenEnv string `yaml:"metrics_token_env"`
+	// MetricsOpen serves /metrics without auth when there is no metrics token; false: /metrics is refused then.
+	MetricsOpen bool `yaml:"metrics_open"`
 	// Limits bound every tenant; Tenants replaces them for the tenants it names.
 	Limits  limitsConfig            `yaml:"limits"`
 	Tenants map[string]limitsConfig `yaml:"tenants"`
