@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,6 +106,9 @@ type Config struct {
 	Network        *Network
 	NetworkPresets map[string][]string
 	NetworkSilent  []string
+	// NetworkRefused lists address ranges (CIDRs) refused like private ones unless a command's IP rule names
+	// them: the host's own public NAT address, a provider's host endpoints.
+	NetworkRefused []string
 
 	// OnEvent receives the events that belong to no command (the sweeper's stops and removals); may be nil.
 	OnEvent EventFunc
@@ -209,6 +213,10 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if err != nil {
 		return lifecycle.Config{}, err
 	}
+	refused, err := parseRefused(c.NetworkRefused)
+	if err != nil {
+		return lifecycle.Config{}, err
+	}
 	tmpfs := map[string]string{}
 	for _, t := range c.Tmpfs {
 		target, opts, _ := strings.Cut(t, ":")
@@ -226,8 +234,26 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
-		EgressResolver: c.egressHooks.resolver, EgressUpstreamRoots: c.egressHooks.roots,
+		EgressResolver: c.egressHooks.resolver, EgressUpstreamRoots: c.egressHooks.roots, EgressRefused: refused,
 	}, nil
+}
+
+// parseRefused reads Config.NetworkRefused.
+func parseRefused(in []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range in {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fault.New(fault.NetworkInvalid, "write an address range such as 203.0.113.7/32 or 2001:db8::/48",
+					"refused network range %q is not a CIDR", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // findAgent locates the static agent binary: the configured path, else next to this executable, else PATH.

@@ -581,3 +581,88 @@ func hostIPv4s(t *testing.T) []string {
 	}
 	return out
 }
+
+// TestEgressPerCommand: a command's network policy and proxy token are its own and end with it. A later command
+// without a network block, or one with another policy, cannot reach the first command's hosts by reusing the
+// first command's proxy URL (what a process it left behind would hold), and each command gets a fresh token.
+func TestEgressPerCommand(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, nil)
+	p := w.plain.port()
+	key := w.key("acme", "percommand")
+	allowed := &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test", "127.0.0.1:" + p}}
+	other := &sandkeep.Network{Mode: "allowlist", Rules: []string{"other.test", "127.0.0.1:" + p}}
+	url := "http://allowed.test:" + p + "/x"
+
+	proxyOf := func(net *sandkeep.Network) string {
+		res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo $HTTP_PROXY; " + testutil.ProbePath + " http " + url}, Network: net})
+		first, _, _ := strings.Cut(res.Stdout, "\n")
+		return strings.TrimSpace(first)
+	}
+	first := proxyOf(allowed)
+	if first == "" || w.plain.hits() != 1 {
+		t.Fatalf("the first command: proxy %q, %d hits", first, w.plain.hits())
+	}
+	if second := proxyOf(allowed); second == first || second == "" {
+		t.Errorf("two commands got the same proxy URL (token): %q", second)
+	}
+	hits := w.plain.hits()
+
+	// The first command's proxy URL, used by a later command with no network or with another policy.
+	for _, net := range []*sandkeep.Network{nil, {Mode: "none"}, other} {
+		res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "HTTP_PROXY=" + first + " " + testutil.ProbePath + " proxied " + url}, Network: net})
+		if !strings.Contains(res.Stdout, "status 407") {
+			t.Errorf("network %+v: an earlier command's token: exit %d\n%s%s", net, res.ExitCode, res.Stdout, res.Stderr)
+		}
+	}
+	// A command with no network block after one that had a policy does not inherit it through the proxy.
+	res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}, Network: other})
+	if !strings.Contains(res.Stdout, "status 403 denied=not-allowlisted") {
+		t.Errorf("another policy still allowed the earlier command's host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if got := w.plain.hits(); got != hits {
+		t.Errorf("the earlier command's host got %d more requests after its command ended", got-hits)
+	}
+}
+
+// TestEgressRefusalFlood: a command refused in a loop costs the store one network_blocked event for the host and
+// one network_blocked_repeats counting the rest, not one write per refusal.
+func TestEgressRefusalFlood(t *testing.T) {
+	t.Parallel()
+	w := newEgressWorld(t, nil)
+	dsn := filepath.Join(t.TempDir(), "runs.db")
+	w.m = w.open(withStore(t, w.cfg, dsn))
+	p := w.plain.port()
+	key := w.key("acme", "flood")
+	const n = 40
+	script := "i=0; while [ $i -lt " + strconv.Itoa(n) + " ]; do " + testutil.ProbePath + " http http://denied.test:" + p + "/x >/dev/null; i=$((i+1)); done"
+	w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}, Network: &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test"}}})
+	st, err := stores.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	evs, err := st.ListEvents(t.Context(), store.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocked, repeats int
+	for _, ev := range evs {
+		switch ev.Name {
+		case events.NameNetworkBlocked:
+			blocked++
+		case events.NameNetworkBlockedRepeat:
+			var rep events.NetworkBlockedRepeats
+			if err := json.Unmarshal(ev.Payload, &rep); err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Repeats) != 1 || rep.Repeats[0].Host != "denied.test" || rep.Repeats[0].Count != n-1 {
+				t.Errorf("repeats %+v, want denied.test %d times", rep, n-1)
+			}
+			repeats++
+		}
+	}
+	if blocked != 1 || repeats != 1 {
+		t.Errorf("%d refusals cost %d network_blocked and %d network_blocked_repeats writes, want 1 and 1", n, blocked, repeats)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
+	"github.com/sandkeep/sandkeep/internal/tier"
 )
 
 // Template is an operator-defined sandbox shape that a caller picks by name (RunRequest.Template, the API's and
@@ -181,10 +182,19 @@ func (r *repository) mergeNetwork(base *Network, op RepositoryPolicy) (*Network,
 		return nil, err
 	}
 	for _, c := range creds {
-		nw.Credentials = append(nw.Credentials, Credential{Name: c.Name, Value: c.Value, Hosts: c.Hosts})
+		nw.Credentials = append(nw.Credentials, credentialOf(c))
 	}
 	return lifecycle.MergeNetwork(base, nw)
 }
+
+// credentialOf is the operator's resolved credential as the library's network block carries it.
+func credentialOf(c tier.ResolvedCredential) Credential {
+	return Credential{Name: c.Name, Value: c.Value, Hosts: c.Hosts, Header: c.Header, Scheme: c.Scheme, Fields: c.Fields,
+		AllowPlaintext: c.AllowPlaintext}
+}
+
+// CredentialOf is credentialOf for the CLI's operator config (templates' credentials).
+func CredentialOf(c tier.ResolvedCredential) Credential { return credentialOf(c) }
 
 // secretFiles resolves secret files by the operator's names into the files every command of the run gets.
 func (m *Manager) secretFiles(files []spec.SecretFile) ([]Secret, error) {

@@ -73,6 +73,19 @@ if ! command -v gcc >/dev/null 2>&1; then
 		|| fail "could not install gcc"
 fi
 
+# The official TypeScript MCP client (cmd/sandkeep TestMCPTypeScript): node from Debian, the client from npm at
+# the versions test/mcp-ts/package-lock.json pins. npm ci runs only when the lock file changed since the last one.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+	phase "toolchain: installing nodejs and npm (the TypeScript MCP client test)"
+	{ DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; } \
+		|| fail "could not install nodejs and npm"
+fi
+if ! cmp -s test/mcp-ts/package-lock.json test/mcp-ts/node_modules/.package-lock.json.ci 2>/dev/null; then
+	phase "npm ci (test/mcp-ts)"
+	(cd test/mcp-ts && npm ci --no-audit --no-fund --loglevel=error && cp package-lock.json node_modules/.package-lock.json.ci) \
+		|| fail "npm ci in test/mcp-ts"
+fi
+
 phase "go vet ${pkgs[*]}"
 go vet "${pkgs[@]}" || fail "go vet"
 

@@ -75,14 +75,18 @@ func mcpOut[T any](t *testing.T, res *mcp.CallToolResult) T {
 	return out
 }
 
-// mcpWantError checks that res is a tool error with code, said both as structured content and as text.
+// mcpWantError checks that res is a tool error with code, said both in _meta and as text, without structured
+// content (clients check that against the tool's output schema).
 func mcpWantError(t *testing.T, res *mcp.CallToolResult, code fault.Code) {
 	t.Helper()
 	if !res.IsError {
 		t.Fatalf("tool call succeeded, want a %s tool error: %s", code, mcpText(res))
 	}
+	if res.StructuredContent != nil {
+		t.Errorf("tool error carries structured content %v", res.StructuredContent)
+	}
 	var te mcpserver.ToolError
-	b, _ := json.Marshal(res.StructuredContent)
+	b, _ := json.Marshal(res.Meta[mcpserver.ErrorMetaKey])
 	if err := json.Unmarshal(b, &te); err != nil || te.Code != code || te.Message == "" || te.Hint == "" {
 		t.Fatalf("tool error %s (%v), want code %s with a message and a hint", b, err, code)
 	}

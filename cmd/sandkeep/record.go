@@ -80,7 +80,7 @@ func (g *globals) operator(sc serverConfig) (sandkeep.Config, error) {
 	if c.Drivers, err = offeredDrivers(); err != nil {
 		return c, err
 	}
-	c.NetworkPresets, c.NetworkSilent = sc.Network.Presets, sc.Network.Silent
+	c.NetworkPresets, c.NetworkSilent, c.NetworkRefused = sc.Network.Presets, sc.Network.Silent, sc.Network.Refused
 	c.Repository = sc.Operator
 	c.Templates, err = sc.templates()
 	c.DefaultTemplate, c.TenantTemplates = sc.DefaultTemplate, sc.TenantTemplates

@@ -103,7 +103,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		Backend: svc.backend, Tokens: svc.st, Registry: reg,
 		Limits: sc.Limits.api(), TenantLimits: sc.tenantLimits(),
 		MaxBodyBytes: size(sc.MaxBody), MaxUploadBytes: sc.fileLimits().MaxFileBytes,
-		Logger: access, MetricsToken: metricsToken,
+		Logger: access, MetricsToken: metricsToken, MetricsOpen: sc.MetricsOpen,
 		MCP: func(b service.Backend, h api.MCPHooks) http.Handler {
 			return mcpserver.Handler(b, h.KeyFor, mcpserver.Options{
 				Version: version(), Logger: svc.log, RequestID: h.RequestID,

@@ -41,6 +41,8 @@ type serverConfig struct {
 	} `yaml:"sweep"`
 	// MetricsTokenEnv names the environment variable holding the bearer token /metrics requires; empty: no auth.
 	MetricsTokenEnv string `yaml:"metrics_token_env"`
+	// MetricsOpen serves /metrics without auth when there is no metrics token; false: /metrics is refused then.
+	MetricsOpen bool `yaml:"metrics_open"`
 	// Limits bound every tenant; Tenants replaces them for the tenants it names.
 	Limits  limitsConfig            `yaml:"limits"`
 	Tenants map[string]limitsConfig `yaml:"tenants"`
@@ -55,6 +57,7 @@ type serverConfig struct {
 	Network struct {
 		Presets map[string][]string `yaml:"presets"`
 		Silent  []string            `yaml:"silent"`
+		Refused []string            `yaml:"refused"` // CIDRs refused like private ranges unless an IP rule names them
 	} `yaml:"network"`
 	// Operator is what a repository's files may ask for: the secrets and credentials they may name (with the
 	// operator's sources), the host paths they may bind, the host variables ${localEnv:...} may read.
@@ -125,7 +128,7 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 				return nil, err
 			}
 			for _, cr := range creds {
-				t.Network.Credentials = append(t.Network.Credentials, sandkeep.Credential{Name: cr.Name, Value: cr.Value, Hosts: cr.Hosts})
+				t.Network.Credentials = append(t.Network.Credentials, sandkeep.CredentialOf(cr))
 			}
 		}
 		out[name] = t
@@ -161,6 +164,7 @@ func operatorNetwork(c *sandkeep.Config) error {
 	}
 	c.NetworkPresets = sc.Network.Presets
 	c.NetworkSilent = sc.Network.Silent
+	c.NetworkRefused = sc.Network.Refused
 	return nil
 }
 

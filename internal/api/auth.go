@@ -65,9 +65,16 @@ func (s *Server) authed(scopes []string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// metricsAuth wraps /metrics: with Config.MetricsToken set, "Authorization: Bearer <MetricsToken>" is required.
+// metricsAuth wraps /metrics: with Config.MetricsToken set, "Authorization: Bearer <MetricsToken>" is required;
+// without one, /metrics is refused unless the operator opened it (Config.MetricsOpen): the metrics name tenants.
 func (s *Server) metricsAuth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if s.metricsT == "" && !s.metricsOpen {
+			s.writeError(w, r, fault.New(fault.Unauthenticated,
+				"set metrics_token_env (and send Authorization: Bearer <it>), or metrics_open: true in the server config",
+				"/metrics needs a token: the server has none configured and /metrics is not opened"))
+			return
+		}
 		if s.metricsT != "" {
 			got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if subtle.ConstantTimeCompare([]byte(got), []byte(s.metricsT)) != 1 {

@@ -204,7 +204,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, ExecResponse{ExecResult: res, RequestID: id})
+		writeExecResponse(w, http.StatusOK, ExecResponse{ExecResult: res, RequestID: id})
 		return
 	}
 	st := &streamer{w: w, sse: format == ctSSE}

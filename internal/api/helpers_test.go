@@ -52,7 +52,7 @@ func (s *syncBuffer) String() string {
 func newEnv(t testing.TB, mut func(*Config)) *env {
 	t.Helper()
 	e := &env{t: t, be: apitest.NewBackend(t.TempDir()), tokens: apitest.NewTokens(), logs: &syncBuffer{}}
-	cfg := Config{Backend: e.be, Tokens: e.tokens, Logger: jsonLogger(e.logs), PollInterval: 10 * time.Millisecond}
+	cfg := Config{Backend: e.be, Tokens: e.tokens, Logger: jsonLogger(e.logs), PollInterval: 10 * time.Millisecond, MetricsOpen: true}
 	if mut != nil {
 		mut(&cfg)
 	}

@@ -156,3 +156,16 @@ func TestHealthAndReady(t *testing.T) {
 		t.Errorf("readyz leaks its cause: %+v", eb)
 	}
 }
+
+// TestMetricsClosedByDefault: without a metrics token /metrics is refused unless the operator opened it.
+func TestMetricsClosedByDefault(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MetricsOpen = false })
+	resp, err := e.ts.Client().Get(e.ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, resp, http.StatusUnauthorized, "UNAUTHENTICATED")
+	if s := scrape(t, newEnv(t, nil)); !strings.Contains(s, "# HELP") {
+		t.Errorf("opened /metrics: %.200s", s)
+	}
+}

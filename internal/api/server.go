@@ -52,9 +52,10 @@ type Config struct {
 	// otherwise set Gatherer.
 	Registry prometheus.Registerer
 	Gatherer prometheus.Gatherer
-	// MetricsToken, when set, is the bearer token /metrics requires. Empty: /metrics has no auth, so bind the
-	// server to a private address or protect /metrics upstream.
+	// MetricsToken, when set, is the bearer token /metrics requires. Empty: /metrics is refused (401) unless
+	// MetricsOpen, which serves it without auth (bind the server to a private address or protect it upstream).
 	MetricsToken string
+	MetricsOpen  bool
 
 	// MCP, when set, makes the handler mounted at /mcp, behind token auth (any valid token: the handler checks
 	// each tool's scope with hooks.Authorize). It receives the backend with this server's limits, metrics and
@@ -80,15 +81,16 @@ type Limits struct {
 // Server is the HTTP API. Make one with New; serve Handler (or HTTPServer); call Drain before shutting the
 // listener down.
 type Server struct {
-	backend  service.Backend // the configured one, wrapped in guarded: limits, metrics, draining
-	tokens   Tokens
-	log      *slog.Logger
-	now      func() time.Time
-	maxBody  int64
-	maxUp    int64
-	maxHead  int
-	poll     time.Duration
-	metricsT string
+	backend     service.Backend // the configured one, wrapped in guarded: limits, metrics, draining
+	tokens      Tokens
+	log         *slog.Logger
+	now         func() time.Time
+	maxBody     int64
+	maxUp       int64
+	maxHead     int
+	poll        time.Duration
+	metricsT    string
+	metricsOpen bool // Config.MetricsOpen
 
 	limits   *limiter
 	metrics  *metrics
@@ -122,7 +124,7 @@ func New(cfg Config) (*Server, error) {
 		tokens: cfg.Tokens, log: cfg.Logger, now: cfg.Now,
 		maxBody: orDefault(cfg.MaxBodyBytes, DefaultMaxBodyBytes), maxUp: orDefault(cfg.MaxUploadBytes, DefaultMaxUploadBytes),
 		maxHead: int(orDefault(int64(cfg.MaxHeaderBytes), DefaultMaxHeaderBytes)),
-		poll:    time.Duration(orDefault(int64(cfg.PollInterval), int64(DefaultPollInterval))), metricsT: cfg.MetricsToken,
+		poll:    time.Duration(orDefault(int64(cfg.PollInterval), int64(DefaultPollInterval))), metricsT: cfg.MetricsToken, metricsOpen: cfg.MetricsOpen,
 		mux: http.NewServeMux(),
 	}
 	if s.log == nil {

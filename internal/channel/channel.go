@@ -45,6 +45,7 @@ type Listener struct {
 	path   string
 	ln     *net.UnixListener
 	verify Verifier
+	refuse *refusalLog
 	log    *slog.Logger
 
 	mu      sync.Mutex
@@ -65,7 +66,7 @@ func Listen(dir string, verify Verifier, log *slog.Logger) (*Listener, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Listener{path: path, ln: ln, verify: verify, log: log, arrived: make(chan struct{})}
+	l := &Listener{path: path, ln: ln, verify: verify, log: log, refuse: newRefusalLog(log), arrived: make(chan struct{})}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -162,7 +163,7 @@ func (l *Listener) acceptLoop() {
 		}
 		pid, err := peerPID(c)
 		if err != nil || !l.verify(pid) {
-			l.log.Warn("channel: refused a connection that is not the sandbox's agent", "peer_pid", pid, "err", err)
+			l.refuse.refused("channel: refused a connection that is not the sandbox's agent", "peer_pid", pid, "err", err)
 			c.Close()
 			continue
 		}

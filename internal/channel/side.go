@@ -22,6 +22,7 @@ type SideListener struct {
 	path   string
 	verify Verifier
 	log    *slog.Logger
+	refuse *refusalLog
 }
 
 var _ net.Listener = (*SideListener)(nil)
@@ -36,10 +37,11 @@ func ListenSide(dir, name string, verify Verifier, log *slog.Logger) (*SideListe
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &SideListener{ln: ln, path: path, verify: verify, log: log}, nil
+	return &SideListener{ln: ln, path: path, verify: verify, log: log, refuse: newRefusalLog(log)}, nil
 }
 
-// Accept returns the next connection from the sandbox's PID 1; others are closed and logged.
+// Accept returns the next connection from the sandbox's PID 1; others are closed and logged (at most once per
+// ten seconds, with a count).
 func (l *SideListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.ln.AcceptUnix()
@@ -52,7 +54,7 @@ func (l *SideListener) Accept() (net.Conn, error) {
 		}
 		pid, err := peerPID(c)
 		if err != nil || !l.verify(pid) {
-			l.log.Warn("refused a connection that is not the sandbox's init", "socket", filepath.Base(l.path), "peer_pid", pid, "err", err)
+			l.refuse.refused("refused a connection that is not the sandbox's init", "socket", filepath.Base(l.path), "peer_pid", pid, "err", err)
 			c.Close()
 			continue
 		}

@@ -17,6 +17,11 @@ const (
 	ClassReserved    = "reserved"     // 240.0.0.0/4 (with the broadcast address), IPv4-compatible ::/96
 	ClassSelf        = "self"         // one of the proxy's own addresses (Config.Self)
 	ClassInvalid     = "invalid-addr" // not an address at all
+	// Ranges that are not private but are no public host either: a network behind the host may use them.
+	ClassDocumentation = "documentation" // 192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32 (RFC 5737, 3849)
+	ClassBenchmarking  = "benchmarking"  // 198.18.0.0/15, 2001:2::/48 (RFC 2544, 5180)
+	ClassProtocol      = "protocol"      // 192.0.0.0/24 IETF protocol assignments, 100::/64 discard, 2001:10::/28 and 2001:20::/28 ORCHID
+	ClassOperator      = "operator"      // a range the operator refuses (Config.Refused): its own public NAT address, ...
 )
 
 // classRange is one refused range. The tables are searched in order, so a narrower range (the metadata
@@ -29,6 +34,13 @@ type classRange struct {
 var (
 	refused4 = []classRange{
 		{netip.MustParsePrefix("169.254.169.254/32"), ClassMetadata},
+		{netip.MustParsePrefix("168.63.129.16/32"), ClassMetadata},   // Azure's host endpoint (wireserver)
+		{netip.MustParsePrefix("100.100.100.200/32"), ClassMetadata}, // Alibaba Cloud's metadata service
+		{netip.MustParsePrefix("192.0.0.0/24"), ClassProtocol},       // includes Oracle Cloud's 192.0.0.192
+		{netip.MustParsePrefix("192.0.2.0/24"), ClassDocumentation},
+		{netip.MustParsePrefix("198.51.100.0/24"), ClassDocumentation},
+		{netip.MustParsePrefix("203.0.113.0/24"), ClassDocumentation},
+		{netip.MustParsePrefix("198.18.0.0/15"), ClassBenchmarking},
 		{netip.MustParsePrefix("0.0.0.0/8"), ClassUnspecified},
 		{netip.MustParsePrefix("127.0.0.0/8"), ClassLoopback},
 		{netip.MustParsePrefix("10.0.0.0/8"), ClassPrivate},
@@ -41,6 +53,11 @@ var (
 	}
 	refused6 = []classRange{
 		{netip.MustParsePrefix("fd00:ec2::254/128"), ClassMetadata},
+		{netip.MustParsePrefix("2001:db8::/32"), ClassDocumentation},
+		{netip.MustParsePrefix("2001:2::/48"), ClassBenchmarking},
+		{netip.MustParsePrefix("100::/64"), ClassProtocol},
+		{netip.MustParsePrefix("2001:10::/28"), ClassProtocol},
+		{netip.MustParsePrefix("2001:20::/28"), ClassProtocol},
 		{netip.MustParsePrefix("::/128"), ClassUnspecified},
 		{netip.MustParsePrefix("::1/128"), ClassLoopback},
 		{netip.MustParsePrefix("fc00::/7"), ClassPrivate},
@@ -61,8 +78,9 @@ var (
 // classify returns the class that makes addr refused, or "" for an address the proxy may dial. An
 // IPv4-mapped address is its IPv4 address; an IPv6 address that embeds an IPv4 address (NAT64, 6to4, Teredo,
 // IPv4-translated or -compatible) takes the class of the embedded address, so ::ffff:169.254.169.254 and
-// 64:ff9b::a9fe:a9fe are both the metadata address. self lists the proxy's own addresses.
-func classify(addr netip.Addr, self []netip.Addr) string {
+// 64:ff9b::a9fe:a9fe are both the metadata address. self lists the proxy's own addresses, extra the ranges the
+// operator refuses too.
+func classify(addr netip.Addr, self []netip.Addr, extra ...netip.Prefix) string {
 	addr = addr.Unmap().WithZone("")
 	if !addr.IsValid() {
 		return ClassInvalid
@@ -70,6 +88,11 @@ func classify(addr netip.Addr, self []netip.Addr) string {
 	for _, s := range self {
 		if s.Unmap().WithZone("") == addr {
 			return ClassSelf
+		}
+	}
+	for _, p := range extra {
+		if p.Contains(addr) {
+			return ClassOperator
 		}
 	}
 	table := refused6
@@ -85,7 +108,7 @@ func classify(addr netip.Addr, self []netip.Addr) string {
 		return ""
 	}
 	for _, v4 := range embeddedIPv4(addr) {
-		if c := classify(v4, self); c != "" {
+		if c := classify(v4, self, extra...); c != "" {
 			return c
 		}
 	}

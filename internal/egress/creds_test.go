@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -32,7 +31,7 @@ func newCredHarness(t *testing.T) *credHarness {
 		api: newUpstream(t, true), other: newUpstream(t, true),
 		apiPlain: newUpstream(t, false), othPlain: newUpstream(t, false),
 	}
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}, "other.test": {"203.0.113.11"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}, "other.test": {"192.88.99.11"}})
 	ch.harness = newInspectHarness(t, Policy{
 		Mode: ModeAllowlist, Rules: rules(t, "api.test", "other.test"),
 		Credentials: []Credential{{Name: "API_KEY", Placeholder: ch.ph, Value: secretValue, Hosts: rules(t, "api.test")}},
@@ -56,8 +55,9 @@ func basicAuth(user, pass string) string {
 	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
 }
 
-// TestCredentialInjected: the placeholder becomes the value in headers (a Basic credential too) and in the
-// body of requests to the credential's host, over inspected HTTPS (HTTP/1.1 and HTTP/2) and plain HTTP;
+// TestCredentialInjected: over inspected HTTPS (HTTP/1.1 and HTTP/2), the placeholder becomes the value only
+// where the credential's definition says: "Bearer <placeholder>" in Authorization by default; a placeholder in any
+// other header or in the body is forwarded as it is (a reflecting endpoint would otherwise hand the value back);
 // a header the upstream echoes comes back with the placeholder.
 func TestCredentialInjected(t *testing.T) {
 	ch := newCredHarness(t)
@@ -69,7 +69,6 @@ func TestCredentialInjected(t *testing.T) {
 	}{
 		{"https h1", ch.api, "https://api.test:%s/v1", false},
 		{"https h2", ch.api, "https://api.test:%s/v1", true},
-		{"plain http", ch.apiPlain, "http://api.test:%s/v1", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := len(tt.up.seen())
@@ -87,25 +86,22 @@ func TestCredentialInjected(t *testing.T) {
 				t.Fatalf("%d hits", len(hits))
 			}
 			got := hits[0]
-			want := `{"key":"` + secretValue + `","again":"` + secretValue + `"}`
-			if got.body != want || got.header.Get("Authorization") != "Bearer "+secretValue ||
-				got.header.Get("X-Api-Key") != "prefix-"+secretValue+"-suffix" || got.header.Get("X-Upstream-Auth") != basicAuth("u", secretValue) {
+			if got.body != body || got.header.Get("Authorization") != "Bearer "+secretValue ||
+				got.header.Get("X-Api-Key") != "prefix-"+ch.ph+"-suffix" || got.header.Get("X-Upstream-Auth") != basicAuth("u", ch.ph) {
 				t.Errorf("upstream got %q %q", got.body, got.header)
-			}
-			if cl := got.header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(want)) {
-				t.Errorf("Content-Length %s, want %d", cl, len(want))
 			}
 			if hdr.Get("X-Echo") != "Bearer "+ch.ph {
 				t.Errorf("echoed header came back as %q, want the placeholder", hdr.Get("X-Echo"))
 			}
 
+			// A Basic credential is not what this definition (Bearer) says: left as it is.
 			req, _ = http.NewRequest(http.MethodGet, fmt.Sprintf(tt.url, tt.up.port()), nil)
 			req.Header.Set("Authorization", basicAuth("user", ch.ph))
 			if status, _, _, _ := ch.do(req, tt.h2); status != http.StatusOK {
 				t.Fatalf("basic: status %d", status)
 			}
 			hits = tt.up.seen()
-			if a := hits[len(hits)-1].header.Get("Authorization"); a != basicAuth("user", secretValue) {
+			if a := hits[len(hits)-1].header.Get("Authorization"); a != basicAuth("user", ch.ph) {
 				t.Errorf("basic: upstream got %q", a)
 			}
 		})
@@ -177,7 +173,7 @@ func TestCredentialLeakRefused(t *testing.T) {
 }
 
 // TestCredentialBodyBound: only the first bodyScanLimit bytes of a body are scanned; a body larger than
-// that still arrives whole, with a correct length.
+// that still arrives whole, with a correct length, and a placeholder in it is not replaced (no field opts in).
 func TestCredentialBodyBound(t *testing.T) {
 	ch := newCredHarness(t)
 	var body bytes.Buffer
@@ -191,7 +187,7 @@ func TestCredentialBodyBound(t *testing.T) {
 		}
 		hits := ch.api.seen()
 		got := hits[len(hits)-1].body
-		want := secretValue + strings.Repeat("x", bodyScanLimit) + ch.ph
+		want := body.String()
 		if got != want {
 			t.Errorf("h2=%v: upstream got %d bytes (prefix %q, suffix %q), want %d", h2, len(got), got[:min(40, len(got))], got[max(0, len(got)-40):], len(want))
 		}

@@ -34,22 +34,37 @@
 // a 502 on a request rather than on the CONNECT. Protocol upgrades (WebSocket) in decrypted and in plain-HTTP
 // requests are not forwarded: the upstream sees no Upgrade header.
 //
-// Inspection off, a CONNECT is a plain byte tunnel (spliced in the kernel between sockets): nothing inside
-// it is seen, so credentials reach plain-HTTP requests only, and an HTTPS request to a credential's host
-// carries its placeholder unchanged.
+// Inspection off, a CONNECT is a plain byte tunnel (spliced in the kernel between sockets), except that the
+// proxy reads the client's TLS ClientHello first (hello.go, without answering it) and ends the tunnel when its
+// server name is not the CONNECT host (sni-fronting) or is missing for a CONNECT to a name (sni-missing); a
+// tunnel that does not start with a TLS handshake passes unread. Credentials reach nothing inside a plain tunnel.
+//
+// # Sessions
+//
+// Begin and End make each command a session (session.go): Begin installs the command's policy and the only
+// token accepted; End revokes the token, sets mode none and closes every tunnel, decrypted connection and
+// upstream connection (pooled or busy) opened in it, so nothing outlives the command whose policy allowed it.
 //
 // # Credentials
 //
 // A Credential's Value never enters the sandbox, which sees only its Placeholder (NewPlaceholder). On a
-// request to a host its Hosts rules allow, the proxy replaces the placeholder in every header value (inside
-// a Basic credential too: decoded, replaced, encoded again) and in the first 1 MiB of the body (an
-// occurrence that starts past it is left as it is; the rest of a longer body streams through unread, and
-// the Content-Length is corrected). A request to any other host that carries a placeholder or the value of a
-// credential it may not receive, in its URL (raw or unescaped), a header (a Basic credential decoded) or the
-// first 1 MiB of its body, is refused 403 with a credential-leak Block naming the credential, before any of
-// it reaches the upstream. Response headers have the injected values replaced by their placeholders again
-// (response bodies are not scrubbed). Request trailers are dropped while a policy has credentials (they
-// arrive after the request was checked). Placeholders in the URL are not replaced.
+// request to a host its Hosts rules allow, over inspected TLS (plain HTTP only with AllowPlaintext; a plain
+// request carrying the placeholder is otherwise refused, credential-plaintext), the proxy puts the value
+// where the definition says and nowhere else: in Header (default Authorization) when its value is
+// "<Scheme> <placeholder>" (default Bearer; Basic takes the placeholder as the user or password of a Basic
+// credential, decoded and encoded again), and in the Fields it opts into (header:<Name>, form:<field>,
+// json:<member>, in the first 1 MiB of the body). A placeholder anywhere else is forwarded unchanged. A
+// request to any other host that carries a placeholder or the value of a credential it may not receive, in
+// its URL (raw or unescaped), a header (a Basic credential decoded) or the first 1 MiB of its body, is refused
+// 403 with a credential-leak Block naming the credential, before any of it reaches the upstream. Request
+// trailers are dropped while a policy has credentials (they arrive after the request was checked).
+//
+// Responses from a host that received a credential are scrubbed (scrub.go): every form of the value the proxy
+// produced (literal, percent-encoded, base64 in four alphabets, the Basic credential it wrote and its escapes)
+// becomes the placeholder's form, in the headers and, streaming in bounded memory, in the whole body; the
+// request asks for an unencoded response, response trailers are dropped, and each scrub is a Reflection
+// (OnReflected). A value encoded some other way, or a body compressed against the request, is not scrubbed;
+// the value still only goes to the credential's own hosts.
 //
 // The leak check matches the literal bytes, plus the two decodings above; a program inside the sandbox can
 // always encode a placeholder some other way. That does not leak the secret: the value is only ever written

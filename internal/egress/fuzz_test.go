@@ -1,7 +1,9 @@
 package egress
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 )
@@ -41,5 +43,56 @@ func FuzzNormalizeHost(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		checkNormalized(t, s)
+	})
+}
+
+// FuzzInjectFields checks that injecting into named body fields never panics, changes nothing but whole-value
+// occurrences of the placeholder (undoing the injection gives the body back), and injects into a field only.
+func FuzzInjectFields(f *testing.F) {
+	for _, s := range []string{
+		"", "token=" + fuzzPhA, "a=1&token=" + fuzzPhA + "&b=2", "xtoken=" + fuzzPhA, `{"secret":"` + fuzzPhA + `"}`,
+		`{"secret" :  "` + fuzzPhA + `" , "n": {"secret":"` + fuzzPhA + `x"}}`, `"secret":"` + fuzzPhA, fuzzPhA + fuzzPhA,
+	} {
+		f.Add([]byte(s))
+	}
+	cr := &credential{placeholder: fuzzPhA, value: fuzzValA, form: []string{"token"}, json: []string{"secret"}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if bytes.Contains(body, []byte(fuzzValA)) {
+			t.Skip("the value is already there")
+		}
+		out := cr.injectFields(body)
+		if back := bytes.ReplaceAll(out, []byte(fuzzValA), []byte(fuzzPhA)); !bytes.Equal(back, body) {
+			t.Fatalf("injectFields(%q) = %q: more than the placeholder changed", body, out)
+		}
+		if bytes.Count(out, []byte(fuzzValA)) > bytes.Count(body, []byte(fuzzPhA)) {
+			t.Fatalf("more values than placeholders: %q", out)
+		}
+		if !bytes.Contains(body, []byte("token=")) && !bytes.Contains(body, []byte(`"secret"`)) && !bytes.Equal(out, body) {
+			t.Fatalf("injected without a named field: %q -> %q", body, out)
+		}
+	})
+}
+
+// FuzzScrubReader checks that the streaming scrubber gives what replacing every form in the whole body at once
+// gives, whatever the body and the read size.
+func FuzzScrubReader(f *testing.F) {
+	f.Add([]byte("xx "+fuzzValA+" yy"), uint16(1))
+	f.Add([]byte(fuzzValA[:5]), uint16(3))
+	f.Add(bytes.Repeat([]byte(fuzzValA+"dmFsdWU"), 40), uint16(17))
+	reps := []replacement{{fuzzValA, fuzzPhA, "A"}, {"dmFsdWU", "UExBQ0U", "A"}}
+	f.Fuzz(func(t *testing.T, body []byte, size uint16) {
+		n := int(size%4096) + 1
+		got, err := io.ReadAll(newScrubReader(io.NopCloser(&chunked{s: string(body), n: n}), reps, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := string(body)
+		// The forms share no bytes at their ends, so replacing them one after the other is the same as scanning once.
+		for _, r := range reps {
+			want = strings.ReplaceAll(want, r.from, r.to)
+		}
+		if string(got) != want {
+			t.Fatalf("scrubbed %q in reads of %d: %q, want %q", body, n, got, want)
+		}
 	})
 }

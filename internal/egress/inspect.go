@@ -30,6 +30,7 @@ type inspectConn struct {
 	host      string   // the CONNECT host, normalised
 	port      uint16
 	authority string // the upstream URL's host[:port]
+	epoch     uint64 // the session the CONNECT was authenticated in
 
 	mu  sync.Mutex // guards pol and v
 	pol *policy    // the policy v was decided under
@@ -57,6 +58,7 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 		conn = &prefixConn{Conn: client, r: io.MultiReader(bytes.NewReader(slices.Clone(b)), client)}
 	}
 	ic := &inspectConn{raw: client, host: v.host, port: v.port, authority: hostPort(v.host, v.port, v.port != 443), pol: pol, v: v}
+	ic.epoch, _ = sessionOf(ctx)
 	sni := ""
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -79,7 +81,7 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 		},
 	}
 	tc := tls.Server(conn, cfg)
-	if !p.trackIntercept(tc, ic) {
+	if !p.trackIntercept(ctx, tc, ic) {
 		_ = client.Close()
 		return
 	}
@@ -109,11 +111,12 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 }
 
 // trackIntercept registers a connection being decrypted so Close can end it, counting it in wg until the
-// inner server is done with it (inspectState) or it fails first; false when the proxy is closed.
-func (p *Proxy) trackIntercept(tc *tls.Conn, ic *inspectConn) bool {
+// inner server is done with it (inspectState) or it fails first; false when the proxy is closed or the
+// CONNECT's session is over.
+func (p *Proxy) trackIntercept(ctx context.Context, tc *tls.Conn, ic *inspectConn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if !p.currentLocked(ctx) {
 		return false
 	}
 	p.intercepts[tc] = ic
@@ -181,7 +184,7 @@ func (p *Proxy) serveInspected(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.wg.Done()
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), epochKey{}, ic.epoch))
 	defer cancel()
 	defer context.AfterFunc(p.ctx, cancel)()
 
@@ -207,11 +210,13 @@ func (p *Proxy) serveInspected(w http.ResponseWriter, r *http.Request) {
 		respond(w, v)
 		return
 	}
-	plan, ok := p.credentials(w, r, pol, v)
+	plan, release, ok := p.credentials(w, r, pol, v, true)
+	defer release()
 	if !ok {
 		return
 	}
-	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "https", authority: ic.authority, addrs: v.addrs, creds: plan})
+	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "https", authority: ic.authority, addrs: v.addrs,
+		host: v.host, port: v.port, creds: plan})
 	p.inspect.ServeHTTP(w, r.WithContext(ctx))
 }
 

@@ -205,7 +205,7 @@ func TestInspect(t *testing.T) {
 		proto string
 	}{{"h1", false, "HTTP/1.1"}, {"h2", true, "HTTP/2.0"}} {
 		t.Run(tt.name, func(t *testing.T) {
-			rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}})
+			rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}})
 			h := newInspectHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "api.test"), Inspect: InspectOn}, rec)
 			c := h.client(proxyRoots(t, h.p), tt.h2)
 			for i := range 3 { // keep-alive: several requests on one decrypted connection
@@ -228,8 +228,8 @@ func TestInspect(t *testing.T) {
 				t.Errorf("upstream saw %d requests, want 3", n)
 			}
 			for _, d := range rec.dialed() {
-				if d != "203.0.113.10:"+up.port() {
-					t.Errorf("dialed %s, want only the checked 203.0.113.10:%s", d, up.port())
+				if d != "192.88.99.10:"+up.port() {
+					t.Errorf("dialed %s, want only the checked 192.88.99.10:%s", d, up.port())
 				}
 			}
 			if b := h.reported(); len(b) != 0 {
@@ -246,7 +246,7 @@ func TestInspectUpstreamUntrusted(t *testing.T) {
 	}))
 	defer up.Close()
 	port := strconv.Itoa(int(netip.MustParseAddrPort(up.Listener.Addr().String()).Port()))
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}})
 	h := newInspectHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "api.test"), Inspect: InspectOn}, rec)
 	resp, err := h.client(proxyRoots(t, h.p), false).Get("https://api.test:" + port + "/")
 	if err != nil {
@@ -277,7 +277,7 @@ func (h *harness) tlsThrough(target, serverName string, nextProtos ...string) (*
 // differently, or no SNI at all, is the CONNECT host.
 func TestInspectSNI(t *testing.T) {
 	up := newUpstream(t, true)
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}, "other.test": {"203.0.113.11"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}, "other.test": {"192.88.99.11"}})
 	h := newInspectHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "api.test", "other.test"), Inspect: InspectOn}, rec)
 	target := "api.test:" + up.port()
 
@@ -354,7 +354,7 @@ func rawTLS(t *testing.T, tc *tls.Conn, req string) string {
 // (proxy-loop); none reaches an upstream, each is reported.
 func TestInspectRefusesInside(t *testing.T) {
 	up := newUpstream(t, true)
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}, "other.test": {"203.0.113.11"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}, "other.test": {"192.88.99.11"}})
 	h := newInspectHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "api.test", "other.test"), Inspect: InspectOn}, rec)
 	target := "api.test:" + up.port()
 	tests := []struct {
@@ -401,7 +401,7 @@ func TestInspectRefusesInside(t *testing.T) {
 // TestInspectNotTLS: inspecting, a client that speaks plain text in its tunnel is cut off and reported.
 func TestInspectNotTLS(t *testing.T) {
 	up := newUpstream(t, false)
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}})
 	h := newInspectHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "api.test"), Inspect: InspectOn}, rec)
 	resp, c, br := h.connect("api.test:"+up.port(), bearer())
 	if resp.StatusCode != http.StatusOK {
@@ -425,7 +425,7 @@ func TestInspectNotTLS(t *testing.T) {
 // upstream's own certificate, the placeholder goes through unchanged, and there is no CA.
 func TestInspectOff(t *testing.T) {
 	up := newUpstream(t, true)
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}})
 	ph := NewPlaceholder("KEY")
 	pol := Policy{
 		Mode: ModeAllowlist, Rules: rules(t, "api.test"), Inspect: InspectOff,
@@ -453,7 +453,7 @@ func TestInspectOff(t *testing.T) {
 // TestPolicyPerRequest: a decrypted connection is decided again per request, under the policy current then.
 func TestPolicyPerRequest(t *testing.T) {
 	up := newUpstream(t, true)
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}})
 	allow := Policy{Mode: ModeAllowlist, Rules: rules(t, "api.test"), Inspect: InspectOn}
 	h := newInspectHarness(t, allow, rec)
 	c := h.client(proxyRoots(t, h.p), true)
@@ -517,7 +517,7 @@ func TestSetOnBlocked(t *testing.T) {
 func TestSetPolicyRace(t *testing.T) {
 	up := newUpstream(t, true)
 	plain := newUpstream(t, false)
-	rec := newRecorder(t, map[string][]string{"api.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"api.test": {"192.88.99.10"}})
 	ph := NewPlaceholder("KEY")
 	cred := []Credential{{Name: "KEY", Placeholder: ph, Value: "real-secret-value-1", Hosts: rules(t, "api.test")}}
 	pols := []Policy{
@@ -589,7 +589,7 @@ func TestTunnelIntegrity(t *testing.T) {
 	_, _ = rand.Read(data)
 	for _, network := range []string{"tcp", "unix"} {
 		t.Run(network, func(t *testing.T) {
-			rec := newRecorder(t, map[string][]string{"echo.test": {"203.0.113.10"}})
+			rec := newRecorder(t, map[string][]string{"echo.test": {"192.88.99.10"}})
 			p, err := New(Config{Policy: Policy{Mode: ModeOpen}, Token: testToken, Resolver: rec, Dial: rec.Dial})
 			if err != nil {
 				t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -28,17 +29,35 @@ const (
 	maxCredentials    = 64
 )
 
-// Credential is a secret the proxy injects on the sandbox's behalf. The sandbox only ever sees Placeholder;
-// the proxy replaces it with Value in the request headers and the first MiB of the request body of requests
-// to a host that matches Hosts (last match wins, as for policy rules), and refuses any request to any other
-// host that carries the Placeholder or the Value (see the package doc for exactly where it looks). Value
-// never appears in a Block, an error or a log.
+// Credential is a secret the proxy injects on the sandbox's behalf. The sandbox only ever sees Placeholder; on a
+// request to a host that matches Hosts (last match wins, as for policy rules), over inspected TLS (or plain HTTP
+// when AllowPlaintext), the proxy puts Value where the definition says and nowhere else: in Header, when the
+// sandbox wrote "<Scheme> <Placeholder>" there, and in the Fields it opts into. It refuses any request to any
+// other host that carries the Placeholder or the Value (see the package doc for exactly where it looks), and
+// scrubs every form of Value it produced from the responses. Value never appears in a Block, an error or a log.
 type Credential struct {
 	Name        string // names the credential in a refusal's Block.Rule and in errors; never the value
 	Placeholder string // what the sandbox sees: 16+ printable ASCII bytes, no spaces (NewPlaceholder makes one)
 	Value       string // the secret: 8+ bytes, no CR, LF or NUL (it may be written into a header)
 	Hosts       []Rule // where Value may go
+
+	// Header is the request header Value goes in; "" is Authorization.
+	Header string
+	// Scheme is the word before the value in Header: "" is Bearer in Authorization and none in any other header;
+	// SchemeNone for none (the header's value is the placeholder alone); Basic takes the placeholder as the user
+	// or the password of a Basic credential; any other token (token, Bot, ...) as written.
+	Scheme string
+	// AllowPlaintext lets Value go into plain-HTTP requests; without it, only into inspected TLS, and a plain
+	// request to the host that carries the placeholder is refused (credential-plaintext).
+	AllowPlaintext bool
+	// Fields are other places Value may go, each opted into by name: "header:<Name>" (a header whose whole value
+	// is the placeholder), "form:<name>" (a form field of the body) or "json:<name>" (a JSON member of the body,
+	// at any depth), in the first MiB of the body, where the placeholder is the whole value.
+	Fields []string
 }
+
+// SchemeNone is the Credential.Scheme of a header whose value is the secret alone.
+const SchemeNone = "none"
 
 // NewPlaceholder returns a fresh placeholder for the credential name: "SANDKEEP_CRED_<NAME>_<32 hex>", where
 // NAME is name upper-cased with every byte other than a letter or digit written as "_" (at most 32 bytes). It
@@ -85,6 +104,12 @@ type credential struct {
 	placeholder string
 	value       string
 	hosts       []Rule
+	header      string   // canonical
+	scheme      string   // "" for none
+	basic       bool     // scheme is Basic
+	plaintext   bool     // AllowPlaintext
+	headers     []string // Fields' headers, canonical
+	form, json  []string // Fields' body fields
 }
 
 // compile checks pol the way New and SetPolicy do and returns it compiled. Errors are fault.NetworkInvalid
@@ -175,14 +200,90 @@ func compileCredential(in Credential) (credential, error) {
 		return credential{}, fault.New(fault.NetworkInvalid, "list the hosts the secret may be sent to",
 			"credential %q names no host it may be sent to", name)
 	}
-	return credential{name: name, placeholder: in.Placeholder, value: in.Value, hosts: slices.Clone(in.Hosts)}, nil
+	cr := credential{name: name, placeholder: in.Placeholder, value: in.Value, hosts: slices.Clone(in.Hosts), plaintext: in.AllowPlaintext}
+	if err := placement(&cr, in.Header, in.Scheme, in.Fields); err != nil {
+		return credential{}, fault.Wrap(err, fault.NetworkInvalid, err.Hint, "credential %q: %s", name, err.Message)
+	}
+	return cr, nil
+}
+
+// placement fills in where cr's value goes: header (default Authorization), scheme (default Bearer there, none
+// elsewhere), and the fields opted into. Errors are fault.NetworkInvalid.
+func placement(cr *credential, header, scheme string, fields []string) *fault.Error {
+	cr.header = "Authorization"
+	if header != "" {
+		if !validToken(header) {
+			return fault.New(fault.NetworkInvalid, "name a request header, e.g. header: X-Api-Key",
+				"%q is not a header name", cut(header))
+		}
+		cr.header = http.CanonicalHeaderKey(header)
+	}
+	switch {
+	case scheme == "" && cr.header == "Authorization":
+		cr.scheme = "Bearer"
+	case scheme == "" || strings.EqualFold(scheme, SchemeNone):
+	case !validToken(scheme):
+		return fault.New(fault.NetworkInvalid, "write the word before the secret, e.g. scheme: Bearer, Basic, token or none",
+			"the scheme %q is not a single word", cut(scheme))
+	default:
+		cr.scheme = scheme
+		cr.basic = strings.EqualFold(scheme, "Basic")
+	}
+	for _, f := range fields {
+		kind, field, _ := strings.Cut(f, ":")
+		ok := field != "" && len(field) <= 128 && !strings.ContainsFunc(field, func(r rune) bool { return r < 0x21 || r == 0x7f || r == '"' || r == '\\' })
+		switch {
+		case !ok:
+		case kind == "header" && validToken(field):
+			cr.headers = append(cr.headers, http.CanonicalHeaderKey(field))
+			continue
+		case kind == "form":
+			cr.form = append(cr.form, field)
+			continue
+		case kind == "json":
+			cr.json = append(cr.json, field)
+			continue
+		}
+		return fault.New(fault.NetworkInvalid, "write header:<Name>, form:<field> or json:<member>",
+			"the field %q is not one the proxy can inject into", cut(f))
+	}
+	return nil
+}
+
+// CheckCredentialPlacement checks a credential's Header, Scheme and Fields the way New does, so a spec can be
+// refused before any command runs. Errors are a *fault.Error (NetworkInvalid) with a hint.
+func CheckCredentialPlacement(header, scheme string, fields []string) error {
+	var cr credential
+	if err := placement(&cr, header, scheme, fields); err != nil {
+		return err
+	}
+	return nil
+}
+
+// validToken reports whether s is an HTTP token (RFC 9110): what a header name and an auth scheme are.
+func validToken(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // equal reports whether c and o are the same policy.
 func (c *policy) equal(o *policy) bool {
 	return c.mode == o.mode && c.inspect == o.inspect && slices.Equal(c.rules, o.rules) &&
 		slices.Equal(c.silent, o.silent) && slices.EqualFunc(c.creds, o.creds, func(a, b credential) bool {
-		return a.name == b.name && a.placeholder == b.placeholder && a.value == b.value && slices.Equal(a.hosts, b.hosts)
+		return a.name == b.name && a.placeholder == b.placeholder && a.value == b.value && slices.Equal(a.hosts, b.hosts) &&
+			a.header == b.header && a.scheme == b.scheme && a.plaintext == b.plaintext && slices.Equal(a.headers, b.headers) &&
+			slices.Equal(a.form, b.form) && slices.Equal(a.json, b.json)
 	})
 }
 
@@ -277,13 +378,21 @@ func (p *Proxy) SetPolicy(pol Policy) error {
 	if err != nil {
 		return err
 	}
+	p.swap(c, false)
+	return nil
+}
+
+// swap makes c the policy, replacing the CA when c needs other constraints (unless keepCA: End keeps the CA for
+// the next session, which usually has the same policy again), and drops the pools when it changed.
+func (p *Proxy) swap(c *policy, keepCA bool) {
 	p.caMu.Lock()
 	if c.equal(p.pol.Load()) {
 		p.caMu.Unlock()
-		return nil // the same policy again (a caller sets it before each command): keep decisions and pools
+		return // the same policy again: keep decisions and pools
 	}
 	p.pol.Store(c)
 	switch {
+	case keepCA:
 	case !c.inspect && p.ca != nil:
 		p.ca = nil
 		p.caGen.Add(1)
@@ -296,7 +405,6 @@ func (p *Proxy) SetPolicy(pol Policy) error {
 	p.caMu.Unlock()
 	p.transport.CloseIdleConnections()
 	p.tlsTransport.CloseIdleConnections()
-	return nil
 }
 
 // SetOnBlocked replaces the function told of refusals (nil: none is reported), so a caller can route the

@@ -41,10 +41,13 @@ const (
 	ReasonSilent      = "silent"          // the host is on the silent list: refused, no event
 
 	// TLS inspection and credentials.
-	ReasonSNIMismatch    = "sni-mismatch"    // the TLS hello names another host than the CONNECT (Block.Host is the hello's)
-	ReasonHostMismatch   = "host-mismatch"   // a decrypted request's Host is not the CONNECT host (Block.Host is the request's)
-	ReasonNotTLS         = "not-tls"         // inspecting, and the client sent something else than a TLS hello in its tunnel
-	ReasonCredentialLeak = "credential-leak" // a credential's placeholder or value heading to a host it may not go to (Block.Rule names it)
+	ReasonSNIMismatch    = "sni-mismatch"         // the TLS hello names another host than the CONNECT (Block.Host is the hello's)
+	ReasonHostMismatch   = "host-mismatch"        // a decrypted request's Host is not the CONNECT host (Block.Host is the request's)
+	ReasonNotTLS         = "not-tls"              // inspecting, and the client sent something else than a TLS hello in its tunnel (or a plain tunnel's hello does not parse)
+	ReasonSNIFronting    = "sni-fronting"         // a plain tunnel's TLS hello names another host than the CONNECT (Block.Host is the hello's)
+	ReasonSNIMissing     = "sni-missing"          // a plain tunnel to a name carries a TLS hello without a server name
+	ReasonCredentialLeak = "credential-leak"      // a credential's placeholder or value heading to a host it may not go to (Block.Rule names it)
+	ReasonPlaintext      = "credential-plaintext" // a credential's placeholder in a plain-HTTP request to its host, which it may reach over TLS only (Block.Rule names it)
 )
 
 // DeniedHeader is the response header of a refusal; its value is the reason.
@@ -60,6 +63,9 @@ const (
 	responseTimeout   = 60 * time.Second // a forwarded request's response header
 	tunnelIdleTimeout = 5 * time.Minute  // a CONNECT tunnel with no byte in either direction
 	maxResponseHeader = 1 << 20          // an upstream response's header block
+	bodyReadTimeout   = 30 * time.Second // reading the scanned start of a request body
+	scanSlots         = 8                // request bodies scanned at once, per proxy (each holds up to bodyScanLimit)
+	maxStreams        = 64               // concurrent HTTP/2 streams on one decrypted connection
 )
 
 // Policy is where a sandbox may connect to, and what the proxy does for it on the way.
@@ -103,8 +109,14 @@ type Config struct {
 	// OnBlocked is told of every refusal except those of silent hosts. It is called on the request's
 	// goroutine, so it must not block for long. Nil: refusals are not reported.
 	OnBlocked func(Block)
+	// OnReflected is told when a response carried an injected credential back and the proxy scrubbed it, once
+	// per response, credential and place (header or body). Like OnBlocked it must not block. Nil: not reported.
+	OnReflected func(Reflection)
 	// Self lists the proxy's own addresses: refused as targets unless a rule names them.
 	Self []netip.Addr
+	// Refused adds ranges refused like the private ones (class operator) unless an IP or CIDR rule names them:
+	// the host's own public NAT address, a provider's host endpoints, a partner network.
+	Refused []netip.Prefix
 	// UpstreamRoots verifies upstream servers when the proxy inspects TLS; nil is the host's roots.
 	UpstreamRoots *x509.CertPool
 }
@@ -116,12 +128,14 @@ type Config struct {
 // forwards each request in them. It is an http.Handler; Serve runs it on a listener and Close stops it and
 // waits for everything it started. SetPolicy and SetOnBlocked may be called at any time.
 type Proxy struct {
-	pol      atomic.Pointer[policy]      // never nil; replaced whole by SetPolicy
-	onBlock  atomic.Pointer[func(Block)] // nil: refusals are not reported
-	tokenSum [sha256.Size]byte
-	resolver Resolver
-	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
-	self     []netip.Addr
+	pol       atomic.Pointer[policy]            // never nil; replaced whole by SetPolicy
+	onBlock   atomic.Pointer[func(Block)]       // nil: refusals are not reported
+	onReflect atomic.Pointer[func(Reflection)]  // nil: reflections are not reported
+	tokenSum  atomic.Pointer[[sha256.Size]byte] // nil: no token is valid (between two sessions, see End)
+	resolver  Resolver
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	self      []netip.Addr
+	refused   []netip.Prefix // Config.Refused, masked
 
 	srv          *http.Server
 	forward      *httputil.ReverseProxy // plain HTTP, over transport
@@ -131,6 +145,9 @@ type Proxy struct {
 	inner        *http.Server  // serves decrypted connections, handed to it through innerLn
 	innerLn      *connListener //
 	tunnelIdle   time.Duration
+	noPeek       bool          // benchmarks only: plain tunnels without the ClientHello check
+	scans        chan struct{} // one slot per request body being scanned: at most scanSlots*bodyScanLimit held
+	bodyTimeout  time.Duration // bodyReadTimeout; tests shorten it
 
 	ctx    context.Context // cancelled by Close: ends resolutions, dials and forwarded requests
 	cancel context.CancelFunc
@@ -141,8 +158,10 @@ type Proxy struct {
 
 	mu           sync.Mutex
 	closed       bool                       // set once by Close; no request starts after it
+	epoch        uint64                     // the session: counts cutAll; a request of an older one opens nothing
 	listeners    []netip.AddrPort           // every address Serve listens on: a target there is a loop
-	tunnels      map[*tunnel]struct{}       // open CONNECT tunnels, closed by Close
+	tunnels      map[*tunnel]struct{}       // open CONNECT tunnels, closed by Close, Begin and End
+	upstreams    map[*upstreamConn]struct{} // forwarding connections to upstreams (pooled or in use), closed likewise
 	intercepts   map[*tls.Conn]*inspectConn // decrypted connections, from hijack to closed, closed by Close
 	innerStarted bool                       // inner is serving innerLn
 	wg           sync.WaitGroup             // requests, tunnel goroutines, decrypted connections, inner's Serve
@@ -160,17 +179,30 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		tokenSum:   sha256.Sum256([]byte(cfg.Token)),
-		resolver:   cfg.Resolver,
-		dial:       cfg.Dial,
-		tunnelIdle: tunnelIdleTimeout,
-		tunnels:    make(map[*tunnel]struct{}),
-		intercepts: make(map[*tls.Conn]*inspectConn),
+		resolver:    cfg.Resolver,
+		dial:        cfg.Dial,
+		tunnelIdle:  tunnelIdleTimeout,
+		tunnels:     make(map[*tunnel]struct{}),
+		intercepts:  make(map[*tls.Conn]*inspectConn),
+		upstreams:   make(map[*upstreamConn]struct{}),
+		scans:       make(chan struct{}, scanSlots),
+		bodyTimeout: bodyReadTimeout,
 	}
+	p.setToken(cfg.Token)
 	p.pol.Store(pol)
 	p.SetOnBlocked(cfg.OnBlocked)
+	p.SetOnReflected(cfg.OnReflected)
 	for _, a := range cfg.Self {
 		p.self = append(p.self, a.Unmap().WithZone(""))
+	}
+	for _, r := range cfg.Refused {
+		if !r.IsValid() {
+			return nil, errors.New("egress proxy: a refused range is not a valid prefix")
+		}
+		if r.Addr().Is4In6() && r.Bits() >= 96 {
+			r = netip.PrefixFrom(r.Addr().Unmap(), r.Bits()-96)
+		}
+		p.refused = append(p.refused, r.Masked())
 	}
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
@@ -210,14 +242,14 @@ func New(cfg Config) (*Proxy, error) {
 		Rewrite:        rewrite,
 		Transport:      p.transport,
 		ErrorLog:       quiet,
-		ModifyResponse: modifyResponse,
+		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   upstreamFailed,
 	}
 	p.inspect = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
 		Transport:      p.tlsTransport,
 		ErrorLog:       quiet,
-		ModifyResponse: modifyResponse,
+		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   upstreamFailed,
 	}
 	p.srv = &http.Server{
@@ -244,6 +276,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.inner.Protocols = new(http.Protocols)
 	p.inner.Protocols.SetHTTP1(true)
 	p.inner.Protocols.SetHTTP2(true)
+	p.inner.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: maxStreams}
 	return p, nil
 }
 
@@ -316,13 +349,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.wg.Done()
+	p.mu.Lock()
+	epoch := p.epoch
+	p.mu.Unlock()
 	if !p.authorized(r.Header.Get("Proxy-Authorization")) {
 		w.Header().Add("Proxy-Authenticate", `Bearer realm="sandkeep"`)
 		w.Header().Add("Proxy-Authenticate", `Basic realm="sandkeep"`)
 		http.Error(w, "sandkeep egress: proxy authentication required", http.StatusProxyAuthRequired)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), epochKey{}, epoch))
 	defer cancel()
 	defer context.AfterFunc(p.ctx, cancel)()
 	if r.Method == http.MethodConnect {
@@ -357,8 +393,22 @@ func (p *Proxy) authorized(h string) bool {
 	default:
 		return false
 	}
+	want := p.tokenSum.Load()
+	if want == nil {
+		return false
+	}
 	sum := sha256.Sum256([]byte(got))
-	return subtle.ConstantTimeCompare(sum[:], p.tokenSum[:]) == 1
+	return subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+}
+
+// setToken makes token the only one accepted; "" accepts none.
+func (p *Proxy) setToken(token string) {
+	if token == "" {
+		p.tokenSum.Store(nil)
+		return
+	}
+	sum := sha256.Sum256([]byte(token))
+	p.tokenSum.Store(&sum)
 }
 
 // verdict is the decision on one target.
@@ -426,7 +476,7 @@ func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, por
 			b.Reason, b.Rule = ReasonRule, r.String()
 			return p.refuse(http.StatusForbidden, b)
 		}
-		if class := classify(a, p.self); class != "" && r == nil {
+		if class := classify(a, p.self, p.refused...); class != "" && r == nil {
 			b.Reason = class
 			return p.refuse(http.StatusForbidden, b)
 		}
@@ -545,7 +595,7 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		return
 	}
 	t := &tunnel{client: client, upstream: up, idle: p.tunnelIdle}
-	if !p.track(t) {
+	if !p.track(ctx, t) {
 		t.close()
 		return
 	}
@@ -555,23 +605,18 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		t.close()
 		return
 	}
-	// Bytes the client sent after its request (a pipelined TLS hello) are in brw's buffer, not the socket.
-	if n := brw.Reader.Buffered(); n > 0 {
-		b, _ := brw.Reader.Peek(n)
-		_ = up.SetWriteDeadline(time.Now().Add(headerTimeout))
-		if _, err := up.Write(b); err != nil {
-			t.close()
-			return
-		}
-	}
+	// The client's first bytes are checked before any reaches the upstream (a TLS hello's server name must be the
+	// CONNECT host); they, and whatever else it sent after its request, are in brw's buffer, not the socket.
+	t.first = func() bool { return p.checkHello(client, brw.Reader, up, v) }
 	t.run(&p.wg)
 }
 
-// track registers an open tunnel so Close can end it; false when the proxy is already closed.
-func (p *Proxy) track(t *tunnel) bool {
+// track registers an open tunnel so Close, Begin and End can end it; false when the proxy is already closed or
+// the request's session is over.
+func (p *Proxy) track(ctx context.Context, t *tunnel) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if !p.currentLocked(ctx) {
 		return false
 	}
 	p.tunnels[t] = struct{}{}
@@ -589,6 +634,7 @@ func (p *Proxy) untrack(t *tunnel) {
 type tunnel struct {
 	client, upstream net.Conn
 	idle             time.Duration
+	first            func() bool  // run before the client's bytes are copied to the upstream; false ends the tunnel
 	last             atomic.Int64 // unix nanoseconds when a copy last reported bytes moved, either way
 	once             sync.Once
 }
@@ -601,7 +647,9 @@ func (t *tunnel) run(wg *sync.WaitGroup) {
 	go func() {
 		defer wg.Done()
 		defer close(done)
-		t.copy(t.upstream, t.client)
+		if t.first == nil || t.first() {
+			t.copy(t.upstream, t.client)
+		}
 		t.close()
 	}()
 	t.copy(t.client, t.upstream)
@@ -660,7 +708,9 @@ type forwardTarget struct {
 	scheme    string           // http, or https for a decrypted request
 	authority string           // the outbound URL's host[:port], normalised
 	addrs     []netip.AddrPort // the checked addresses
-	creds     credPlan         // the credentials injected, to scrub from the response headers
+	host      string           // the target, normalised, and its port: for a Reflection
+	port      uint16
+	creds     *credPlan // the credentials injected, to scrub from the response
 }
 
 // serveForward forwards a plain-HTTP request in absolute form (GET http://host/path).
@@ -688,29 +738,51 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 		respond(w, v)
 		return
 	}
-	plan, ok := p.credentials(w, r, pol, v)
+	plan, release, ok := p.credentials(w, r, pol, v, false)
+	defer release()
 	if !ok {
 		return
 	}
-	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "http", authority: hostPort(v.host, port, explicit), addrs: v.addrs, creds: plan})
+	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "http", authority: hostPort(v.host, port, explicit), addrs: v.addrs,
+		host: v.host, port: v.port, creds: plan})
 	p.forward.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// credentials applies pol's credentials to r, a request to v's target: it injects those the target may
-// receive, or refuses r (403, a credential-leak Block naming the credential) when it carries another's
-// placeholder or value. ok is false when r was answered.
-func (p *Proxy) credentials(w http.ResponseWriter, r *http.Request, pol *policy, v verdict) (plan credPlan, ok bool) {
-	plan = pol.planFor(v.host, v.ip, v.isIP, v.port)
+// credentials applies pol's credentials to r, a request to v's target over TLS (inspected) or not: it injects
+// those the target may receive where their definitions say, or refuses r (403, a Block naming the credential)
+// when it carries another's placeholder or value (credential-leak), or is plain HTTP and carries the placeholder
+// of one that may go into TLS only (credential-plaintext). ok is false when r was answered.
+func (p *Proxy) credentials(w http.ResponseWriter, r *http.Request, pol *policy, v verdict, tls bool) (plan *credPlan, release func(), ok bool) {
+	cp := pol.planFor(v.host, v.ip, v.isIP, v.port, tls)
+	plan, release = &cp, func() {}
+	if name := plan.plaintext(r); name != "" {
+		respond(w, p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: name, Reason: ReasonPlaintext}))
+		return plan, release, false
+	}
+	if plan.scansBody(r) {
+		// The start of the body is held from the check until it is forwarded: a slot (released by the caller when
+		// the request is over) bounds how many are held at once, and a read deadline how long a stalled body may
+		// hold one.
+		select {
+		case p.scans <- struct{}{}:
+		case <-r.Context().Done():
+			return plan, release, false
+		}
+		release = func() { <-p.scans }
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(p.bodyTimeout))
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	leak, err := plan.apply(r)
 	if err != nil {
-		badRequest(w, "cannot read the request body")
-		return plan, false
+		http.Error(w, "sandkeep egress: cannot read the request body (too slow, or cut off)", http.StatusRequestTimeout)
+		return plan, release, false
 	}
 	if leak != "" {
 		respond(w, p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: leak, Reason: ReasonCredentialLeak}))
-		return plan, false
+		return plan, release, false
 	}
-	return plan, true
+	return plan, release, true
 }
 
 // rewrite makes the outbound request: to the checked target, Host from the URL, without the proxy's
@@ -730,15 +802,46 @@ func rewrite(pr *httputil.ProxyRequest) {
 // that switches anyway gets a 502 and no hijacked connection outside the proxy's accounting.
 var errSwitch = errors.New("upstream switched protocols unasked")
 
-// modifyResponse refuses a protocol switch and scrubs injected credentials from the response headers.
-func modifyResponse(res *http.Response) error {
+// modifyResponse refuses a protocol switch and scrubs injected credentials from the response: every form the
+// proxy produced (see credPlan.reflections), in the headers and, streaming, in the whole body, each reported once
+// as a Reflection.
+func (p *Proxy) modifyResponse(res *http.Response) error {
 	if res.StatusCode == http.StatusSwitchingProtocols {
 		return errSwitch
 	}
-	if t, ok := res.Request.Context().Value(forwardKey{}).(forwardTarget); ok {
-		t.creds.scrub(res.Header)
+	t, ok := res.Request.Context().Value(forwardKey{}).(forwardTarget)
+	if !ok || t.creds == nil {
+		return nil
+	}
+	reps := t.creds.reflections()
+	if len(reps) == 0 {
+		return nil
+	}
+	report := func(name, where string) {
+		if f := p.onReflect.Load(); f != nil {
+			(*f)(Reflection{Credential: name, Host: t.host, Port: t.port, Where: where})
+		}
+	}
+	for _, name := range scrubHeader(res.Header, reps) {
+		report(name, WhereHeader)
+	}
+	// Trailers arrive after the body, past any point where they could be scrubbed before the sandbox sees them.
+	res.Trailer = nil
+	if res.Body != nil && res.Body != http.NoBody {
+		res.Body = newScrubReader(res.Body, reps, func(name string) { report(name, WhereBody) })
+		res.ContentLength = -1
+		res.Header.Del("Content-Length")
 	}
 	return nil
+}
+
+// SetOnReflected replaces the function told of scrubbed reflections (nil: none is reported).
+func (p *Proxy) SetOnReflected(f func(Reflection)) {
+	if f == nil {
+		p.onReflect.Store(nil)
+		return
+	}
+	p.onReflect.Store(&f)
 }
 
 // upstreamFailed answers a request the upstream did not: 502, saying when the upstream's certificate is
@@ -759,7 +862,37 @@ func (p *Proxy) dialForward(ctx context.Context, _, _ string) (net.Conn, error) 
 	if !ok || len(t.addrs) == 0 {
 		return nil, errors.New("egress proxy: forward dial without a checked address")
 	}
-	return p.dialChecked(ctx, t.addrs)
+	c, err := p.dialChecked(ctx, t.addrs)
+	if err != nil {
+		return nil, err
+	}
+	uc := &upstreamConn{Conn: c, p: p}
+	p.mu.Lock()
+	if !p.currentLocked(ctx) {
+		p.mu.Unlock()
+		_ = c.Close()
+		return nil, errors.New("egress proxy: closed, or the session that asked is over")
+	}
+	p.upstreams[uc] = struct{}{}
+	p.mu.Unlock()
+	return uc, nil
+}
+
+// upstreamConn is a forwarding transport's connection to an upstream, tracked so that Begin and End can close it
+// whether it is pooled or carrying a request: no connection outlives the session whose policy dialled it.
+type upstreamConn struct {
+	net.Conn
+	p    *Proxy
+	once sync.Once
+}
+
+func (c *upstreamConn) Close() error {
+	c.once.Do(func() {
+		c.p.mu.Lock()
+		delete(c.p.upstreams, c)
+		c.p.mu.Unlock()
+	})
+	return c.Conn.Close()
 }
 
 // hostPort is the host[:port] authority of an upstream URL: an IPv6 host in brackets, the port only when withPort.

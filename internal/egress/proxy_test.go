@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -34,10 +33,10 @@ func TestMain(m *testing.M) {
 
 const testToken = "s3cret-token-for-tests"
 
-// testNet is the tests' "internet": 203.0.113.0/24 (TEST-NET-3) stands for public hosts, and the dialer
+// testNet is the tests' "internet": 192.88.99.0/24 (the retired 6to4 relay range) stands for public hosts, and the dialer
 // sends those to the same port on 127.0.0.1, where the httptest servers listen. Nothing else is ever dialed:
 // a dial of any other address (a forbidden one the proxy should have refused) fails the test.
-var testNet = netip.MustParsePrefix("203.0.113.0/24")
+var testNet = netip.MustParsePrefix("192.88.99.0/24")
 
 // recorder is a fake Resolver and a guarded Dial that record what the proxy asked for.
 type recorder struct {
@@ -278,16 +277,15 @@ func (e *echoServer) seen() []http.Header {
 // HTTP proxy with Basic credentials in its URL, so a CONNECT tunnel carries TLS to a local server. The name
 // resolves to 127.0.0.1, which is refused by default and reachable only because a rule names it.
 func TestConnectAllowed(t *testing.T) {
-	up := newEcho(t, true)
+	up := newUpstream(t, true) // its certificate names allowed.test: the hello's name must be the CONNECT host
 	rec := newRecorder(t, map[string][]string{"allowed.test": {"127.0.0.1"}})
 	h := newHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "allowed.test", "127.0.0.1/32")}, rec)
 
-	roots := x509.NewCertPool()
-	roots.AddCert(up.Certificate())
+	roots := testPKI(t).roots
 	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("anyone", testToken), Host: h.addr}
 	tr := &http.Transport{
 		Proxy:           http.ProxyURL(proxyURL),
-		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "example.com"},
+		TLSClientConfig: &tls.Config{RootCAs: roots},
 	}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("https://allowed.test:" + up.port() + "/x")
@@ -343,8 +341,8 @@ func TestForwardAllowed(t *testing.T) {
 // expected at all) and reported, with the reason in the response header.
 func TestRefusals(t *testing.T) {
 	answers := map[string][]string{
-		"good.example.test": {"203.0.113.10"},
-		"bad.example.test":  {"203.0.113.11"},
+		"good.example.test": {"192.88.99.10"},
+		"bad.example.test":  {"192.88.99.11"},
 		"priv.test":         {"10.0.0.1"},
 		"meta.test":         {"169.254.169.254"},
 		"mapped.test":       {"::ffff:169.254.169.254"},
@@ -353,14 +351,14 @@ func TestRefusals(t *testing.T) {
 		"meta6.test":        {"fd00:ec2::254"},
 		"loop.test":         {"127.0.0.1"},
 		"cgnat.test":        {"100.64.0.1"},
-		"multi.test":        {"203.0.113.10", "10.0.0.1"},
-		"self.test":         {"203.0.113.99"},
+		"multi.test":        {"192.88.99.10", "10.0.0.1"},
+		"self.test":         {"192.88.99.99"},
 		"ula.test":          {"fd12::1"},
 		"linklocal.test":    {"fe80::1"},
 		"mcast.test":        {"224.0.0.1"},
 		"zero.test":         {"0.0.0.0"},
 	}
-	self := netip.MustParseAddr("203.0.113.99")
+	self := netip.MustParseAddr("192.88.99.99")
 	tests := []struct {
 		name   string
 		mode   string
@@ -374,7 +372,7 @@ func TestRefusals(t *testing.T) {
 		{name: "unlisted", mode: ModeAllowlist, rules: []string{"good.example.test"}, target: "other.test:443", status: 403, reason: ReasonUnlisted},
 		{name: "negated", mode: ModeAllowlist, rules: []string{"**.example.test", "!bad.example.test"}, target: "bad.example.test:443", status: 403, reason: ReasonRule, rule: "!bad.example.test"},
 		{name: "negated port", mode: ModeOpen, rules: []string{"!**.example.test:25"}, target: "good.example.test:25", status: 403, reason: ReasonRule, rule: "!**.example.test:25"},
-		{name: "negated CIDR on a resolved address", mode: ModeOpen, rules: []string{"!203.0.113.0/28"}, target: "good.example.test:443", status: 403, reason: ReasonRule, rule: "!203.0.113.0/28", addr: "203.0.113.10"},
+		{name: "negated CIDR on a resolved address", mode: ModeOpen, rules: []string{"!192.88.99.0/28"}, target: "good.example.test:443", status: 403, reason: ReasonRule, rule: "!192.88.99.0/28", addr: "192.88.99.10"},
 		{name: "mode none", mode: ModeNone, rules: []string{"**"}, target: "good.example.test:443", status: 403, reason: ReasonModeNone},
 		{name: "private", mode: ModeOpen, target: "priv.test:443", status: 403, reason: ClassPrivate, addr: "10.0.0.1"},
 		{name: "metadata", mode: ModeAllowlist, rules: []string{"**"}, target: "meta.test:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
@@ -390,8 +388,8 @@ func TestRefusals(t *testing.T) {
 		{name: "multicast", mode: ModeOpen, target: "mcast.test:80", status: 403, reason: ClassMulticast, addr: "224.0.0.1"},
 		{name: "unspecified", mode: ModeOpen, target: "zero.test:80", status: 403, reason: ClassUnspecified, addr: "0.0.0.0"},
 		{name: "one of several forbidden", mode: ModeOpen, target: "multi.test:443", status: 403, reason: ClassPrivate, addr: "10.0.0.1"},
-		{name: "self", mode: ModeOpen, target: "self.test:443", status: 403, reason: ClassSelf, addr: "203.0.113.99"},
-		{name: "self by IP", mode: ModeOpen, target: "203.0.113.99:443", status: 403, reason: ClassSelf, addr: "203.0.113.99"},
+		{name: "self", mode: ModeOpen, target: "self.test:443", status: 403, reason: ClassSelf, addr: "192.88.99.99"},
+		{name: "self by IP", mode: ModeOpen, target: "192.88.99.99:443", status: 403, reason: ClassSelf, addr: "192.88.99.99"},
 		{name: "metadata dotted", mode: ModeOpen, target: "169.254.169.254:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
 		{name: "metadata decimal", mode: ModeOpen, target: "2852039166:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
 		{name: "metadata hex", mode: ModeOpen, target: "0xa9.0xfe.0xa9.0xfe:80", status: 403, reason: ClassMetadata, addr: "169.254.169.254"},
@@ -445,9 +443,9 @@ func TestRefusals(t *testing.T) {
 func TestAllowedByRule(t *testing.T) {
 	up := newEcho(t, false)
 	answers := map[string][]string{
-		"good.example.test": {"203.0.113.10"},
+		"good.example.test": {"192.88.99.10"},
 		"local.test":        {"127.0.0.1"},
-		"both.test":         {"203.0.113.10", "203.0.113.11"},
+		"both.test":         {"192.88.99.10", "192.88.99.11"},
 	}
 	tests := []struct {
 		name   string
@@ -504,7 +502,7 @@ func tunnelGet(t *testing.T, c net.Conn, br *bufio.Reader, host string) string {
 // with the token pass.
 func TestAuth(t *testing.T) {
 	up := newEcho(t, false)
-	rec := newRecorder(t, map[string][]string{"good.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"good.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "good.test")}, rec)
 	basic := func(user, pass string) string {
 		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
@@ -584,7 +582,7 @@ func TestRebinding(t *testing.T) {
 	for _, via := range []string{"connect", "forward"} {
 		t.Run(via, func(t *testing.T) {
 			rec := newRecorder(t, nil)
-			rec.set("rebind.test", "203.0.113.10")
+			rec.set("rebind.test", "192.88.99.10")
 			rec.set("rebind.test", "169.254.169.254")
 			h := newHarness(t, Policy{Mode: ModeAllowlist, Rules: rules(t, "rebind.test")}, rec)
 			target := "rebind.test:" + up.port()
@@ -607,7 +605,7 @@ func TestRebinding(t *testing.T) {
 			if n := rec.lookupCount("rebind.test"); n != 1 {
 				t.Errorf("%d lookups for one request, want 1", n)
 			}
-			if d := rec.dialed(); len(d) != 1 || d[0] != "203.0.113.10:"+up.port() {
+			if d := rec.dialed(); len(d) != 1 || d[0] != "192.88.99.10:"+up.port() {
 				t.Errorf("dialed %v, want the checked address once", d)
 			}
 			resp, _, _ := h.connect(target, bearer())
@@ -643,7 +641,7 @@ func TestConnectToSelf(t *testing.T) {
 
 // TestSilent: a host on the silent list is refused, with no event and no lookup, even in open mode.
 func TestSilent(t *testing.T) {
-	rec := newRecorder(t, map[string][]string{"telemetry.example.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"telemetry.example.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeOpen, Silent: []string{"**.example.test"}}, rec)
 	for _, target := range []string{"telemetry.example.test:443", "TELEMETRY.example.test.:443"} {
 		resp, _, _ := h.connect(target, bearer())
@@ -722,7 +720,7 @@ func TestTunnelEnds(t *testing.T) {
 		_, err := c.Read(b) // the client closes: EOF here
 		upstreamSaw <- fmt.Sprint(err)
 	})
-	rec := newRecorder(t, map[string][]string{"raw.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"raw.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeOpen}, rec)
 
 	// The client sends its first bytes in the same write as the CONNECT request.
@@ -787,7 +785,7 @@ func TestTunnelIdle(t *testing.T) {
 			}
 		}
 	})
-	rec := newRecorder(t, map[string][]string{"raw.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"raw.test": {"192.88.99.10"}})
 	p, err := New(Config{Policy: Policy{Mode: ModeOpen}, Token: testToken, Resolver: rec, Dial: rec.Dial})
 	if err != nil {
 		t.Fatal(err)
@@ -819,7 +817,7 @@ func TestTunnelIdle(t *testing.T) {
 // TestCloseEndsTunnels: Close ends open tunnels and in-flight requests and waits for them.
 func TestCloseEndsTunnels(t *testing.T) {
 	port := rawUpstream(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
-	rec := newRecorder(t, map[string][]string{"raw.test": {"203.0.113.10"}})
+	rec := newRecorder(t, map[string][]string{"raw.test": {"192.88.99.10"}})
 	h := newHarness(t, Policy{Mode: ModeOpen}, rec)
 	var conns []*bufio.Reader
 	for range 3 {
@@ -880,8 +878,8 @@ func TestClassify(t *testing.T) {
 		want string
 	}{
 		{"8.8.8.8", ""},
-		{"203.0.113.10", ""},
-		{"2001:db8::1", ""},
+		{"192.88.99.10", ""},
+		{"2001:db8::1", ClassDocumentation}, // was let through before issue 12
 		{"2606:4700::1111", ""},
 		{"64:ff9b::808:808", ""}, // NAT64 of a public address
 		{"2002:808:808::1", ""},  // 6to4 of a public address
@@ -925,6 +923,27 @@ func TestClassify(t *testing.T) {
 		{"198.51.100.7", ClassSelf},
 		{"::ffff:198.51.100.7", ClassSelf},
 		{"64:ff9b::c633:6407", ClassSelf},
+		// Unclassified before issue 12: not private, but no public host either.
+		{"192.0.0.1", ClassProtocol},
+		{"192.0.0.192", ClassProtocol},
+		{"192.0.2.1", ClassDocumentation},
+		{"198.51.100.8", ClassDocumentation},
+		{"203.0.113.10", ClassDocumentation},
+		{"198.18.0.1", ClassBenchmarking},
+		{"198.19.255.255", ClassBenchmarking},
+		{"198.20.0.1", ""},
+		{"2001:db8:ffff::1", ClassDocumentation},
+		{"2001:2::1", ClassBenchmarking},
+		{"100::1", ClassProtocol},
+		{"2001:10::1", ClassProtocol},
+		{"2001:1f::1", ClassProtocol},
+		{"2001:20::1", ClassProtocol},
+		{"2001:2f:ffff::1", ClassProtocol},
+		{"2001:30::1", ""},
+		{"168.63.129.16", ClassMetadata},
+		{"100.100.100.200", ClassMetadata},
+		{"::ffff:168.63.129.16", ClassMetadata},
+		{"64:ff9b::c000:201", ClassDocumentation}, // NAT64 of 192.0.2.1
 	}
 	for _, tt := range tests {
 		if got := classify(netip.MustParseAddr(tt.addr), self); got != tt.want {
@@ -960,6 +979,9 @@ func TestDecideUnlock(t *testing.T) {
 		{name: "metadata named", rules: []string{"169.254.169.254"}, host: "169.254.169.254", port: 80, addrs: []string{"169.254.169.254:80"}},
 		{name: "metadata by name, IP named", rules: []string{"meta.test", "169.254.169.254/32"}, host: "meta.test", port: 80, addrs: []string{"169.254.169.254:80"}},
 		{name: "** with a mapped literal", rules: []string{"**"}, host: "[::ffff:a9fe:a9fe]", port: 80, reason: ClassMetadata},
+		{name: "documentation range named", rules: []string{"192.0.2.0/24"}, host: "192.0.2.1", port: 80, addrs: []string{"192.0.2.1:80"}},
+		{name: "provider endpoint named", rules: []string{"168.63.129.16"}, host: "168.63.129.16", port: 80, addrs: []string{"168.63.129.16:80"}},
+		{name: "** does not unlock a documentation range", rules: []string{"**"}, host: "203.0.113.5", port: 443, reason: ClassDocumentation},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1041,12 +1063,12 @@ func slicesContains(s []netip.Addr, a netip.Addr) bool {
 
 // fuzzAnswers are what the fuzz resolver answers, chosen by the pick argument.
 var fuzzAnswers = [][]string{
-	{"203.0.113.10"},
+	{"192.88.99.10"},
 	{"10.0.0.1"},
 	{"169.254.169.254"},
 	{"::ffff:169.254.169.254"},
 	{"64:ff9b::a9fe:a9fe"},
-	{"203.0.113.10", "127.0.0.1"},
+	{"192.88.99.10", "127.0.0.1"},
 	{"2002:a9fe:a9fe::1"},
 	{"10.1.2.3"},
 	{"fd00:ec2::254"},
@@ -1138,4 +1160,55 @@ func FuzzDecide(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestUnclassifiedRefused: every range issue 12 found let through, and a range the operator adds, is refused like
+// a private one, by address or by a name that resolves there, before anything is dialed: the recorder's Dial
+// fails the test for any of these addresses, and no dial is recorded.
+func TestUnclassifiedRefused(t *testing.T) {
+	targets := map[string]string{
+		"192.0.0.9": ClassProtocol, "192.0.2.1": ClassDocumentation, "198.51.100.1": ClassDocumentation,
+		"203.0.113.1": ClassDocumentation, "198.18.0.1": ClassBenchmarking, "168.63.129.16": ClassMetadata,
+		"[2001:db8::1]": ClassDocumentation, "[100::1]": ClassProtocol, "[2001:10::1]": ClassProtocol,
+		"[2001:20::1]": ClassProtocol, "192.88.99.77": ClassOperator,
+	}
+	answers := map[string][]string{}
+	for addr := range targets {
+		answers["n"+strings.Trim(strings.NewReplacer(".", "-", ":", "-").Replace(addr), "[]")+".test"] = []string{strings.Trim(addr, "[]")}
+	}
+	rec := newRecorder(t, answers)
+	h := &harness{t: t, rec: rec}
+	p, err := New(Config{
+		Policy: Policy{Mode: ModeOpen}, Token: testToken, Resolver: rec, Dial: rec.Dial,
+		Refused: []netip.Prefix{netip.MustParsePrefix("192.88.99.64/26")}, // the operator's own NAT range, say
+		OnBlocked: func(b Block) {
+			h.mu.Lock()
+			h.blocks = append(h.blocks, b)
+			h.mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start(p)
+	for addr, class := range targets {
+		name := "n" + strings.Trim(strings.NewReplacer(".", "-", ":", "-").Replace(addr), "[]") + ".test"
+		for _, target := range []string{addr, name} {
+			resp, _, _ := h.connect(target+":443", bearer())
+			if resp.StatusCode != http.StatusForbidden || resp.Header.Get(DeniedHeader) != class {
+				t.Errorf("CONNECT %s: %d %q, want 403 %s", target, resp.StatusCode, resp.Header.Get(DeniedHeader), class)
+			}
+			resp, _ = h.get(target+":80", bearer())
+			if resp.StatusCode != http.StatusForbidden || resp.Header.Get(DeniedHeader) != class {
+				t.Errorf("GET %s: %d %q, want 403 %s", target, resp.StatusCode, resp.Header.Get(DeniedHeader), class)
+			}
+		}
+	}
+	if d := rec.dialed(); len(d) != 0 {
+		t.Errorf("dialed %v", d)
+	}
+	// The operator's range does not swallow the rest of the test internet.
+	if v := p.decide(context.Background(), "192.88.99.10", 443); v.status == http.StatusForbidden {
+		t.Errorf("192.88.99.10 refused %q: the operator's range is 192.88.99.64/26 only", v.block.Reason)
+	}
 }

@@ -31,6 +31,8 @@ const (
 	NameExecStarted          = "exec_started"
 	NameExecFinished         = "exec_finished"
 	NameNetworkBlocked       = "network_blocked"
+	NameCredentialReflected  = "credential_reflected"
+	NameNetworkBlockedRepeat = "network_blocked_repeats"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -61,6 +63,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameExecStarted:          reflect.TypeFor[ExecStarted](),
 	NameExecFinished:         reflect.TypeFor[ExecFinished](),
 	NameNetworkBlocked:       reflect.TypeFor[NetworkBlocked](),
+	NameCredentialReflected:  reflect.TypeFor[CredentialReflected](),
+	NameNetworkBlockedRepeat: reflect.TypeFor[NetworkBlockedRepeats](),
 }
 
 // Names returns every event name, in no particular order.

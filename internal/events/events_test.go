@@ -30,6 +30,8 @@ func TestNewAndDecode(t *testing.T) {
 		{"exec started", NameExecStarted, ExecStarted{Command: "make", Workdir: "/workspace", TimeoutMS: 1000, Transport: "agent"}},
 		{"exec finished", NameExecFinished, ExecFinished{ExitCode: 137, TimedOut: true, DurationMS: 1001, Transport: "exec"}},
 		{"network blocked", NameNetworkBlocked, NetworkBlocked{Host: "example.com", Port: 443}},
+		{"network blocked repeats", NameNetworkBlockedRepeat, NetworkBlockedRepeats{Repeats: []BlockedCount{{Host: "x.com", Port: 443, Count: 9}}, Dropped: 3}},
+		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
 	for _, tt := range tests {
@@ -64,8 +66,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 14 {
-		t.Errorf("Names() has %d names, want 14", len(Names()))
+	if len(Names()) != 16 {
+		t.Errorf("Names() has %d names, want 16", len(Names()))
 	}
 }
 

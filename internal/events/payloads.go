@@ -127,6 +127,39 @@ type NetworkBlocked struct {
 	Key     string `json:"key,omitempty"`     // the sandbox's key, short form
 }
 
+// CredentialReflected (credential_reflected): a response from one of a credential's hosts carried the
+// credential's value back towards the sandbox (in a form the egress proxy produced: literal, percent-encoded,
+// base64, the Basic credential it wrote), and the proxy replaced it with the placeholder before the sandbox saw
+// it. One per response, credential and place. Never the value.
+type CredentialReflected struct {
+	Credential string `json:"credential"` // the credential's name
+	Host       string `json:"host"`
+	Port       int    `json:"port"`
+	Where      string `json:"where"`             // header or body
+	Sandbox    string `json:"sandbox,omitempty"` // the sandbox's container name
+	Key        string `json:"key,omitempty"`     // the sandbox's key, short form
+}
+
+// NetworkBlockedRepeats (network_blocked_repeats): at the end of a command, the refusals that were not recorded one
+// by one. A command records the first network_blocked of each host, port, reason and rule (up to a cap per
+// command); what repeats, and what came past the cap, is counted here, in one event, instead of one store write
+// per refusal.
+type NetworkBlockedRepeats struct {
+	Repeats []BlockedCount `json:"repeats,omitempty"` // refusals of a kind already recorded, counted per kind
+	Dropped int            `json:"dropped,omitempty"` // refusals of kinds past the cap, not recorded at all
+	Sandbox string         `json:"sandbox,omitempty"`
+	Key     string         `json:"key,omitempty"`
+}
+
+// BlockedCount is how many more times one kind of refusal happened after its network_blocked event.
+type BlockedCount struct {
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Reason string `json:"reason,omitempty"`
+	Rule   string `json:"rule,omitempty"`
+	Count  int    `json:"count"`
+}
+
 // maxCommand bounds ExecStarted.Command: argv[0] is usually a short program name, and an event is no place for
 // a long one.
 const maxCommand = 256

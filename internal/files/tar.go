@@ -208,7 +208,11 @@ func (f *FS) WriteTar(ctx context.Context, dir string, w io.Writer) error {
 	defer d.Close()
 	tw := tar.NewWriter(w)
 	t := &tarWalk{ctx: ctx, tw: tw, lim: f.lim}
-	if err := t.dir(d, comps, nil); err != nil {
+	top, err := d.OpenRoot(".")
+	if err != nil {
+		return classify(err, "archive", comps)
+	}
+	if err := t.dir(d, top, comps, nil); err != nil {
 		return err
 	}
 	return tw.Close()
@@ -223,106 +227,146 @@ type tarWalk struct {
 	bytes int64 // file bytes written so far
 }
 
-// dir writes the entries of d, which is top/rel.
-func (t *tarWalk) dir(d *os.Root, top, rel []string) error {
+// dir writes the entries of d, which is top/rel, in name order, and closes d. It closes d before it goes into a
+// subdirectory and opens it again after, from root (the archived directory) by its path through the same
+// symlink-safe walk, checking it is still the directory that was listed; the subdirectory is opened the same way.
+// So a deep tree costs a few descriptors, not one per level.
+func (t *tarWalk) dir(root, d *os.Root, top, rel []string) error {
 	at := concat(top, rel)
 	names, err := readNames(d, at, t.lim.MaxTarEntries-t.seen)
 	if err != nil {
+		d.Close()
 		return err
+	}
+	self, err := d.Stat(".")
+	if err != nil {
+		d.Close()
+		return classify(err, "archive", at)
 	}
 	t.seen += len(names)
 	for _, name := range names {
 		if err := t.ctx.Err(); err != nil {
+			d.Close()
 			return err
 		}
-		if err := t.entry(d, top, concat(rel, []string{name})); err != nil {
+		srel := concat(rel, []string{name})
+		fi, err := t.entry(d, top, srel)
+		if err != nil {
+			d.Close()
 			return err
+		}
+		if fi == nil {
+			continue
+		}
+		d.Close()
+		if err := t.subdir(root, top, srel, fi); err != nil {
+			return err
+		}
+		if d = t.reopen(root, top, rel, self); d == nil {
+			return nil // the directory was removed or replaced meanwhile: what is left of it is not archived
 		}
 	}
+	d.Close()
 	return nil
 }
 
-// entry writes the entry rel (under top), whose last component is in d.
-func (t *tarWalk) entry(d *os.Root, top, rel []string) error {
+// subdir writes the directory rel (under top), listed with fi, and its entries.
+func (t *tarWalk) subdir(root *os.Root, top, rel []string, fi fs.FileInfo) error {
+	sub := t.reopen(root, top, rel, fi)
+	if sub == nil {
+		return nil // removed or replaced by the sandbox since its parent was read
+	}
+	hdr := &tar.Header{Typeflag: tar.TypeDir, Name: strings.Join(rel, "/") + "/", Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()}
+	if err := t.tw.WriteHeader(hdr); err != nil {
+		sub.Close()
+		return fmt.Errorf("write tar: %w", err)
+	}
+	return t.dir(root, sub, top, rel)
+}
+
+// reopen opens top/rel from root again, or returns nil when it is gone or is no longer the directory fi.
+func (t *tarWalk) reopen(root *os.Root, top, rel []string, fi fs.FileInfo) *os.Root {
+	d, err := walk(root, top, rel, nil, fault.FileType)
+	if err != nil {
+		return nil
+	}
+	if got, err := d.Stat("."); err != nil || !os.SameFile(fi, got) {
+		d.Close()
+		return nil
+	}
+	return d
+}
+
+// entry writes the entry rel (under top), whose last component is in d, unless it is a directory: then it writes
+// nothing and returns its FileInfo, for dir to archive once d is closed.
+func (t *tarWalk) entry(d *os.Root, top, rel []string) (fs.FileInfo, error) {
 	name := rel[len(rel)-1]
 	at := concat(top, rel)
 	tarName := strings.Join(rel, "/")
 	if len(tarName) > MaxPathLen {
-		return fault.New(fault.FileTooLarge, "archive a shallower directory", "%s is deeper than %d bytes of path", display(at), MaxPathLen)
+		return nil, fault.New(fault.FileTooLarge, "archive a shallower directory", "%s is deeper than %d bytes of path", display(at), MaxPathLen)
 	}
 	fi, err := d.Lstat(name)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil // removed by the sandbox since the directory was read
+		return nil, nil // removed by the sandbox since the directory was read
 	}
 	if err != nil {
-		return classify(err, "archive", at)
+		return nil, classify(err, "archive", at)
 	}
 	hdr := &tar.Header{Name: tarName, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()}
 	switch {
 	case fi.IsDir():
-		sub, err := openDirAt(d, name, fi, at)
-		if skippable(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		defer sub.Close()
-		hdr.Typeflag, hdr.Name = tar.TypeDir, tarName+"/"
-		if err := t.tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("write tar: %w", err)
-		}
-		return t.dir(sub, top, rel)
+		return fi, nil
 
 	case fi.Mode().IsRegular():
 		h, got, err := openRegularAt(d, name, fi, at)
 		if skippable(err) {
-			return nil
+			return nil, nil
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer h.Close()
 		size := got.Size()
 		if size > t.lim.MaxFileBytes {
-			return fault.New(fault.FileTooLarge, "archive without it, or raise the file size limit",
+			return nil, fault.New(fault.FileTooLarge, "archive without it, or raise the file size limit",
 				"%s is %d bytes, over the limit of %d", display(at), size, t.lim.MaxFileBytes)
 		}
 		if size > t.lim.MaxTarBytes-t.bytes {
-			return fault.New(fault.FileTooLarge, tarSizeHint, "the files under the directory sum to more than %d bytes", t.lim.MaxTarBytes)
+			return nil, fault.New(fault.FileTooLarge, tarSizeHint, "the files under the directory sum to more than %d bytes", t.lim.MaxTarBytes)
 		}
 		t.bytes += size
 		hdr.Typeflag, hdr.Size, hdr.ModTime = tar.TypeReg, size, got.ModTime()
 		if err := t.tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("write tar: %w", err)
+			return nil, fmt.Errorf("write tar: %w", err)
 		}
 		n, err := copyBuffer(t.tw, &io.LimitedReader{R: ctxReader{t.ctx, h}, N: size})
 		if err != nil {
 			if t.ctx.Err() != nil {
-				return t.ctx.Err()
+				return nil, t.ctx.Err()
 			}
-			return fmt.Errorf("archive %s: %w", display(at), err)
+			return nil, fmt.Errorf("archive %s: %w", display(at), err)
 		}
 		if n < size { // shrank while read: keep the stream well-formed
 			if _, err := copyBuffer(t.tw, io.LimitReader(zeros{}, size-n)); err != nil {
-				return fmt.Errorf("write tar: %w", err)
+				return nil, fmt.Errorf("write tar: %w", err)
 			}
 		}
-		return nil
+		return nil, nil
 
 	case fi.Mode()&fs.ModeSymlink != 0:
 		target, err := d.Readlink(name)
 		if err != nil {
-			return nil // no longer a link: replaced since Lstat
+			return nil, nil // no longer a link: replaced since Lstat
 		}
 		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
 		if err := t.tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("write tar: %w", err)
+			return nil, fmt.Errorf("write tar: %w", err)
 		}
-		return nil
+		return nil, nil
 
 	default:
-		return nil // FIFOs, sockets, devices: nothing a tar of a workspace should carry
+		return nil, nil // FIFOs, sockets, devices: nothing a tar of a workspace should carry
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -98,6 +99,8 @@ type Config struct {
 	EgressResolver      egress.Resolver
 	EgressDial          func(ctx context.Context, network, addr string) (net.Conn, error)
 	EgressUpstreamRoots *x509.CertPool
+	// EgressRefused are ranges the proxy refuses like private ones unless an IP rule names them (operator).
+	EgressRefused []netip.Prefix
 
 	// OnEvent receives the events that belong to no caller's run (the sweeper's); may be nil.
 	OnEvent Sink

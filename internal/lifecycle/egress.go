@@ -24,7 +24,8 @@ import (
 
 // The egress path of a sandbox: it has no network of its own (mode none), and its init forwards EgressListen, on
 // the sandbox's loopback, to the key's proxy socket in the channel directory, where this process serves the
-// key's egress.Proxy. Commands get the proxy in HTTP(S)_PROXY, with the proxy's token as the password.
+// key's egress.Proxy. Commands get the proxy in HTTP(S)_PROXY, with their own token as the password: each
+// command is a session of the proxy (egress.Proxy.Begin), with its own policy and a token valid while it runs.
 const (
 	// EgressListen is the proxy's address inside every sandbox.
 	EgressListen = "127.0.0.1:3128"
@@ -40,7 +41,6 @@ const (
 type keyEgress struct {
 	proxy        *egress.Proxy
 	ln           *channel.SideListener
-	token        string
 	placeholders map[string]string // credential name -> its placeholder, stable for the proxy's life
 	caGen        uint64            // the CA generation written to the bundle file; 0: none
 	rootsOf      string            // the container whose image roots the bundle holds
@@ -48,12 +48,16 @@ type keyEgress struct {
 	served       chan struct{}     // closed when Serve returns
 }
 
-// egressFor brings key's proxy up with pol as the policy for the command about to run, routes its refusals to
-// ctx's sink, and returns the environment the command needs to use it. Mode none needs nothing. The caller holds
-// key's gate and calls the returned release when the command is over.
+// egressFor brings key's proxy up with pol as the policy for the command about to run, under a token of the
+// command's own, routes its refusals to ctx's sink, and returns the environment the command needs to use it.
+// The caller holds key's gate and calls the returned release when the command is over: release ends the
+// session, so the token stops working and whatever the command opened through the proxy is closed. A command
+// without a network (mode none) gets no proxy environment, and the key's proxy, when there is one, has no
+// session while it runs: nothing reaches it with an earlier command's token or policy.
 func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sandbox, pol *egress.Policy) (env []string, release func(), err error) {
 	release = func() {}
 	if pol == nil || pol.Mode == "" || pol.Mode == egress.ModeNone {
+		m.endEgress(key)
 		return nil, release, nil
 	}
 	dir := m.channelDir(key)
@@ -79,12 +83,28 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		p.Credentials[i] = c
 		env = append(env, c.Name+"="+ph)
 	}
-	if err := ke.proxy.SetPolicy(p); err != nil {
+	token, err := newToken()
+	if err != nil {
+		return nil, release, err
+	}
+	tally := newBlockTally(func(ev events.NetworkBlocked) { m.emit(ctx, events.NameNetworkBlocked, ev) })
+	ke.proxy.SetOnBlocked(func(b egress.Block) { tally.add(blockedEvent(key, b)) })
+	ke.proxy.SetOnReflected(m.reflectedSink(ctx, key))
+	idle := func() {
+		ke.proxy.End()
+		if rep, ok := tally.flush(); ok {
+			rep.Sandbox, rep.Key = key.ContainerName(), key.Short()
+			m.emit(ctx, events.NameNetworkBlockedRepeat, rep)
+		}
+		ke.proxy.SetOnBlocked(m.blockedSink(context.Background(), key))
+		ke.proxy.SetOnReflected(m.reflectedSink(context.Background(), key))
+	}
+	if err := ke.proxy.Begin(p, token); err != nil {
+		idle()
 		return nil, release, fault.Wrap(err, fault.NetworkInvalid, "check the network block", "network policy refused")
 	}
-	ke.proxy.SetOnBlocked(m.blockedSink(ctx, key))
-	release = func() { ke.proxy.SetOnBlocked(m.blockedSink(context.Background(), key)) }
-	proxyURL := "http://sandkeep:" + ke.token + "@" + EgressListen
+	release = idle
+	proxyURL := "http://sandkeep:" + token + "@" + EgressListen
 	env = append(env,
 		"HTTP_PROXY="+proxyURL, "HTTPS_PROXY="+proxyURL, "http_proxy="+proxyURL, "https_proxy="+proxyURL,
 		"NO_PROXY="+noProxy, "no_proxy="+noProxy)
@@ -98,6 +118,16 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		}
 	}
 	return env, release, nil
+}
+
+// endEgress ends the session of key's proxy, if this process serves one: for a command without a network.
+func (m *Manager) endEgress(key identity.Key) {
+	m.mu.Lock()
+	ke := m.egress[key.Hex()]
+	m.mu.Unlock()
+	if ke != nil {
+		ke.proxy.End()
+	}
 }
 
 // egressOf returns key's proxy, starting it when this process has none yet.
@@ -116,6 +146,7 @@ func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
 	if err != nil {
 		return nil, fault.Wrap(err, fault.EgressUnavailable, "check that the state home is writable", "cannot start the egress proxy")
 	}
+	// A token nobody is given: the proxy accepts nothing until a command's session begins.
 	token, err := newToken()
 	if err != nil {
 		ln.Close()
@@ -128,13 +159,15 @@ func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
 		Dial:          m.cfg.EgressDial,
 		UpstreamRoots: m.cfg.EgressUpstreamRoots,
 		Self:          hostAddrs(),
+		Refused:       m.cfg.EgressRefused,
 		OnBlocked:     m.blockedSink(context.Background(), key),
 	})
 	if err != nil {
 		ln.Close()
 		return nil, fault.Wrap(err, fault.Internal, "", "cannot create the egress proxy")
 	}
-	ke := &keyEgress{proxy: proxy, ln: ln, token: token, placeholders: map[string]string{}, served: make(chan struct{})}
+	proxy.End()
+	ke := &keyEgress{proxy: proxy, ln: ln, placeholders: map[string]string{}, served: make(chan struct{})}
 	go func() {
 		defer close(ke.served)
 		if err := proxy.Serve(ln); err != nil {
@@ -148,13 +181,80 @@ func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
 // blockedSink reports the proxy's refusals as network_blocked events: to ctx's sink (the command's run) while a
 // command runs, else to the manager's.
 func (m *Manager) blockedSink(ctx context.Context, key identity.Key) func(egress.Block) {
-	return func(b egress.Block) {
-		ev := events.NetworkBlocked{Host: b.Host, Port: int(b.Port), Rule: b.Rule, Reason: b.Reason,
-			Sandbox: key.ContainerName(), Key: key.Short()}
-		if b.Addr.IsValid() {
-			ev.Addr = b.Addr.String()
+	return func(b egress.Block) { m.emit(ctx, events.NameNetworkBlocked, blockedEvent(key, b)) }
+}
+
+func blockedEvent(key identity.Key, b egress.Block) events.NetworkBlocked {
+	ev := events.NetworkBlocked{Host: b.Host, Port: int(b.Port), Rule: b.Rule, Reason: b.Reason,
+		Sandbox: key.ContainerName(), Key: key.Short()}
+	if b.Addr.IsValid() {
+		ev.Addr = b.Addr.String()
+	}
+	return ev
+}
+
+// maxBlockKinds caps the network_blocked events one command records: one per host, port, reason and rule, up to
+// this many; the rest are counted in its network_blocked_repeats.
+const maxBlockKinds = 32
+
+// blockTally aggregates one command's refusals so that a command refused in a loop costs the store a bounded
+// number of writes: the first refusal of each kind is emitted at once (the caller sees why as it happens),
+// repeats are counted, kinds past maxBlockKinds only counted; flush gives the counts for one event at the end.
+type blockTally struct {
+	emit func(events.NetworkBlocked)
+
+	mu      sync.Mutex
+	counts  map[events.BlockedCount]int // kind (Count zero) -> repeats after the first
+	order   []events.BlockedCount       // kinds in the order first seen
+	dropped int
+}
+
+func newBlockTally(emit func(events.NetworkBlocked)) *blockTally {
+	return &blockTally{emit: emit, counts: map[events.BlockedCount]int{}}
+}
+
+func (t *blockTally) add(ev events.NetworkBlocked) {
+	kind := events.BlockedCount{Host: ev.Host, Port: ev.Port, Reason: ev.Reason, Rule: ev.Rule}
+	t.mu.Lock()
+	n, seen := t.counts[kind]
+	first := false
+	switch {
+	case seen:
+		t.counts[kind] = n + 1
+	case len(t.order) >= maxBlockKinds:
+		t.dropped++
+	default:
+		t.counts[kind] = 0
+		t.order = append(t.order, kind)
+		first = true
+	}
+	t.mu.Unlock()
+	if first {
+		t.emit(ev)
+	}
+}
+
+// flush returns the repeats and the dropped count, and resets them; ok is false when there were none.
+func (t *blockTally) flush() (events.NetworkBlockedRepeats, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var rep events.NetworkBlockedRepeats
+	for _, k := range t.order {
+		if n := t.counts[k]; n > 0 {
+			t.counts[k] = 0
+			k.Count = n
+			rep.Repeats = append(rep.Repeats, k)
 		}
-		m.emit(ctx, events.NameNetworkBlocked, ev)
+	}
+	rep.Dropped, t.dropped = t.dropped, 0
+	return rep, len(rep.Repeats) > 0 || rep.Dropped > 0
+}
+
+// reflectedSink reports the proxy's scrubbed reflections as credential_reflected events, like blockedSink.
+func (m *Manager) reflectedSink(ctx context.Context, key identity.Key) func(egress.Reflection) {
+	return func(r egress.Reflection) {
+		m.emit(ctx, events.NameCredentialReflected, events.CredentialReflected{Credential: r.Credential, Host: r.Host,
+			Port: int(r.Port), Where: r.Where, Sandbox: key.ContainerName(), Key: key.Short()})
 	}
 }
 

@@ -41,8 +41,8 @@ type Manager struct {
 	gates    *gates
 	agentDir string
 	images   *images
-	def      *Shape // the shape of cfg itself: what a command without a Shape of its own gets
-	uids     sync.Map // key hex -> int, the key\'s host uid from Config.UIDs (see idOf)
+	def      *Shape   // the shape of cfg itself: what a command without a Shape of its own gets
+	uids     sync.Map // key hex -> int, the key's host uid from Config.UIDs (see idOf)
 
 	mu        sync.Mutex                   // guards known, listeners and egress
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone

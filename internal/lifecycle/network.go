@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -30,6 +31,14 @@ type Credential struct {
 	Name  string   // the environment variable the sandbox sees, e.g. GITHUB_TOKEN
 	Value string   // the real secret: never in the sandbox, in events or in logs
 	Hosts []string // egress rules (no negation) of the hosts it may go to
+
+	// Where the value goes (see egress.Credential): Header ("" is Authorization) written with Scheme ("" is
+	// Bearer in Authorization; none, Basic, token, ...), the Fields opted into by name (header:<Name>,
+	// form:<field>, json:<member>), and plain http:// only with AllowPlaintext.
+	Header         string
+	Scheme         string
+	Fields         []string
+	AllowPlaintext bool
 }
 
 // Inherit values.
@@ -44,7 +53,7 @@ const PresetDefault = "default"
 // defaultPreset: the package registries and source hosts that agents fetch from most.
 var defaultPreset = []string{
 	// Go
-	"proxy.golang.org", "sum.golang.org", "index.golang.org", "storage.googleapis.com",
+	"proxy.golang.org", "sum.golang.org", "index.golang.org",
 	// JavaScript
 	"registry.npmjs.org", "registry.yarnpkg.com", "repo.yarnpkg.com",
 	// Python
@@ -54,9 +63,10 @@ var defaultPreset = []string{
 	// Ruby, Java, PHP, .NET
 	"rubygems.org", "index.rubygems.org", "repo.maven.apache.org", "repo1.maven.org", "plugins.gradle.org",
 	"services.gradle.org", "repo.packagist.org", "api.nuget.org",
-	// Source hosts
-	"github.com", "api.github.com", "codeload.github.com", "objects.githubusercontent.com",
-	"raw.githubusercontent.com", "gitlab.com", "bitbucket.org",
+	// Source hosts. Hosts that serve anyone's uploads as they are (storage.googleapis.com buckets,
+	// raw.githubusercontent.com, objects.githubusercontent.com, gist.github.com) are left out: through them a
+	// command could fetch, or with a writable bucket leave, anything. Operators add them in a preset of their own.
+	"github.com", "api.github.com", "codeload.github.com", "gitlab.com", "bitbucket.org",
 	// Distribution packages
 	"deb.debian.org", "security.debian.org", "archive.ubuntu.com", "security.ubuntu.com", "dl-cdn.alpinelinux.org",
 }
@@ -205,6 +215,13 @@ func resolveCredentials(in []Credential) ([]egress.Credential, error) {
 			return nil, fault.New(fault.NetworkInvalid, "list the hosts it may be sent to, e.g. hosts: [api.github.com]",
 				"credential %s names no host", c.Name)
 		}
+		if err := egress.CheckCredentialPlacement(c.Header, c.Scheme, c.Fields); err != nil {
+			var fe *fault.Error
+			if errors.As(err, &fe) {
+				return nil, fault.Wrap(err, fault.NetworkInvalid, fe.Hint, "credential %s: %s", c.Name, fe.Message)
+			}
+			return nil, err
+		}
 		hosts, errs := egress.ParseRules(c.Hosts)
 		if len(errs) > 0 {
 			return nil, ruleError(fmt.Sprintf("credential %s host", c.Name), errs[0])
@@ -215,7 +232,8 @@ func resolveCredentials(in []Credential) ([]egress.Credential, error) {
 					"credential %s: host %q is negated", c.Name, h.String())
 			}
 		}
-		out = append(out, egress.Credential{Name: c.Name, Value: c.Value, Hosts: hosts})
+		out = append(out, egress.Credential{Name: c.Name, Value: c.Value, Hosts: hosts,
+			Header: c.Header, Scheme: c.Scheme, Fields: slices.Clone(c.Fields), AllowPlaintext: c.AllowPlaintext})
 	}
 	return out, nil
 }

@@ -63,18 +63,18 @@ func (m *Manager) listenerFor(key identity.Key) (*channel.Listener, bool) {
 
 // verifier accepts a connection only from key's sandbox's PID 1, as the engine reports it.
 func (m *Manager) verifier(key identity.Key) channel.Verifier {
-	return func(pid int) bool {
-		if pid <= 0 {
-			return false
-		}
-		if sb := m.cached(key); sb != nil && sb.Pid == pid {
-			return true
-		}
+	known := func(pid int) bool {
+		sb := m.cached(key)
+		return sb != nil && sb.Pid == pid
+	}
+	// A pid that is not the cached PID 1 costs an engine call at most once a second (channel.Throttle): a
+	// process inside dialing the sockets in a loop cannot make this process drive the engine.
+	return channel.Throttle(known, func(pid int) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		sb, err := m.drv.Inspect(ctx, key.ContainerName())
 		return err == nil && sb.State == driver.StateRunning && sb.Pid == pid && m.checkOurs(key, sb) == nil
-	}
+	}, time.Second)
 }
 
 // dropListener closes key's listener and removes its channel directory (the sandbox is gone).

@@ -38,9 +38,14 @@ func toolErrorOf(err error) ToolError {
 		Hint: "fix the arguments to match the tool's input schema (see tools/list)"}
 }
 
-// toolErrors renders every failed tool call as "CODE: message (hint: ...)" text with {code, message, hint}
-// structured content. The SDK puts a handler's error into the result (IsError, GetError) but only as plain
-// text, and overwrites StructuredContent from a handler's result, so this is done after it, on the way out.
+// ErrorMetaKey is the _meta key of a failed tool call's {code, message, hint}.
+const ErrorMetaKey = "sandkeep/error"
+
+// toolErrors renders every failed tool call as "CODE: message (hint: ...)" text, with {code, message, hint} in
+// _meta under ErrorMetaKey. Not as structured content: a tool's structured content must match its declared output
+// schema, and clients validate it (the official TypeScript client throws on a mismatch instead of handing the
+// error to the model), so an error result carries none. The SDK puts a handler's error into the result (IsError,
+// GetError) but only as plain text, so this is done after it, on the way out.
 func toolErrors(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		res, err := next(ctx, method, req)
@@ -53,7 +58,11 @@ func toolErrors(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		te := toolErrorOf(r.GetError())
 		r.Content = []mcp.Content{&mcp.TextContent{Text: te.String()}}
-		r.StructuredContent = te
+		r.StructuredContent = nil
+		if r.Meta == nil {
+			r.Meta = mcp.Meta{}
+		}
+		r.Meta[ErrorMetaKey] = te
 		return r, nil
 	}
 }

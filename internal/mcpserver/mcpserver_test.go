@@ -87,16 +87,20 @@ func output[T any](t *testing.T, res *mcp.CallToolResult) T {
 	return out
 }
 
-// toolError checks res is a tool error whose text and structured content agree, and returns it.
+// toolError checks res is a tool error whose text and _meta error agree, with no structured content (which would
+// have to match the tool's output schema), and returns it.
 func toolError(t *testing.T, res *mcp.CallToolResult) ToolError {
 	t.Helper()
 	if !res.IsError {
 		t.Fatalf("call succeeded, want a tool error: %s", text(res))
 	}
+	if res.StructuredContent != nil {
+		t.Fatalf("a tool error carries structured content %v, which clients check against the output schema", res.StructuredContent)
+	}
 	var te ToolError
-	remarshal(t, res.StructuredContent, &te)
+	remarshal(t, res.Meta[ErrorMetaKey], &te)
 	if te.Code == "" || te.Message == "" {
-		t.Fatalf("structured content %v lacks code or message", res.StructuredContent)
+		t.Fatalf("_meta %v lacks the error's code or message", res.Meta)
 	}
 	if got := text(res); got != te.String() {
 		t.Fatalf("text %q, want %q", got, te.String())

@@ -160,7 +160,7 @@ var (
 	resourceKeys  = []string{"cpus", "memory", "pids", "disk", "inodes"}
 	secretKeys    = []string{"name", "path", "from_env", "from_file", "mode"}
 	networkKeys   = []string{"mode", "preset", "rules", "inherit", "credentials", "inspect"}
-	credKeys      = []string{"name", "from_env", "hosts"}
+	credKeys      = []string{"name", "from_env", "hosts", "header", "scheme", "fields", "allow_plaintext"}
 	misplacedKeys = map[string]string{ // a key of a nested block written one level too high
 		"dockerfile": "sandbox.build", "context": "sandbox.build", "args": "sandbox.build",
 		"cpus": "sandbox.resources", "memory": "sandbox.resources", "pids": "sandbox.resources",
@@ -443,6 +443,16 @@ func (p *parser) credentials(n *yaml.Node, path string) []NetworkCredential {
 				c.FromEnv, _ = p.str(v, kpath)
 			case "hosts":
 				c.Hosts = p.strList(v, kpath)
+			case "header":
+				c.Header, _ = p.str(v, kpath)
+			case "scheme":
+				c.Scheme, _ = p.str(v, kpath)
+			case "fields":
+				c.Fields = p.strList(v, kpath)
+			case "allow_plaintext":
+				if p.scalarOf(v, kpath, "true or false", "!!bool") {
+					c.AllowPlaintext = v.Value == "true" || v.Value == "True" || v.Value == "TRUE"
+				}
 			}
 		}
 	})

@@ -98,4 +98,11 @@ type NetworkCredential struct {
 	Name    string   `yaml:"name" json:"name"`         // the environment variable the sandbox sees the placeholder in
 	FromEnv string   `yaml:"from_env" json:"from_env"` // the host environment variable holding the value
 	Hosts   []string `yaml:"hosts" json:"hosts"`       // egress rules of the hosts it may be sent to
+	// Where the proxy puts the value, and nowhere else: Header ("" is Authorization), after Scheme ("" is Bearer
+	// in Authorization; none, Basic, token, ...), and the Fields opted into by name (header:<Name>, form:<field>,
+	// json:<member>). AllowPlaintext lets it go into plain http:// requests too (by default only inspected TLS).
+	Header         string   `yaml:"header" json:"header,omitempty"`
+	Scheme         string   `yaml:"scheme" json:"scheme,omitempty"`
+	Fields         []string `yaml:"fields" json:"fields,omitempty"`
+	AllowPlaintext bool     `yaml:"allow_plaintext" json:"allow_plaintext,omitempty"`
 }

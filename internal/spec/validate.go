@@ -691,6 +691,10 @@ func (c *checker) network(n *Network) {
 			c.errorf(diag.SpecNetwork, f+".hosts", "list the hosts it may be sent to, e.g. hosts: [api.github.com]",
 				"%s names no host: the credential could go nowhere", f)
 		}
+		var placement *fault.Error
+		if errors.As(egress.CheckCredentialPlacement(cr.Header, cr.Scheme, cr.Fields), &placement) {
+			c.errorf(diag.SpecNetwork, f, placement.Hint, "%s: %s", f, placement.Message)
+		}
 		for j, h := range cr.Hosts {
 			hf := fmt.Sprintf("%s.hosts[%d]", f, j)
 			if c.rule(hf, h) && strings.HasPrefix(h, "!") {

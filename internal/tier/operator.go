@@ -77,6 +77,14 @@ type SecretSource struct {
 type CredentialSource struct {
 	FromEnv string   `yaml:"from_env" json:"from_env"`
 	Hosts   []string `yaml:"hosts" json:"hosts"`
+	// Where the proxy puts the value, and nowhere else (see egress.Credential): Header ("" is Authorization),
+	// after Scheme ("" is Bearer in Authorization), the Fields opted into by name (header:<Name>, form:<field>,
+	// json:<member>), and plain http:// only with AllowPlaintext. All the operator's: a repository that sets any
+	// of them is refused (SK506).
+	Header         string   `yaml:"header,omitempty" json:"header,omitempty"`
+	Scheme         string   `yaml:"scheme,omitempty" json:"scheme,omitempty"`
+	Fields         []string `yaml:"fields,omitempty" json:"fields,omitempty"`
+	AllowPlaintext bool     `yaml:"allow_plaintext,omitempty" json:"allow_plaintext,omitempty"`
 }
 
 // MaxOperatorSize bounds ParseOperator's input.

@@ -348,6 +348,15 @@ func (c *repoCheck) network(n *spec.Network) {
 			c.specErr(diag.TierCredentialSource, f+".hosts", defineCredentialHint(cr.Name),
 				"the repository names the hosts credential %s is sent to: only the operator may", cr.Name)
 		}
+		for _, set := range []struct {
+			on    bool
+			field string
+		}{{cr.Header != "", "header"}, {cr.Scheme != "", "scheme"}, {cr.Fields != nil, "fields"}, {cr.AllowPlaintext, "allow_plaintext"}} {
+			if set.on {
+				c.specErr(diag.TierCredentialSource, f+"."+set.field, defineCredentialHint(cr.Name),
+					"the repository says where credential %s is put (%s): only the operator may", cr.Name, set.field)
+			}
+		}
 		if cr.FromEnv == "" && cr.Hosts == nil {
 			if _, ok := c.op.Credentials[cr.Name]; !ok {
 				c.specErr(diag.TierCredentialUnknown, f+".name", defineCredentialHint(cr.Name),

@@ -31,6 +31,10 @@ type ResolvedCredential struct {
 	Name  string   // the variable the sandbox sees a placeholder in
 	Value string   // never in the sandbox
 	Hosts []string // the operator's egress rules for it
+	// Where the value goes: the operator's CredentialSource fields.
+	Header, Scheme string
+	Fields         []string
+	AllowPlaintext bool
 }
 
 func (s ResolvedSecret) String() string {
@@ -151,7 +155,8 @@ func (op Operator) ResolveCredentials(refs []spec.NetworkCredential) ([]Resolved
 			return nil, fault.New(fault.SecretUnavailable, "export "+src.FromEnv+" in sandkeep's environment",
 				"credential %s: the operator's environment variable %s is not set", ref.Name, src.FromEnv)
 		}
-		out = append(out, ResolvedCredential{Name: ref.Name, Value: v, Hosts: slices.Clone(src.Hosts)})
+		out = append(out, ResolvedCredential{Name: ref.Name, Value: v, Hosts: slices.Clone(src.Hosts),
+			Header: src.Header, Scheme: src.Scheme, Fields: slices.Clone(src.Fields), AllowPlaintext: src.AllowPlaintext})
 	}
 	return out, nil
 }
