@@ -233,7 +233,7 @@ log "building the agent image"
 ctr -a "$K8S_CONTAINERD_SOCK" -n k8s.io images import --digests --base-name "${K8S_AGENT_IMAGE%:*}" "$S/agent-image.tar" >>"$L/node.log" 2>&1 ||
 	die "importing the agent image"
 
-wait_for "the API server" api /readyz
+wait_for "the API server" eval "api /readyz >/dev/null 2>&1"
 wait_for "node $K8S_NODE_NAME to register" api "/api/v1/nodes/$K8S_NODE_NAME" >/dev/null 2>&1
 echo yes >"$S/run/node-registered"
 wait_for "node $K8S_NODE_NAME to be Ready" node_ready
