@@ -21,7 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -283,41 +282,37 @@ func (c *cluster) spec(t *testing.T, ns string, key identity.Key, installation s
 
 // podRecorder sees every pod created in a namespace while the test runs, for checks when it ends.
 type podRecorder struct {
-	mu   sync.Mutex
-	pods map[string]*corev1.Pod // by UID: the last version seen
+	mu      sync.Mutex
+	pods    map[string]*corev1.Pod // by UID: the last version seen
+	lastErr error                  // the last watch error, for a test that saw nothing
+	events  int                    // lists done
 }
 
-// recordPods watches ns until the test's other cleanups are done, then calls check with every pod seen.
+// recordPods lists the pods of ns until the test's other cleanups are done, then calls check with every pod seen.
 func (c *cluster) recordPods(t *testing.T, ns string, check func(t *testing.T, pods []*corev1.Pod)) {
 	t.Helper()
 	rec := &podRecorder{pods: map[string]*corev1.Pod{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() {
+	go func() { // a List every 100 ms: every sandbox pod lives for seconds at least
 		defer close(done)
-		rv := ""
-		for ctx.Err() == nil {
-			w, err := c.api.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+		for {
+			list, err := c.api.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			rec.mu.Lock()
 			if err != nil {
-				select {
-				case <-ctx.Done():
-				case <-time.After(200 * time.Millisecond):
-				}
-				continue
-			}
-			for ev := range w.ResultChan() {
-				pod, ok := ev.Object.(*corev1.Pod)
-				if !ok {
-					continue
-				}
-				rv = pod.ResourceVersion
-				if ev.Type == watch.Added || ev.Type == watch.Modified {
-					rec.mu.Lock()
-					rec.pods[string(pod.UID)] = pod
-					rec.mu.Unlock()
+				rec.lastErr = err
+			} else {
+				rec.events++
+				for i := range list.Items {
+					rec.pods[string(list.Items[i].UID)] = &list.Items[i]
 				}
 			}
-			w.Stop()
+			rec.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 	}()
 	t.Cleanup(func() { // runs after the cleanups registered later (the sandboxes' removal)
@@ -328,6 +323,9 @@ func (c *cluster) recordPods(t *testing.T, ns string, check func(t *testing.T, p
 		pods := make([]*corev1.Pod, 0, len(rec.pods))
 		for _, p := range rec.pods {
 			pods = append(pods, p)
+		}
+		if len(pods) == 0 {
+			t.Logf("pod lists: %d, last error %v", rec.events, rec.lastErr)
 		}
 		check(t, pods)
 	})
