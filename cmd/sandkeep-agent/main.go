@@ -12,6 +12,7 @@
 //	                        the same, and keeps the persistent channel up: dials the host's Unix socket at PATH
 //	                        and serves commands on it (one `serve` child per connection)
 //	sandkeep-agent serve    speaks the agentproto wire on stdin/stdout, one command after another
+//	sandkeep-agent install DIR  copies itself to DIR/sandkeep-agent (the kubernetes init container)
 //	sandkeep-agent version  prints the agent and protocol versions
 //	sandkeep-agent put-file PATH MODE
 //	                        writes stdin (a secret, at most 1 MiB) to PATH under /run/secrets, never following links
@@ -54,6 +55,9 @@ func main() {
 		os.Exit(runInit(channel, egress))
 	}
 	if code, ok := fileBuiltin(os.Args[1:]); ok { // put-file, rm-file: see files_linux.go
+		os.Exit(code)
+	}
+	if code, ok := installBuiltin(os.Args[1:]); ok { // install DIR: see install_linux.go
 		os.Exit(code)
 	}
 	if len(os.Args) != 2 {

@@ -8,6 +8,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -62,14 +63,18 @@ func (f policyFlags) request(key sandkeep.Key, stderr io.Writer) sandkeep.RunReq
 // leaves the host driver out so that nothing ever runs unsandboxed (mode none and auto's degrade are refused).
 const envHostPassthrough = "SANDKEEP_HOST_PASSTHROUGH"
 
-// offeredDrivers are the drivers this build offers admission: Docker, podman, and the host passthrough unless
-// the operator denies it.
+// offeredDrivers are the drivers this build offers admission: Docker, podman, Kubernetes (the cloud host kind's,
+// or --driver kubernetes; the cluster KUBECONFIG or the in-cluster config names, see docs/KUBERNETES.md), and the
+// host passthrough unless the operator denies it.
 func offeredDrivers() ([]sandkeep.DriverOption, error) {
+	kubernetes := sandkeep.DriverOption{Name: "kubernetes", New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+		return kube.New(kube.FromEnv())
+	}}
 	switch v := os.Getenv(envHostPassthrough); v {
 	case "", "allow":
-		return drivers.Local(), nil
+		return append(drivers.Local(), kubernetes), nil
 	case "deny":
-		return []sandkeep.DriverOption{drivers.Docker(), drivers.Podman()}, nil
+		return []sandkeep.DriverOption{drivers.Docker(), drivers.Podman(), kubernetes}, nil
 	default:
 		return nil, fault.New(fault.InvalidArgument, "set "+envHostPassthrough+" to allow or deny",
 			"%s=%q is not allow or deny", envHostPassthrough, v)

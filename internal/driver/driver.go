@@ -52,6 +52,12 @@ type Driver interface {
 	Exec(ctx context.Context, sb *Sandbox, req agentproto.Request, out Output) (agentproto.Result, error)
 }
 
+// WorkspaceRemover is optional: a driver that keeps a sandbox's workspace itself (a Kubernetes claim) removes it
+// when the sandbox is removed without keeping its workspace. An absent workspace is not an error.
+type WorkspaceRemover interface {
+	RemoveWorkspace(ctx context.Context, name string) error
+}
+
 // ImageWatcher is optional: a driver that reports image changes lets the lifecycle keep resolved image IDs
 // instead of asking the engine before every command.
 type ImageWatcher interface {

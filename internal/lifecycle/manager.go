@@ -336,6 +336,11 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 		m.emit(ctx, events.NameSandboxRemoved, events.SandboxRemoved{Sandbox: sb.Name, Reason: "request"})
 	}
 	if !keepWorkspace {
+		if wr, ok := m.drv.(driver.WorkspaceRemover); ok { // a workspace the driver keeps (a Kubernetes claim)
+			if err := wr.RemoveWorkspace(ctx, key.ContainerName()); err != nil {
+				return err
+			}
+		}
 		return m.home.RemoveWorkspace(key)
 	}
 	return nil

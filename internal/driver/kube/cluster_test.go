@@ -1,0 +1,342 @@
+package kube_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
+	"github.com/sandkeep/sandkeep/internal/identity"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/ociimage"
+	"github.com/sandkeep/sandkeep/internal/testutil"
+)
+
+// The test node scripts/k8s-up.sh starts; each can be overridden for another cluster.
+const (
+	envRequire      = "SANDKEEP_REQUIRE_KUBE"         // "1": the cluster must be there (CI); else the tests skip
+	envContainerd   = "SANDKEEP_TEST_KUBE_CONTAINERD" // the node's containerd socket, for `ctr images import`
+	envPVRoot       = "SANDKEEP_TEST_KUBE_PV_ROOT"    // where static PersistentVolumes keep their data on the node
+	nodeKubeconfig  = "/var/lib/sandkeep-k8s/admin.kubeconfig"
+	nodeContainerd  = "/var/lib/sandkeep-k8s/run/containerd.sock"
+	nodePVRoot      = "/var/lib/sandkeep-k8s/pv"
+	storageClass    = "sandkeep-test"
+	workspaceSize   = "64Mi"
+	testAgentImage  = "docker.io/library/sandkeep-agent:test"
+	testImage       = "docker.io/library/sandkeep-test-busybox:kube"
+	testImageRepo   = "docker.io/library/sandkeep-test-busybox"
+	testAgentRepo   = "docker.io/library/sandkeep-agent"
+	imageListBudget = 90 * time.Second // the kubelet reports new images with its next node status
+)
+
+// cluster is the real cluster the tests run against.
+type cluster struct {
+	cfg   *rest.Config
+	api   kubernetes.Interface
+	agent string // the static agent binary
+}
+
+var (
+	clusterOnce sync.Once
+	theCluster  *cluster
+	clusterErr  error
+)
+
+// theNode returns the cluster, with the test images loaded into the node. The tests opt in with
+// SANDKEEP_REQUIRE_KUBE=1 (they skip without it); then a missing or silent cluster fails them, never skips.
+func theNode(t *testing.T) *cluster {
+	t.Helper()
+	if os.Getenv(envRequire) != "1" {
+		t.Skipf("needs a cluster: run scripts/k8s-build.sh and scripts/k8s-up.sh, then set %s=1", envRequire)
+	}
+	path := os.Getenv("KUBECONFIG")
+	if path == "" {
+		path = nodeKubeconfig
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("%s=1 but there is no kubeconfig at %s (run scripts/k8s-up.sh): %v", envRequire, path, err)
+	}
+	agent := testutil.AgentBinary(t)
+	clusterOnce.Do(func() { theCluster, clusterErr = setUp(path, agent) })
+	if clusterErr != nil {
+		t.Fatalf("cluster: %v", clusterErr)
+	}
+	return theCluster
+}
+
+func setUp(kubeconfig, agent string) (*cluster, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	api, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), imageListBudget+time.Minute)
+	defer cancel()
+	if _, err := api.Discovery().ServerVersion(); err != nil {
+		return nil, fmt.Errorf("the API server at %s does not answer: %w", cfg.Host, err)
+	}
+	c := &cluster{cfg: cfg, api: api, agent: agent}
+	if err := c.loadImages(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// loadImages imports the agent image and the busybox test image into the node's containerd, then waits until
+// the node reports them (which is what ResolveImage reads).
+func (c *cluster) loadImages(ctx context.Context) error {
+	agent, err := os.ReadFile(c.agent)
+	if err != nil {
+		return err
+	}
+	var agentTar, testTar bytes.Buffer
+	if _, err := kube.WriteAgentImage(&agentTar, agent, testAgentImage); err != nil {
+		return err
+	}
+	if err := busyboxImage(&testTar); err != nil {
+		return err
+	}
+	socket := os.Getenv(envContainerd)
+	if socket == "" {
+		socket = nodeContainerd
+	}
+	for _, img := range []struct {
+		repo string
+		tar  *bytes.Buffer
+	}{{testAgentRepo, &agentTar}, {testImageRepo, &testTar}} {
+		cmd := exec.CommandContext(ctx, "ctr", "-a", socket, "-n", "k8s.io", "images", "import", "--digests", "--base-name", img.repo, "-")
+		cmd.Stdin = img.tar
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("ctr images import %s: %v: %s", img.repo, err, out)
+		}
+	}
+	for {
+		nodes, err := c.api.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err == nil && len(nodes.Items) > 0 && nodesHave(nodes.Items, testAgentImage) && nodesHave(nodes.Items, testImage) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the node did not report the imported images (%v, %v)", ctx.Err(), err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func nodesHave(nodes []corev1.Node, ref string) bool {
+	for _, n := range nodes {
+		for _, img := range n.Status.Images {
+			for _, name := range img.Names {
+				if name == ref {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// busyboxImage writes the test image as an OCI archive: the host's static busybox with its applets, /etc/passwd
+// with `sandbox` (uid 1000), /tmp and /workspace.
+func busyboxImage(w *bytes.Buffer) error {
+	bin, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return fmt.Errorf("static busybox: %w (install busybox-static)", err)
+	}
+	out, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		return fmt.Errorf("busybox --list: %w", err)
+	}
+	files := []ociimage.File{
+		{Path: "/bin/busybox", Mode: 0o755, Data: bin},
+		{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh\n")},
+		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nsandbox:x:1000:\n")},
+		{Path: "/tmp", Mode: fs.ModeDir | fs.ModeSticky | 0o777},
+		{Path: "/workspace", Mode: fs.ModeDir | 0o755, UID: 1000, GID: 1000},
+		{Path: "/home/sandbox", Mode: fs.ModeDir | 0o755, UID: 1000, GID: 1000},
+		{Path: "/usr/bin/env", Mode: fs.ModeSymlink | 0o777, Link: "/bin/busybox"},
+	}
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" && !strings.Contains(a, "/") {
+			files = append(files, ociimage.File{Path: "/bin/" + a, Mode: fs.ModeSymlink | 0o777, Link: "/bin/busybox"})
+		}
+	}
+	_, err = ociimage.Write(w, ociimage.Image{Ref: testImage, Files: files, Cmd: []string{"/bin/sh"}})
+	return err
+}
+
+// namespace returns a fresh namespace name for this test, deleted (with its claims) when the test ends.
+func (c *cluster) namespace(t *testing.T) string {
+	t.Helper()
+	ns := "sandkeep-test-" + randHex(t, 4)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.api.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete namespace %s: %v", ns, err)
+		}
+	})
+	return ns
+}
+
+func (c *cluster) driver(t *testing.T, ns string) *kube.Driver {
+	t.Helper()
+	d, err := kube.New(kube.Options{REST: c.cfg, Namespace: ns, AgentImage: testAgentImage, StorageClass: storageClass, WorkspaceSize: workspaceSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// volume makes a static PersistentVolume of the test class, pre-bound to the claim ns/claim, backed by a
+// directory on the node (CI has no dynamic provisioner). The PV, the claim and the directory go when the test
+// ends.
+func (c *cluster) volume(t *testing.T, ns, claim string) {
+	t.Helper()
+	root := os.Getenv(envPVRoot)
+	if root == "" {
+		root = nodePVRoot
+	}
+	sum := sha256.Sum256([]byte(ns + "/" + claim))
+	name := "sk-" + hex.EncodeToString(sum[:10])
+	dir := filepath.Join(root, name)
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil { // any sandbox uid writes its workspace
+		t.Fatal(err)
+	}
+	dirType := corev1.HostPathDirectory
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"io.sandkeep.test": "true"}},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(workspaceSize)},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              storageClass,
+			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ns, Name: claim},
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: &dirType}},
+		},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.api.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return // the same claim again (a second Spec for one key): its cleanup is registered
+		}
+		t.Fatalf("create PV %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = c.api.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, claim, metav1.DeleteOptions{})
+		if err := c.api.CoreV1().PersistentVolumes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete PV %s: %v", name, err)
+		}
+		os.RemoveAll(dir)
+	})
+}
+
+// spec is the CreateSpec the lifecycle would give key, with the claim's volume made.
+func (c *cluster) spec(t *testing.T, ns string, key identity.Key, installation string) *driver.CreateSpec {
+	t.Helper()
+	c.volume(t, ns, kube.ClaimName(key.ContainerName()))
+	// The mount sources are host paths on Docker; the kubernetes driver maps the targets (claim, agent volume).
+	p, err := lifecycle.BuildPosture(lifecycle.Config{Image: "unused", AgentPath: c.agent}, "/unused/workspace", "/unused/agent", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &driver.CreateSpec{
+		Key: key, Name: key.ContainerName(), Posture: p,
+		Labels: map[string]string{
+			driver.LabelInstallation: installation, driver.LabelKey: key.Hex(),
+			driver.LabelTenant: key.Tenant, driver.LabelUser: key.User, driver.LabelPosture: p.Hash(),
+		},
+	}
+}
+
+// podRecorder sees every pod created in a namespace while the test runs, for checks when it ends.
+type podRecorder struct {
+	mu      sync.Mutex
+	pods    map[string]*corev1.Pod // by UID: the last version seen
+	lastErr error                  // the last watch error, for a test that saw nothing
+	events  int                    // lists done
+}
+
+// recordPods lists the pods of ns until the test's other cleanups are done, then calls check with every pod seen.
+func (c *cluster) recordPods(t *testing.T, ns string, check func(t *testing.T, pods []*corev1.Pod)) {
+	t.Helper()
+	rec := &podRecorder{pods: map[string]*corev1.Pod{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { // a List every 100 ms: every sandbox pod lives for seconds at least
+		defer close(done)
+		for {
+			list, err := c.api.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			rec.mu.Lock()
+			if err != nil {
+				rec.lastErr = err
+			} else {
+				rec.events++
+				for i := range list.Items {
+					rec.pods[string(list.Items[i].UID)] = &list.Items[i]
+				}
+			}
+			rec.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { // runs after the cleanups registered later (the sandboxes' removal)
+		cancel()
+		<-done
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		pods := make([]*corev1.Pod, 0, len(rec.pods))
+		for _, p := range rec.pods {
+			pods = append(pods, p)
+		}
+		if len(pods) == 0 {
+			t.Logf("pod lists: %d, last error %v", rec.events, rec.lastErr)
+		}
+		check(t, pods)
+	})
+}
+
+func randHex(t *testing.T, n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+var errNoPods = errors.New("no pod was seen")

@@ -1,0 +1,740 @@
+// Package kube is the sandkeep driver for Kubernetes (k8s.io/client-go): one pod per key in one namespace that
+// enforces Pod Security "restricted", a PersistentVolumeClaim per key for /workspace, and commands run through
+// the agent over exec through the API server (remotecommand: WebSocket, SPDY fallback).
+//
+// A sandbox is two objects: a ConfigMap (the record: labels, the image and the posture it was created with; its
+// UID is the sandbox ID) and, while the sandbox runs, a pod of the same name owned by it. Create writes the
+// record and ensures the key's claim; Start makes the pod and waits until it runs; Stop deletes the pod (the
+// claim and the record stay); Remove deletes the pod and the record (the claim stays, as a workspace on the
+// host does for the Docker driver; RemoveWorkspace deletes it). It lives in its own package so that only cmd/
+// links client-go.
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+)
+
+// Environment variables Options.FromEnv reads.
+const (
+	EnvNamespace     = "SANDKEEP_KUBE_NAMESPACE"
+	EnvAgentImage    = "SANDKEEP_KUBE_AGENT_IMAGE"
+	EnvStorageClass  = "SANDKEEP_KUBE_STORAGE_CLASS"
+	EnvWorkspaceSize = "SANDKEEP_KUBE_WORKSPACE_SIZE"
+	EnvKubeconfig    = "KUBECONFIG"
+)
+
+// Defaults.
+const (
+	DefaultNamespace     = "sandkeep"
+	DefaultWorkspaceSize = "1Gi"
+	DefaultStartTimeout  = 2 * time.Minute
+)
+
+// Kubernetes names and keys the driver sets.
+const (
+	ContainerName    = "sandbox"        // the pod's main container
+	InitName         = "sandkeep-agent" // the init container that installs the agent
+	LabelManagedBy   = "app.kubernetes.io/managed-by"
+	ManagedBy        = "sandkeep"
+	AnnotationLabels = driver.LabelPrefix + "labels" // the sandbox's labels exactly, as JSON
+	AnnotationRecord = driver.LabelPrefix + "record" // image, image ID and posture, as JSON
+	AnnotationFinish = driver.LabelPrefix + "finished-at"
+	PodSecurityLabel = "pod-security.kubernetes.io/enforce"
+	// IsolationPolicy is the NetworkPolicy that denies sandbox pods all ingress and egress (posture network
+	// "none"); where the cluster's network plugin enforces NetworkPolicy it is what "none" means here.
+	IsolationPolicy = "sandkeep-sandboxes-isolated"
+	agentVolume     = "sandkeep-agent"
+	workspaceVolume = "workspace"
+	agentImagePath  = "/sandkeep-agent" // where `sandkeep agent image` puts the agent
+)
+
+// selectorLabels are the driver labels that become Kubernetes labels (values made valid by labelValue).
+var selectorLabels = []string{driver.LabelInstallation, driver.LabelTenant, driver.LabelUser, driver.LabelKey, driver.LabelPosture, driver.LabelImage}
+
+// Options configure a Driver. FromEnv fills them from the environment.
+type Options struct {
+	// Kubeconfig is the kubeconfig file; empty: $KUBECONFIG, else the in-cluster config, else ~/.kube/config.
+	Kubeconfig string
+	// Namespace holds every sandbox; created (Pod Security enforce=restricted) when missing. Default "sandkeep".
+	Namespace string
+	// AgentImage is the image `sandkeep agent image` wrote, as the nodes know it (required).
+	AgentImage string
+	// StorageClass of the workspace claims; empty: the cluster's default class.
+	StorageClass string
+	// WorkspaceSize is each claim's request, a Kubernetes quantity; default 1Gi.
+	WorkspaceSize string
+	// StartTimeout bounds Start (scheduling, the claim binding, the images, the containers); default 2 minutes.
+	StartTimeout time.Duration
+	// REST, when set, is used instead of loading a kubeconfig (tests).
+	REST *rest.Config
+}
+
+// FromEnv returns the options the environment gives: SANDKEEP_KUBE_NAMESPACE, SANDKEEP_KUBE_AGENT_IMAGE,
+// SANDKEEP_KUBE_STORAGE_CLASS, SANDKEEP_KUBE_WORKSPACE_SIZE and KUBECONFIG.
+func FromEnv() Options {
+	return Options{
+		Kubeconfig:    os.Getenv(EnvKubeconfig),
+		Namespace:     os.Getenv(EnvNamespace),
+		AgentImage:    os.Getenv(EnvAgentImage),
+		StorageClass:  os.Getenv(EnvStorageClass),
+		WorkspaceSize: os.Getenv(EnvWorkspaceSize),
+	}
+}
+
+// Driver runs sandboxes as pods.
+type Driver struct {
+	opts  Options
+	rest  *rest.Config
+	api   kubernetes.Interface
+	size  resource.Quantity
+	nsMu  sync.Mutex
+	nsOK  bool
+	execs *executors
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New builds a driver for the cluster opts name. It does not talk to the cluster (Ping does; the namespace is
+// ensured on the first Ping or Create).
+func New(opts Options) (*Driver, error) {
+	if opts.Namespace == "" {
+		opts.Namespace = DefaultNamespace
+	}
+	if opts.WorkspaceSize == "" {
+		opts.WorkspaceSize = DefaultWorkspaceSize
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
+	}
+	if opts.AgentImage == "" {
+		return nil, fault.New(fault.AgentMissing,
+			"write it with `sandkeep agent image --out FILE`, load it into the nodes or push it, and set "+EnvAgentImage,
+			"the kubernetes driver needs the agent's image")
+	}
+	if _, err := reference.ParseNormalizedNamed(opts.AgentImage); err != nil {
+		return nil, fault.Wrap(err, fault.InvalidArgument, "set "+EnvAgentImage+" to an image reference, e.g. registry.example/sandkeep-agent:v1",
+			"%s %q is not an image reference", EnvAgentImage, opts.AgentImage)
+	}
+	size, err := resource.ParseQuantity(opts.WorkspaceSize)
+	if err != nil || size.Sign() <= 0 {
+		return nil, fault.New(fault.InvalidArgument, "set "+EnvWorkspaceSize+" to a quantity such as 10Gi",
+			"workspace size %q is not a positive quantity", opts.WorkspaceSize)
+	}
+	cfg := opts.REST
+	if cfg == nil {
+		cfg, err = loadConfig(opts.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+	}
+	cfg = rest.CopyConfig(cfg)
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 100
+	}
+	api, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fault.Wrap(err, fault.DriverUnavailable, "check the kubeconfig", "cannot make a Kubernetes client")
+	}
+	return &Driver{opts: opts, rest: cfg, api: api, size: size, execs: newExecutors(cfg)}, nil
+}
+
+// loadConfig: the kubeconfig file given (or $KUBECONFIG), else the in-cluster config, else ~/.kube/config.
+func loadConfig(path string) (*rest.Config, error) {
+	const hint = "set KUBECONFIG to the cluster's kubeconfig, or run inside the cluster"
+	if path == "" {
+		if cfg, err := rest.InClusterConfig(); err == nil {
+			return cfg, nil
+		}
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if path != "" {
+		rules.ExplicitPath = path
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fault.Wrap(err, fault.DriverUnavailable, hint, "no Kubernetes cluster is configured (%v)", err)
+	}
+	return cfg, nil
+}
+
+// Name is "kubernetes".
+func (d *Driver) Name() string { return "kubernetes" }
+
+// Namespace is the namespace sandboxes live in.
+func (d *Driver) Namespace() string { return d.opts.Namespace }
+
+// Capabilities of the kubernetes driver: sandboxes persist (the claim), nothing else yet. NetworkPolicy is
+// false until the driver probes that the cluster enforces it; the isolation policy is applied regardless.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Persistent: true}
+}
+
+// Ping asks the API server for its version and ensures the namespace.
+func (d *Driver) Ping(ctx context.Context) error {
+	if _, err := d.api.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw(); err != nil {
+		return fault.Wrap(err, fault.DriverUnavailable, "check KUBECONFIG and that the API server is reachable",
+			"the Kubernetes API server at %s did not answer", d.rest.Host)
+	}
+	return d.ensureNamespace(ctx)
+}
+
+// Version is the API server's version, for doctor.
+func (d *Driver) Version(ctx context.Context) (string, error) {
+	v, err := d.api.Discovery().ServerVersion()
+	if err != nil {
+		return "", fmt.Errorf("kubernetes version: %w", err)
+	}
+	return "Kubernetes " + v.GitVersion + " at " + d.rest.Host, nil
+}
+
+// ensureNamespace creates the namespace with Pod Security "restricted" enforced when it is missing, and refuses
+// one that exists without it. It also ensures the isolation NetworkPolicy.
+func (d *Driver) ensureNamespace(ctx context.Context) error {
+	d.nsMu.Lock()
+	defer d.nsMu.Unlock()
+	if d.nsOK {
+		return nil
+	}
+	ns := d.opts.Namespace
+	got, err := d.api.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		got, err = d.api.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			Name: ns,
+			Labels: map[string]string{
+				PodSecurityLabel: "restricted", PodSecurityLabel + "-version": "latest",
+				"pod-security.kubernetes.io/warn": "restricted", "pod-security.kubernetes.io/audit": "restricted",
+				LabelManagedBy: ManagedBy,
+			},
+		}}, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			got, err = d.api.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		}
+	}
+	if err != nil {
+		return fault.Wrap(err, fault.DriverUnavailable, "give sandkeep's service account get and create on namespaces, or create the namespace yourself",
+			"cannot read or create the sandbox namespace %s", ns)
+	}
+	if got.Labels[PodSecurityLabel] != "restricted" {
+		return fault.New(fault.PostureRefused,
+			fmt.Sprintf("label it: kubectl label namespace %s %s=restricted", ns, PodSecurityLabel),
+			"namespace %s does not enforce Pod Security \"restricted\"; sandkeep runs sandboxes only where it does", ns)
+	}
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: IsolationPolicy, Labels: map[string]string{LabelManagedBy: ManagedBy}},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+		},
+	}
+	if _, err := d.api.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fault.Wrap(err, fault.DriverUnavailable, "give sandkeep create on networkpolicies in "+ns,
+			"cannot create the isolation NetworkPolicy in %s", ns)
+	}
+	d.nsOK = true
+	return nil
+}
+
+// ResolveImage returns the ref the pod is created from. A digest-pinned ref is used as given (the kubelet pulls
+// it when absent). A tag must be present on a node (the nodes' image lists): it resolves to the node's
+// digest-pinned name when the node reports one, so a later retag cannot change what a sandbox runs; a tag no
+// node has is IMAGE_UNAVAILABLE. Where the driver may not list nodes, a tag is used as given.
+func (d *Driver) ResolveImage(ctx context.Context, ref string) (string, error) {
+	const hint = "load it into the nodes (ctr -n k8s.io images import FILE) or pin it by digest (repo@sha256:...) so the kubelet pulls it"
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return "", fault.Wrap(err, fault.ImageUnavailable, "pass an image reference such as registry.example/team/image:tag",
+			"%q is not an image reference", ref)
+	}
+	if _, ok := named.(reference.Digested); ok {
+		return named.String(), nil
+	}
+	tagged := reference.TagNameOnly(named).String()
+	nodes, err := d.api.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if apierrors.IsForbidden(err) {
+		return tagged, nil
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("resolve image %q: %w", ref, ctx.Err())
+		}
+		return "", fault.Wrap(err, fault.DriverUnavailable, "check that the API server is reachable", "cannot list the nodes to resolve image %q", ref)
+	}
+	for _, n := range nodes.Items {
+		for _, img := range n.Status.Images {
+			if !contains(img.Names, tagged) {
+				continue
+			}
+			for _, name := range img.Names {
+				if repo, _, ok := strings.Cut(name, "@sha256:"); ok && repo == named.Name() {
+					return name, nil
+				}
+			}
+			return tagged, nil
+		}
+	}
+	return "", fault.New(fault.ImageUnavailable, hint, "image %q is on none of the cluster's %d nodes", tagged, len(nodes.Items))
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// record is what the ConfigMap keeps of a sandbox's creation.
+type record struct {
+	Image   string         `json:"image"`
+	ImageID string         `json:"image_id"`
+	Posture driver.Posture `json:"posture"`
+}
+
+// ClaimName is the name of the workspace claim of the sandbox with this name (one per key).
+func ClaimName(sandbox string) string { return sandbox + "-workspace" }
+
+// Inspect returns the sandbox named name: its record and pod, or a foreign pod or ConfigMap of that name.
+func (d *Driver) Inspect(ctx context.Context, name string) (*driver.Sandbox, error) {
+	ns := d.opts.Namespace
+	cm, err := d.api.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("inspect %s: %w", name, err)
+	}
+	pod, perr := d.api.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if perr != nil && !apierrors.IsNotFound(perr) {
+		return nil, fmt.Errorf("inspect %s: %w", name, perr)
+	}
+	if apierrors.IsNotFound(perr) {
+		pod = nil
+	}
+	if err != nil { // no record
+		if pod == nil {
+			return nil, fmt.Errorf("inspect %s: %w", name, cerrdefs.ErrNotFound)
+		}
+		// A pod sandkeep did not record: report it with its own labels, so the caller sees it is not ours.
+		return &driver.Sandbox{ID: string(pod.UID), Name: name, State: podState(pod), Labels: pod.Labels, ImageID: pod.Spec.Containers[0].Image}, nil
+	}
+	return fromObjects(cm, pod), nil
+}
+
+// fromObjects builds the Sandbox of a record and its pod (nil, or a pod of another owner, when not running).
+func fromObjects(cm *corev1.ConfigMap, pod *corev1.Pod) *driver.Sandbox {
+	sb := &driver.Sandbox{ID: string(cm.UID), Name: cm.Name, State: driver.StateStopped, Labels: map[string]string{}}
+	if raw, ok := cm.Annotations[AnnotationLabels]; ok {
+		_ = json.Unmarshal([]byte(raw), &sb.Labels)
+	} else {
+		sb.Labels = cm.Labels // not ours
+	}
+	var rec record
+	if raw, ok := cm.Annotations[AnnotationRecord]; ok && json.Unmarshal([]byte(raw), &rec) == nil {
+		sb.ImageID = rec.ImageID
+	}
+	if t, err := time.Parse(time.RFC3339Nano, cm.Annotations[AnnotationFinish]); err == nil {
+		sb.FinishedAt = t
+	}
+	if pod != nil && ownedBy(pod, cm.UID) {
+		sb.State = podState(pod)
+		if st := containerStatus(pod, ContainerName); st != nil {
+			if st.State.Running != nil {
+				sb.StartedAt = st.State.Running.StartedAt.Time
+			} else if st.State.Terminated != nil {
+				sb.StartedAt = st.State.Terminated.StartedAt.Time
+				if sb.FinishedAt.Before(st.State.Terminated.FinishedAt.Time) {
+					sb.FinishedAt = st.State.Terminated.FinishedAt.Time
+				}
+			}
+		}
+	}
+	return sb
+}
+
+func ownedBy(pod *corev1.Pod, uid types.UID) bool {
+	for _, o := range pod.OwnerReferences {
+		if o.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+func containerStatus(pod *corev1.Pod, name string) *corev1.ContainerStatus {
+	for i := range pod.Status.ContainerStatuses {
+		if pod.Status.ContainerStatuses[i].Name == name {
+			return &pod.Status.ContainerStatuses[i]
+		}
+	}
+	return nil
+}
+
+// podState: running once the sandbox container runs; a pod on its way (pending) or done (succeeded, failed) is
+// stopped, so Start takes it over or replaces it; a pod being deleted is removing.
+func podState(pod *corev1.Pod) driver.State {
+	if pod.DeletionTimestamp != nil {
+		return driver.StateRemoving
+	}
+	switch pod.Status.Phase {
+	case corev1.PodRunning:
+		if st := containerStatus(pod, ContainerName); st != nil && st.State.Running != nil {
+			return driver.StateRunning
+		}
+		return driver.StateStopped
+	case corev1.PodPending, corev1.PodSucceeded, corev1.PodFailed:
+		return driver.StateStopped
+	default:
+		return driver.StateDead
+	}
+}
+
+func isRunning(pod *corev1.Pod) bool { return podState(pod) == driver.StateRunning }
+
+// Create writes the sandbox's record (a name that is taken is errdefs.ErrConflict) and ensures the key's
+// workspace claim. The pod is made by Start.
+func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.Sandbox, error) {
+	if _, err := podFor(spec.Name, "", record{Image: spec.Image, ImageID: spec.ImageID, Posture: spec.Posture}, spec.Labels, d.opts.AgentImage); err != nil {
+		return nil, err // a posture this driver cannot apply: nothing is created
+	}
+	if err := d.ensureNamespace(ctx); err != nil {
+		return nil, err
+	}
+	labelsJSON, err := json.Marshal(spec.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.Name, err)
+	}
+	recJSON, err := json.Marshal(record{Image: spec.Image, ImageID: spec.ImageID, Posture: spec.Posture})
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.Name, err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Name:        spec.Name,
+		Labels:      kubeLabels(spec.Labels),
+		Annotations: map[string]string{AnnotationLabels: string(labelsJSON), AnnotationRecord: string(recJSON)},
+	}}
+	ns := d.opts.Namespace
+	created, err := d.api.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
+	if err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create %s: %w", spec.Name, cerrdefs.ErrConflict)
+		}
+		return nil, fault.Wrap(err, fault.SandboxFailed, "check the API server and sandkeep's RBAC on configmaps in "+ns,
+			"the cluster could not record sandbox %s", spec.Name)
+	}
+	if err := d.ensureClaim(ctx, spec); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		uid := created.UID
+		_ = d.api.CoreV1().ConfigMaps(ns).Delete(cctx, spec.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		return nil, err
+	}
+	return fromObjects(created, nil), nil
+}
+
+// ensureClaim creates the key's workspace claim unless it exists.
+func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error {
+	ns, name := d.opts.Namespace, ClaimName(spec.Name)
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: kubeLabels(map[string]string{
+			driver.LabelInstallation: spec.Labels[driver.LabelInstallation], driver.LabelKey: spec.Labels[driver.LabelKey],
+			driver.LabelTenant: spec.Labels[driver.LabelTenant], driver.LabelUser: spec.Labels[driver.LabelUser],
+		})},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: d.size}},
+		},
+	}
+	if d.opts.StorageClass != "" {
+		sc := d.opts.StorageClass
+		pvc.Spec.StorageClassName = &sc
+	}
+	_, err := d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
+	if err == nil || apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return fault.Wrap(err, fault.SandboxFailed, "check sandkeep's RBAC on persistentvolumeclaims in "+ns+" and the storage class",
+		"the cluster could not make the workspace claim %s", name)
+}
+
+// RemoveWorkspace deletes the workspace claim of the sandbox named name (what `rm` without keeping the workspace
+// does); an absent claim is not an error.
+func (d *Driver) RemoveWorkspace(ctx context.Context, name string) error {
+	err := d.api.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Delete(ctx, ClaimName(name), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove workspace of %s: %w", name, err)
+	}
+	return nil
+}
+
+// record reads the record of sb; an absent one, or one of a newer sandbox of that name, is ErrNotFound.
+func (d *Driver) record(ctx context.Context, sb *driver.Sandbox) (*corev1.ConfigMap, record, error) {
+	cm, err := d.api.CoreV1().ConfigMaps(d.opts.Namespace).Get(ctx, sb.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && string(cm.UID) != sb.ID) {
+		return nil, record{}, fmt.Errorf("%s: %w", sb.Name, cerrdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, record{}, fmt.Errorf("%s: %w", sb.Name, err)
+	}
+	var rec record
+	if err := json.Unmarshal([]byte(cm.Annotations[AnnotationRecord]), &rec); err != nil {
+		return nil, record{}, fault.New(fault.ForeignContainer, "remove it, or pick another namespace",
+			"configmap %s/%s is not a sandkeep record", d.opts.Namespace, sb.Name)
+	}
+	return cm, rec, nil
+}
+
+// Start makes the sandbox's pod (replacing a finished one) and waits until its container runs.
+func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
+	cm, rec, err := d.record(ctx, sb)
+	if err != nil {
+		return fmt.Errorf("start %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.opts.StartTimeout)
+	defer cancel()
+	pods := d.api.CoreV1().Pods(d.opts.Namespace)
+	pod, err := pods.Get(ctx, sb.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		pod = nil
+	case err != nil:
+		return fmt.Errorf("start %s: %w", sb.Name, err)
+	case ownedBy(pod, cm.UID) && pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed:
+		if isRunning(pod) {
+			return nil
+		}
+		return d.waitRunning(ctx, sb.Name, pod.UID) // a Start in progress (this process's or another's)
+	default: // finished, being deleted, or another sandbox's: replace it
+		if err := d.deletePod(ctx, pod, 0); err != nil {
+			return fmt.Errorf("start %s: %w", sb.Name, err)
+		}
+		pod = nil
+	}
+	want, err := podFor(sb.Name, cm.UID, rec, sb.Labels, d.opts.AgentImage)
+	if err != nil {
+		return err
+	}
+	created, err := pods.Create(ctx, want, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		got, gerr := pods.Get(ctx, sb.Name, metav1.GetOptions{})
+		if gerr == nil && ownedBy(got, cm.UID) {
+			return d.waitRunning(ctx, sb.Name, got.UID)
+		}
+		return fmt.Errorf("start %s: a pod of that name appeared: %w", sb.Name, cerrdefs.ErrConflict)
+	}
+	if err != nil {
+		if apierrors.IsForbidden(err) {
+			return fault.Wrap(err, fault.PostureRefused, "check the namespace's Pod Security labels and sandkeep's RBAC on pods",
+				"the cluster refused the pod of sandbox %s: %s", sb.Name, apierrors.ReasonForError(err))
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("start %s: %w", sb.Name, ctx.Err())
+		}
+		return fault.Wrap(err, fault.SandboxFailed, "check the API server", "the cluster could not create the pod of sandbox %s", sb.Name)
+	}
+	if err := d.waitRunning(ctx, sb.Name, created.UID); err != nil {
+		// Nothing half-made: a pod that cannot run is removed (the record stays; Start may be retried).
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer ccancel()
+		_ = d.deletePod(cctx, created, 0)
+		return err
+	}
+	return nil
+}
+
+// waitRunning polls the pod until its sandbox container runs, it fails, or ctx (bounded by StartTimeout) ends.
+func (d *Driver) waitRunning(ctx context.Context, name string, uid types.UID) error {
+	pods := d.api.CoreV1().Pods(d.opts.Namespace)
+	delay := 50 * time.Millisecond
+	var last *corev1.Pod
+	for {
+		pod, err := pods.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err) || (err == nil && pod.UID != uid):
+			return fault.New(fault.SandboxFailed, "retry; check the cluster's events for the pod", "the pod of sandbox %s was deleted while starting", name)
+		case err == nil:
+			last = pod
+			if isRunning(pod) {
+				return nil
+			}
+			if why := podFailure(pod); why != "" {
+				return fault.New(fault.SandboxFailed, "check the image and agent image are on the nodes (or pullable) and the pod's events",
+					"the pod of sandbox %s cannot run: %s", name, why)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fault.New(fault.SandboxSetupTimeout, "check the pod's events: scheduling, the workspace claim binding, image pulls",
+					"the pod of sandbox %s was not running after %v: %s", name, d.opts.StartTimeout, pendingReason(last))
+			}
+			return fmt.Errorf("start %s: %w", name, ctx.Err())
+		case <-time.After(delay):
+		}
+		if delay < 250*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// podFailure says why a pod will never run, or "" while it may still.
+func podFailure(pod *corev1.Pod) string {
+	if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+		return fmt.Sprintf("pod %s: %s %s%s", pod.Status.Phase, pod.Status.Reason, pod.Status.Message, terminated(pod))
+	}
+	statuses := append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...)
+	for _, st := range statuses {
+		if w := st.State.Waiting; w != nil {
+			switch w.Reason {
+			case "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+				"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff":
+				return fmt.Sprintf("container %s: %s: %s", st.Name, w.Reason, w.Message)
+			}
+		}
+		if t := st.State.Terminated; t != nil && t.ExitCode != 0 {
+			return fmt.Sprintf("container %s exited %d: %s %s", st.Name, t.ExitCode, t.Reason, t.Message)
+		}
+	}
+	return ""
+}
+
+func terminated(pod *corev1.Pod) string {
+	var b strings.Builder
+	for _, st := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
+		if t := st.State.Terminated; t != nil {
+			fmt.Fprintf(&b, "; container %s exited %d (%s) %s", st.Name, t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
+		}
+	}
+	return b.String()
+}
+
+func pendingReason(pod *corev1.Pod) string {
+	if pod == nil {
+		return "the pod was never seen"
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			return fmt.Sprintf("%s: %s %s", c.Type, c.Reason, c.Message)
+		}
+	}
+	return "phase " + string(pod.Status.Phase)
+}
+
+// deletePod deletes pod (this very one: UID precondition) with grace and waits until it is gone.
+func (d *Driver) deletePod(ctx context.Context, pod *corev1.Pod, grace time.Duration) error {
+	pods := d.api.CoreV1().Pods(d.opts.Namespace)
+	secs := int64((grace + time.Second - 1) / time.Second)
+	uid := pod.UID
+	err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &secs, Preconditions: &metav1.Preconditions{UID: &uid}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete pod %s: %w", pod.Name, err)
+	}
+	for {
+		got, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && got.UID != uid) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod %s still terminating: %w", pod.Name, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Stop deletes the sandbox's pod, giving its processes grace; the record and the claim stay.
+func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Duration) error {
+	ns := d.opts.Namespace
+	pod, err := d.api.CoreV1().Pods(ns).Get(ctx, sb.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stop %s: %w", sb.Name, err)
+	}
+	if !ownedBy(pod, types.UID(sb.ID)) {
+		return nil // another sandbox's pod: ours is gone
+	}
+	wctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
+	defer cancel()
+	if err := d.deletePod(wctx, pod, grace); err != nil {
+		return fmt.Errorf("stop %s: %w", sb.Name, err)
+	}
+	// A merge patch that names the UID is applied only to that very record.
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": sb.ID, "annotations": map[string]string{AnnotationFinish: time.Now().UTC().Format(time.RFC3339Nano)},
+	}})
+	_, err = d.api.CoreV1().ConfigMaps(ns).Patch(ctx, sb.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("stop %s: %w", sb.Name, err)
+	}
+	return nil
+}
+
+// Remove deletes the sandbox's pod at once and its record; the workspace claim stays (RemoveWorkspace).
+func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
+	ns := d.opts.Namespace
+	pod, err := d.api.CoreV1().Pods(ns).Get(ctx, sb.Name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove %s: %w", sb.Name, err)
+	}
+	if err == nil && ownedBy(pod, types.UID(sb.ID)) {
+		if err := d.deletePod(ctx, pod, 0); err != nil {
+			return fmt.Errorf("remove %s: %w", sb.Name, err)
+		}
+	}
+	uid := types.UID(sb.ID)
+	err = d.api.CoreV1().ConfigMaps(ns).Delete(ctx, sb.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("remove %s: %w", sb.Name, err)
+	}
+	return nil
+}
+
+// List returns the sandboxes labelled with installation.
+func (d *Driver) List(ctx context.Context, installation string) ([]*driver.Sandbox, error) {
+	ns := d.opts.Namespace
+	sel := LabelManagedBy + "=" + ManagedBy + "," + kubeLabelKey(driver.LabelInstallation) + "=" + labelValue(installation)
+	cms, err := d.api.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	pods, err := d.api.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	byName := map[string]*corev1.Pod{}
+	for i := range pods.Items {
+		byName[pods.Items[i].Name] = &pods.Items[i]
+	}
+	out := make([]*driver.Sandbox, 0, len(cms.Items))
+	for i := range cms.Items {
+		sb := fromObjects(&cms.Items[i], byName[cms.Items[i].Name])
+		if sb.Labels[driver.LabelInstallation] == installation { // exact, past the label's hashing
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,264 @@
+package kube
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+)
+
+// podFor translates a sandbox's record into its pod; it is the only place a posture field becomes a Kubernetes
+// setting. owner is the record's UID ("" only when Create checks that the posture can be applied).
+//
+// What "restricted" requires is always set, whatever the posture: a numeric non-root uid, no privilege
+// escalation, seccomp RuntimeDefault, and the posture's capability drop (which must include ALL). The posture's
+// host mounts have no equivalent: /workspace is the key's claim, /.sandkeep an emptyDir the init container fills
+// from the agent image; any other bind mount is refused.
+func podFor(name string, owner types.UID, rec record, labels map[string]string, agentImage string) (*corev1.Pod, error) {
+	p := rec.Posture
+	uid, gid, err := numericUser(p.User)
+	if err != nil {
+		return nil, err
+	}
+	if !hasAll(p.CapDrop) {
+		return nil, fault.New(fault.PostureRefused, "drop ALL capabilities (the default posture does)",
+			"the kubernetes driver runs only postures that drop all capabilities; this one drops %q", p.CapDrop)
+	}
+	image := rec.ImageID
+	if image == "" {
+		image = rec.Image
+	}
+	if image == "" {
+		return nil, fault.New(fault.ImageUnavailable, "give the sandbox an image", "sandbox %s has no image", name)
+	}
+	env := make([]corev1.EnvVar, 0, len(p.Env))
+	for _, kv := range p.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fault.New(fault.InvalidEnv, "write env entries as NAME=value", "env entry %q has no name", kv)
+		}
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
+	}
+	res, err := resourcesOf(p)
+	if err != nil {
+		return nil, err
+	}
+
+	volumes := []corev1.Volume{
+		{Name: agentVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(64<<20, resource.BinarySI)}}},
+		{Name: workspaceVolume, VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: ClaimName(name)}}},
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: agentVolume, MountPath: driver.AgentDir, ReadOnly: true},
+		{Name: workspaceVolume, MountPath: driver.WorkspaceDir},
+	}
+	for _, m := range p.Mounts {
+		switch m.Target {
+		case driver.WorkspaceDir:
+			mounts[1].ReadOnly = m.ReadOnly
+		case driver.AgentDir:
+		default:
+			return nil, fault.New(fault.InvalidMount, "remove the mount (or run this sandbox on the docker driver)",
+				"the kubernetes driver cannot bind host path %s into a sandbox (target %s)", m.Source, m.Target)
+		}
+	}
+	targets := make([]string, 0, len(p.Tmpfs))
+	for t := range p.Tmpfs {
+		targets = append(targets, t)
+	}
+	sort.Strings(targets)
+	for i, t := range targets {
+		size, err := tmpfsSize(p.Tmpfs[t])
+		if err != nil {
+			return nil, err
+		}
+		vol := fmt.Sprintf("tmpfs-%d", i)
+		volumes = append(volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+			Medium: corev1.StorageMediumMemory, SizeLimit: size,
+		}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: vol, MountPath: t})
+	}
+	init := p.Init
+	if len(init) == 0 {
+		init = []string{driver.AgentPath, "init"}
+	}
+	f, t := false, true
+	uid64, gid64 := int64(uid), int64(gid)
+	sc := func(readOnly bool) *corev1.SecurityContext {
+		return &corev1.SecurityContext{
+			RunAsUser: &uid64, RunAsGroup: &gid64, RunAsNonRoot: &t,
+			AllowPrivilegeEscalation: &f, ReadOnlyRootFilesystem: &readOnly, Privileged: &f,
+			Capabilities:   &corev1.Capabilities{Drop: capNames(p.CapDrop)},
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		}
+	}
+	grace := int64(10)
+	changePolicy := corev1.FSGroupChangeOnRootMismatch
+	labelsJSON, _ := json.Marshal(labels)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Labels:      kubeLabels(labels),
+			Annotations: map[string]string{AnnotationLabels: string(labelsJSON)},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  &f,
+			EnableServiceLinks:            &f,
+			Hostname:                      "sandbox",
+			DNSPolicy:                     corev1.DNSDefault,
+			TerminationGracePeriodSeconds: &grace,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsUser: &uid64, RunAsGroup: &gid64, RunAsNonRoot: &t, FSGroup: &gid64, FSGroupChangePolicy: &changePolicy,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			InitContainers: []corev1.Container{{
+				Name:            InitName,
+				Image:           agentImage,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         []string{agentImagePath, "install", driver.AgentDir},
+				VolumeMounts:    []corev1.VolumeMount{{Name: agentVolume, MountPath: driver.AgentDir}},
+				SecurityContext: sc(true),
+				Resources:       res,
+			}},
+			Containers: []corev1.Container{{
+				Name:            ContainerName,
+				Image:           image,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         init,
+				WorkingDir:      driver.WorkspaceDir,
+				Env:             env,
+				VolumeMounts:    mounts,
+				SecurityContext: sc(p.ReadOnlyRoot),
+				Resources:       res,
+			}},
+			Volumes: volumes,
+		},
+	}
+	if owner != "" {
+		pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: name, UID: owner}}
+	}
+	return pod, nil
+}
+
+// numericUser parses "uid:gid" (or "uid"); Kubernetes runs only numeric ids, and never root here.
+func numericUser(user string) (uid, gid int, err error) {
+	u, g, ok := strings.Cut(user, ":")
+	if !ok {
+		g = u
+	}
+	uid, uerr := strconv.Atoi(u)
+	gid, gerr := strconv.Atoi(g)
+	if uerr != nil || gerr != nil || uid < 0 || gid < 0 {
+		return 0, 0, fault.New(fault.PostureRefused, "set user to a numeric uid:gid, e.g. 1000:1000",
+			"the kubernetes driver needs a numeric user, got %q", user)
+	}
+	if uid == 0 {
+		return 0, 0, fault.New(fault.PostureRefused, "run as a non-root uid, e.g. 1000:1000",
+			"Pod Security \"restricted\" runs no container as root (user %q)", user)
+	}
+	return uid, gid, nil
+}
+
+func hasAll(caps []string) bool {
+	for _, c := range caps {
+		if strings.EqualFold(c, "ALL") {
+			return true
+		}
+	}
+	return false
+}
+
+func capNames(caps []string) []corev1.Capability {
+	out := make([]corev1.Capability, 0, len(caps))
+	for _, c := range caps {
+		out = append(out, corev1.Capability(strings.ToUpper(strings.TrimPrefix(strings.ToUpper(c), "CAP_"))))
+	}
+	return out
+}
+
+// resourcesOf: requests equal limits (a Guaranteed pod) for the posture's memory and CPU. The posture's pids
+// limit has no per-pod field; the kubelet's podPidsLimit bounds it node-wide.
+func resourcesOf(p driver.Posture) (corev1.ResourceRequirements, error) {
+	l := corev1.ResourceList{}
+	if p.MemoryBytes > 0 {
+		l[corev1.ResourceMemory] = *resource.NewQuantity(p.MemoryBytes, resource.BinarySI)
+	}
+	if p.NanoCPUs > 0 {
+		milli := p.NanoCPUs / 1_000_000
+		if milli < 1 {
+			milli = 1
+		}
+		l[corev1.ResourceCPU] = *resource.NewMilliQuantity(milli, resource.DecimalSI)
+	}
+	if len(l) == 0 {
+		return corev1.ResourceRequirements{}, nil
+	}
+	return corev1.ResourceRequirements{Limits: l, Requests: l.DeepCopy()}, nil
+}
+
+// tmpfsSize reads the size= option of a tmpfs option string ("size=67108864", "size=64m"); nil for none.
+func tmpfsSize(opts string) (*resource.Quantity, error) {
+	for _, o := range strings.Split(opts, ",") {
+		v, ok := strings.CutPrefix(o, "size=")
+		if !ok {
+			continue
+		}
+		mult := int64(1)
+		if n := len(v); n > 0 {
+			switch v[n-1] {
+			case 'k', 'K':
+				mult, v = 1<<10, v[:n-1]
+			case 'm', 'M':
+				mult, v = 1<<20, v[:n-1]
+			case 'g', 'G':
+				mult, v = 1<<30, v[:n-1]
+			}
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 || n > (1<<62)/mult {
+			return nil, fault.New(fault.InvalidMount, "write tmpfs sizes as bytes or with k, m, g", "tmpfs option %q has a bad size", o)
+		}
+		return resource.NewQuantity(n*mult, resource.BinarySI), nil
+	}
+	return nil, nil
+}
+
+// kubeLabels are the Kubernetes labels for a sandbox's labels: the selector labels, values made valid, and
+// managed-by. The exact values are in the AnnotationLabels annotation.
+func kubeLabels(labels map[string]string) map[string]string {
+	out := map[string]string{LabelManagedBy: ManagedBy}
+	for _, k := range selectorLabels {
+		if v, ok := labels[k]; ok {
+			out[kubeLabelKey(k)] = labelValue(v)
+		}
+	}
+	return out
+}
+
+// kubeLabelKey: "io.sandkeep.tenant" is already a valid label key (a name of up to 63 characters).
+func kubeLabelKey(k string) string { return k }
+
+var labelValueRE = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
+
+// labelValue is v when it is a valid label value, else "h-" and 40 hex digits of its SHA-256 (valid, and with
+// the exact value in the annotation, unambiguous).
+func labelValue(v string) string {
+	if len(v) <= 63 && labelValueRE.MatchString(v) {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return "h-" + hex.EncodeToString(sum[:20])
+}

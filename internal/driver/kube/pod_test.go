@@ -1,0 +1,155 @@
+package kube
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+)
+
+func posture() driver.Posture {
+	return driver.Posture{
+		User: "1000:1000", ReadOnlyRoot: true, CapDrop: []string{"ALL"}, NoNewPrivileges: true,
+		MemoryBytes: 512 << 20, MemorySwapBytes: 512 << 20, NanoCPUs: 1_500_000_000,
+		Tmpfs: map[string]string{"/tmp": "rw,noexec,size=67108864,mode=1777", "/home/sandbox": "rw,size=16m"},
+		Env:   []string{"HOME=/home/sandbox", "A=b=c"},
+		Mounts: []driver.Mount{
+			{Source: "/host/ws", Target: driver.WorkspaceDir},
+			{Source: "/host/agent", Target: driver.AgentDir, ReadOnly: true},
+		},
+		Init: []string{driver.AgentPath, "init"},
+	}
+}
+
+// TestPodFor: the posture becomes a pod that Pod Security "restricted" admits, with the agent installed by an
+// init container from the agent image and the workspace from the key's claim.
+func TestPodFor(t *testing.T) {
+	rec := record{Image: "img:1", ImageID: "docker.io/library/img@sha256:" + strings.Repeat("a", 64), Posture: posture()}
+	labels := map[string]string{driver.LabelInstallation: "inst", driver.LabelTenant: "Acme Corp", driver.LabelPosture: strings.Repeat("f", 64)}
+	pod, err := podFor("sandkeep-u-abc", "uid-1", rec, labels, "agent:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := pod.Spec
+	if *s.AutomountServiceAccountToken || *s.EnableServiceLinks || s.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("pod spec: token %v links %v restart %s", *s.AutomountServiceAccountToken, *s.EnableServiceLinks, s.RestartPolicy)
+	}
+	if len(pod.OwnerReferences) != 1 || pod.OwnerReferences[0].UID != "uid-1" || pod.OwnerReferences[0].Kind != "ConfigMap" {
+		t.Errorf("owner %+v", pod.OwnerReferences)
+	}
+	if len(s.InitContainers) != 1 || s.InitContainers[0].Image != "agent:1" ||
+		strings.Join(s.InitContainers[0].Command, " ") != "/sandkeep-agent install /.sandkeep" {
+		t.Errorf("init containers %+v", s.InitContainers)
+	}
+	main := s.Containers[0]
+	if main.Image != rec.ImageID || main.ImagePullPolicy != corev1.PullIfNotPresent || strings.Join(main.Command, " ") != driver.AgentPath+" init" {
+		t.Errorf("main container image %s policy %s command %v", main.Image, main.ImagePullPolicy, main.Command)
+	}
+	for _, c := range append(s.InitContainers, main) {
+		sc := c.SecurityContext
+		if *sc.RunAsUser != 1000 || *sc.RunAsGroup != 1000 || !*sc.RunAsNonRoot || *sc.AllowPrivilegeEscalation ||
+			!*sc.ReadOnlyRootFilesystem || sc.Capabilities.Drop[0] != "ALL" || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("container %s security context %+v", c.Name, sc)
+		}
+		if c.Resources.Limits.Memory().Value() != 512<<20 || c.Resources.Limits.Cpu().MilliValue() != 1500 ||
+			c.Resources.Requests.Memory().Value() != 512<<20 {
+			t.Errorf("container %s resources %+v", c.Name, c.Resources)
+		}
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range main.VolumeMounts {
+		mounts[m.MountPath] = m
+	}
+	vols := map[string]corev1.Volume{}
+	for _, v := range s.Volumes {
+		vols[v.Name] = v
+	}
+	if m := mounts[driver.WorkspaceDir]; vols[m.Name].PersistentVolumeClaim == nil || vols[m.Name].PersistentVolumeClaim.ClaimName != "sandkeep-u-abc-workspace" {
+		t.Errorf("workspace mount %+v volume %+v", m, vols[m.Name])
+	}
+	if m := mounts[driver.AgentDir]; !m.ReadOnly || vols[m.Name].EmptyDir == nil {
+		t.Errorf("agent mount %+v", m)
+	}
+	if m := mounts["/tmp"]; vols[m.Name].EmptyDir == nil || vols[m.Name].EmptyDir.Medium != corev1.StorageMediumMemory || vols[m.Name].EmptyDir.SizeLimit.Value() != 64<<20 {
+		t.Errorf("/tmp volume %+v", vols[m.Name])
+	}
+	if m := mounts["/home/sandbox"]; vols[m.Name].EmptyDir.SizeLimit.Value() != 16<<20 {
+		t.Errorf("/home/sandbox volume %+v", vols[m.Name])
+	}
+	if main.Env[1].Name != "A" || main.Env[1].Value != "b=c" {
+		t.Errorf("env %+v", main.Env)
+	}
+	if pod.Labels[driver.LabelTenant] != labelValue("Acme Corp") || !strings.HasPrefix(pod.Labels[driver.LabelTenant], "h-") ||
+		len(pod.Labels[driver.LabelPosture]) > 63 || pod.Labels[driver.LabelInstallation] != "inst" || pod.Labels[LabelManagedBy] != ManagedBy {
+		t.Errorf("labels %v", pod.Labels)
+	}
+}
+
+// TestPodForRefusals: what Kubernetes (or "restricted") cannot apply is refused with a code and a hint.
+func TestPodForRefusals(t *testing.T) {
+	cases := []struct {
+		name  string
+		edit  func(p *driver.Posture)
+		image string
+		code  fault.Code
+	}{
+		{"user name", func(p *driver.Posture) { p.User = "sandbox" }, "i:1", fault.PostureRefused},
+		{"root", func(p *driver.Posture) { p.User = "0:0" }, "i:1", fault.PostureRefused},
+		{"caps kept", func(p *driver.Posture) { p.CapDrop = []string{"NET_RAW"} }, "i:1", fault.PostureRefused},
+		{"host bind", func(p *driver.Posture) { p.Mounts = append(p.Mounts, driver.Mount{Source: "/etc", Target: "/etc2"}) }, "i:1", fault.InvalidMount},
+		{"bad tmpfs size", func(p *driver.Posture) { p.Tmpfs["/x"] = "size=lots" }, "i:1", fault.InvalidMount},
+		{"no image", func(p *driver.Posture) {}, "", fault.ImageUnavailable},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := posture()
+			tc.edit(&p)
+			_, err := podFor("n", "u", record{Image: tc.image, Posture: p}, nil, "agent:1")
+			var fe *fault.Error
+			if fault.CodeOf(err) != tc.code || !asFault(err, &fe) || fe.Hint == "" {
+				t.Fatalf("podFor = %v; want code %s with a hint", err, tc.code)
+			}
+		})
+	}
+}
+
+func asFault(err error, fe **fault.Error) bool {
+	e, ok := err.(*fault.Error)
+	*fe = e
+	return ok
+}
+
+func TestLabelValue(t *testing.T) {
+	for _, v := range []string{"", "a", "drivertest-0a1b", "x.y_z-1"} {
+		if labelValue(v) != v {
+			t.Errorf("labelValue(%q) = %q, want it unchanged", v, labelValue(v))
+		}
+	}
+	for _, v := range []string{"Acme Corp", "-a", "a-", strings.Repeat("a", 64), "ünï", "a/b"} {
+		got := labelValue(v)
+		if got == v || !labelValueRE.MatchString(got) || len(got) > 63 {
+			t.Errorf("labelValue(%q) = %q, want a valid hashed value", v, got)
+		}
+	}
+}
+
+// FuzzParsers: the posture's user and tmpfs strings never panic, and what they accept is well formed.
+func FuzzParsers(f *testing.F) {
+	for _, s := range []string{"1000:1000", "0", "a:b", "1000", "-1:5", "size=64m", "rw,size=1", "size=", "size=9999999999999g"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if uid, gid, err := numericUser(s); err == nil && (uid <= 0 || gid < 0) {
+			t.Fatalf("numericUser(%q) accepted uid %d gid %d", s, uid, gid)
+		}
+		if q, err := tmpfsSize(s); err == nil && q != nil && q.Sign() <= 0 {
+			t.Fatalf("tmpfsSize(%q) = %v", s, q)
+		}
+		if v := labelValue(s); len(v) > 63 || !labelValueRE.MatchString(v) {
+			t.Fatalf("labelValue(%q) = %q", s, v)
+		}
+	})
+}

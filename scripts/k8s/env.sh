@@ -1,0 +1,20 @@
+# Shared settings of the sandkeep test node (sourced by k8s-up.sh, k8s-down.sh and node.sh).
+K8S_VERSION="${SANDKEEP_K8S_VERSION:-v1.37.2}"
+K8S_CACHE="${SANDKEEP_K8S_CACHE:-/var/cache/sandkeep-k8s}"
+K8S_BIN="${SANDKEEP_K8S_BIN:-$K8S_CACHE/$K8S_VERSION/bin}"
+K8S_STATE="${SANDKEEP_K8S_STATE:-/var/lib/sandkeep-k8s}" # certs, kubeconfig, containerd root, PV dirs
+K8S_LOGS="${SANDKEEP_K8S_LOGS:-/var/log/sandkeep-k8s}"
+K8S_NETNS=sandkeep-k8s
+K8S_HOST_IF=sk8s-host
+K8S_NODE_IF=sk8s-node
+K8S_HOST_IP=10.213.0.1
+K8S_NODE_IP=10.213.0.2
+K8S_POD_CIDR=10.214.0.0/24
+K8S_SERVICE_CIDR=10.215.0.0/24
+K8S_SERVICE_IP=10.215.0.1
+K8S_NODE_NAME=sandkeep-node
+K8S_API="https://$K8S_NODE_IP:6443"
+K8S_KUBECONFIG="$K8S_STATE/admin.kubeconfig"
+K8S_CONTAINERD_SOCK="$K8S_STATE/run/containerd.sock"
+K8S_AGENT_IMAGE=docker.io/library/sandkeep-agent:node
+K8S_STORAGE_CLASS=sandkeep-test
