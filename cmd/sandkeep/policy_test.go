@@ -193,6 +193,7 @@ func TestDoctor(t *testing.T) {
 	}
 	c.run(t, "doctor", "--strict", "--image", "localhost:1/absent:none").want(t, 1)
 	c.run(t, "doctor", "--timeout", "0").want(t, 2)
+	c.run(t, "doctor", "--no-such-flag").want(t, 2) // a usage error is 2, as doctor documents, not 125
 	r = c.runWith(t, nil, noDocker, "doctor", "--sandbox", "inline").want(t, 1)
 	if !strings.Contains(r.stdout, "inline refuses") {
 		t.Errorf("doctor without docker:\n%s", r.stdout)

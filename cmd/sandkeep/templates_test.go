@@ -1,7 +1,9 @@
 package main
 
 import (
+	"crypto/md5"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/sandkeep/sandkeep/client"
+	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
@@ -25,14 +28,17 @@ func TestServeTemplates(t *testing.T) {
 	other := testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{"/etc/flavour": {Data: []byte("other\n")}})
 	acme, globex := c.ten("acme"), c.ten("globex")
 	cfg := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
-	conf := "templates:\n" +
+	conf := "secrets:\n  tok: {from_env: SK_TPL_SECRET}\n" +
+		"templates:\n" +
 		"  small:\n    image: " + small + "\n    env: {FLAVOUR_ENV: s}\n    network: {mode: allowlist, rules: [\"api.example.test\"]}\n    tenants: [" + acme + "]\n" +
+		"    secrets: [{name: tok, path: /run/secrets/tok}]\n" +
 		"  other:\n    image: " + other + "\n    tenants: [" + globex + ", " + acme + "]\n" +
 		"tenant_templates:\n  " + acme + ": small\n  " + globex + ": other\n"
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := c.startServer(t, "--config", cfg)
+	const secret = "sk-template-secret-5e1d"
+	s := c.startServerEnv(t, []string{"SK_TPL_SECRET=" + secret}, "--config", cfg)
 	acmeTok, globexTok := c.createToken(t, acme, "t", "").Token, c.createToken(t, globex, "t", "").Token
 
 	const probe = `cat /etc/flavour; echo "tpl=$SANDKEEP_TEMPLATE env=$FLAVOUR_ENV proxy=${HTTPS_PROXY:+set}"`
@@ -59,6 +65,14 @@ func TestServeTemplates(t *testing.T) {
 	}
 	if out := stdout(got[1]); out != "other\ntpl=other env= proxy=\n" {
 		t.Errorf("globex on its default template: %q", out)
+	}
+
+	// The template's secret file, the operator's value, reaches the command and nothing else.
+	if out := stdout(exec(acmeTok, `{"command":"md5sum < /run/secrets/tok"}`)); !strings.HasPrefix(out, fmt.Sprintf("%x", md5.Sum([]byte(secret)))) {
+		t.Errorf("the template's secret file: %q", out)
+	}
+	if strings.Contains(s.log.String(), secret) {
+		t.Errorf("the secret's value reached the server's log")
 	}
 
 	// acme may pick other; globex may not pick small, and that looks exactly like a template that does not exist.
@@ -110,8 +124,9 @@ func TestServeTemplates(t *testing.T) {
 		t.Errorf("SDK finish: %+v, %v", fin, err)
 	}
 
-	// A server whose engine is down still starts, says why it is not ready, and admits each run by its mode.
-	down := c.startServerEnv(t, noDocker, "--config", cfg, "--sandbox", "inline")
+	// A server whose engine is down still starts, says why it is not ready, and admits each run by its mode, here
+	// the operator's environment's (SANDKEEP_SANDBOX_DEFAULT), as exec does.
+	down := c.startServerEnv(t, append([]string{"SANDKEEP_SANDBOX_DEFAULT=inline", "SK_TPL_SECRET=x"}, noDocker...), "--config", cfg)
 	a = down.raw(t, "GET", "/readyz", "", nil)
 	if a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, "SANDBOX_DRIVER_UNAVAILABLE") {
 		t.Errorf("/readyz without an engine: %d %s", a.status, a.body)
@@ -119,5 +134,10 @@ func TestServeTemplates(t *testing.T) {
 	if a := down.raw(t, "POST", "/v1/sandboxes/u/exec", acmeTok, strings.NewReader(`{"command":"true"}`)); a.status != http.StatusServiceUnavailable ||
 		!strings.Contains(a.body, "SANDBOX_DRIVER_UNAVAILABLE") {
 		t.Errorf("inline without an engine: %d %s", a.status, a.body)
+	}
+	var runs []store.Run
+	decodeJSON(t, c.run(t, "runs", "--json", "--tenant", acme, "--limit", "1").want(t, 0).stdout, &runs)
+	if len(runs) != 1 || runs[0].Source != "env" || runs[0].ResolvedMode != "inline" || runs[0].Admission != "refused" {
+		t.Errorf("the refused run: %+v", runs)
 	}
 }
