@@ -148,17 +148,26 @@ type SandboxRef struct {
 
 // Sandbox describes one sandbox, as `sandkeep ps` shows it.
 type Sandbox struct {
-	Tenant    string    `json:"tenant"`
-	User      string    `json:"user"`
-	Key       string    `json:"key"`
-	Name      string    `json:"name"`
-	ID        string    `json:"id"`
-	State     string    `json:"state"`
-	Image     string    `json:"image"`
-	Template  string    `json:"template,omitempty"` // the operator template it was made for
-	CreatedAt time.Time `json:"created_at"`
-	LastUsed  time.Time `json:"last_used,omitzero"`
-	IdleFor   string    `json:"idle_for"`
+	Tenant    string     `json:"tenant"`
+	User      string     `json:"user"`
+	Key       string     `json:"key"`
+	Name      string     `json:"name"`
+	ID        string     `json:"id"`
+	State     string     `json:"state"`
+	Image     string     `json:"image"`
+	Template  string     `json:"template,omitempty"` // the operator template it was made for
+	CreatedAt time.Time  `json:"created_at"`
+	LastUsed  time.Time  `json:"last_used,omitzero"`
+	IdleFor   string     `json:"idle_for"`
+	Disk      *DiskUsage `json:"disk,omitempty"` // the workspace quota's use; nil without one
+}
+
+// DiskUsage is a workspace quota's use, in bytes and inodes, and its limits.
+type DiskUsage struct {
+	Bytes       int64 `json:"bytes"`
+	BytesLimit  int64 `json:"bytes_limit"`
+	Inodes      int64 `json:"inodes"`
+	InodesLimit int64 `json:"inodes_limit"`
 }
 
 // APIError is a failure the server answered. It unwraps to the *sandkeep.Error (a *fault.Error) with the
