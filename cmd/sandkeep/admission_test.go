@@ -261,7 +261,8 @@ func (c *cli) library(t *testing.T, noDockerEngine bool) *sandkeep.Manager {
 			return docker.New(docker.Options{Host: strings.TrimPrefix(noDocker[0], "DOCKER_HOST=")})
 		}
 	}
-	m, err := sandkeep.Open(t.Context(), sandkeep.Config{Home: c.home, Image: testutil.TestImage(t),
+	// Transport auto: the CLI and server processes of the test share the home, and only one serves a channel.
+	m, err := sandkeep.Open(t.Context(), sandkeep.Config{Home: c.home, Image: testutil.TestImage(t), Transport: "auto",
 		AgentPath: testutil.AgentBinary(t), Store: st, Drivers: []sandkeep.DriverOption{dock, sandkeep.HostDriver()}})
 	if err != nil {
 		t.Fatal(err)

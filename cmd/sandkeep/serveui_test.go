@@ -3,6 +3,8 @@ package main
 import (
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -13,7 +15,11 @@ import (
 func TestServeUI(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
-	s := c.startServer(t)
+	cfg := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	if err := os.WriteFile(cfg, []byte("metrics_open: true\n"), 0o644); err != nil { // the dashboard shares the registry /metrics serves
+		t.Fatal(err)
+	}
+	s := c.startServer(t, "--config", cfg)
 	tenant := c.ten("acme")
 	tok := c.createToken(t, tenant, "ui", "read").Token
 
