@@ -20,7 +20,12 @@ func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	if r.lc == nil {
 		return nil, fault.New(fault.InvalidArgument, "admit a new run", "run %s was refused and runs nothing", r.ID)
 	}
-	if err := r.m.CheckExec(req); err != nil {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, fault.New(fault.InvalidArgument, "pass the command to run, e.g. [\"sh\", \"-c\", \"ls -la\"]", "no command given")
+	}
+	// The operator's bounds; the lifecycle checks the workdir, the env and the absolute bounds once, as it builds
+	// the agent's request (entry points that want an answer before admission call CheckExec themselves).
+	if err := checkBounds(req, r.m.cfg.MaxTimeout, r.m.cfg.MaxOutputLimit); err != nil {
 		return nil, err
 	}
 	pol, err := r.networkFor(req.Network)
@@ -156,6 +161,17 @@ func CheckExecWithin(req ExecRequest, maxTimeout time.Duration, maxOutput int64)
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return fault.New(fault.InvalidArgument, "pass the command to run, e.g. [\"sh\", \"-c\", \"ls -la\"]", "no command given")
 	}
+	if err := checkBounds(req, maxTimeout, maxOutput); err != nil {
+		return err
+	}
+	if _, err := guard.Workdir(req.Workdir); err != nil {
+		return err
+	}
+	return guard.Env(req.Env)
+}
+
+// checkBounds checks req's timeout and output limit against the bounds (0 or past the library's: the library's).
+func checkBounds(req ExecRequest, maxTimeout time.Duration, maxOutput int64) error {
 	if maxTimeout <= 0 || maxTimeout > lifecycle.MaxTimeout {
 		maxTimeout = lifecycle.MaxTimeout
 	}
@@ -170,8 +186,5 @@ func CheckExecWithin(req ExecRequest, maxTimeout time.Duration, maxOutput int64)
 		return fault.New(fault.InvalidArgument, "use an output limit between 1 byte and the operator's bound",
 			"output limit %d is out of range (1..%d bytes)", req.OutputLimit, maxOutput)
 	}
-	if _, err := guard.Workdir(req.Workdir); err != nil {
-		return err
-	}
-	return guard.Env(req.Env)
+	return nil
 }

@@ -182,19 +182,17 @@ func (r *repository) mergeNetwork(base *Network, op RepositoryPolicy) (*Network,
 		return nil, err
 	}
 	for _, c := range creds {
-		nw.Credentials = append(nw.Credentials, credentialOf(c))
+		nw.Credentials = append(nw.Credentials, CredentialOf(c))
 	}
 	return lifecycle.MergeNetwork(base, nw)
 }
 
-// credentialOf is the operator's resolved credential as the library's network block carries it.
-func credentialOf(c tier.ResolvedCredential) Credential {
+// CredentialOf is the operator's resolved credential as the library's network block carries it (the repository's
+// references, and the CLI's templates).
+func CredentialOf(c tier.ResolvedCredential) Credential {
 	return Credential{Name: c.Name, Value: c.Value, Hosts: c.Hosts, Header: c.Header, Scheme: c.Scheme, Fields: c.Fields,
 		AllowPlaintext: c.AllowPlaintext}
 }
-
-// CredentialOf is credentialOf for the CLI's operator config (templates' credentials).
-func CredentialOf(c tier.ResolvedCredential) Credential { return credentialOf(c) }
 
 // secretFiles resolves secret files by the operator's names into the files every command of the run gets.
 func (m *Manager) secretFiles(files []spec.SecretFile) ([]Secret, error) {
