@@ -68,6 +68,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 		sb, err := m.drv.Inspect(ctx, key.ContainerName())
 		switch {
 		case cerrdefs.IsNotFound(err):
+			began := time.Now()
 			sb, err = m.create(ctx, key, sh, want, hash, imageID)
 			if cerrdefs.IsConflict(err) { // another process won the name: inspect it and adopt it
 				adopted = true
@@ -78,7 +79,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			}
 			m.decided(key, sb, DecisionCreate)
 			m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
-				Image: sh.cfg.Image, Created: true})
+				Image: sh.cfg.Image, Created: true, DurationMS: time.Since(began).Milliseconds()})
 			running, d, err := m.started(ctx, key, sb, DecisionCreate)
 			if err != nil {
 				return nil, "", err
@@ -109,9 +110,10 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			if _, err := m.ensureWorkspace(key, sh, true); err != nil {
 				return nil, "", err
 			}
+			began := time.Now()
 			if err := m.drv.Start(ctx, sb); err == nil {
 				m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
-					Image: sh.cfg.Image})
+					Image: sh.cfg.Image, DurationMS: time.Since(began).Milliseconds()})
 				return m.started(ctx, key, sb, d)
 			} else if ctx.Err() != nil {
 				return nil, "", err // the caller gave up: a start cut short says nothing about the sandbox

@@ -45,9 +45,45 @@ const timeFormat = "2006-01-02T15:04:05.000Z"
 // Store is a store.Store over one SQLite file.
 type Store struct {
 	db *sql.DB
-	// tokenByHash is prepared once: the service looks a token up on every request, and SQLite would otherwise
-	// parse the same SELECT each time (half of the lookup's cost).
+	// The statements on every command's path are prepared once: SQLite would otherwise parse the same SQL each
+	// time, which is half of a token lookup's cost and a third of a run record's.
 	tokenByHash *sql.Stmt
+	insertRun   *sql.Stmt
+	runStatus   *sql.Stmt
+	finishRun   *sql.Stmt
+	insertEvent *sql.Stmt
+}
+
+// prepare prepares the statements of the command's path, or none.
+func (s *Store) prepare(ctx context.Context) error {
+	for _, p := range []struct {
+		stmt **sql.Stmt
+		sql  string
+	}{
+		{&s.tokenByHash, `SELECT ` + tokenColumns + ` FROM tokens WHERE hash = ?`},
+		{&s.insertRun, `INSERT INTO runs (` + runColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
+		{&s.runStatus, `SELECT status FROM runs WHERE id = ?`},
+		{&s.finishRun, `UPDATE runs SET status = ?, failure_code = ?, disposition = ?, finished_at = ? WHERE id = ?`},
+		{&s.insertEvent, `INSERT INTO events (run_id, time, name, payload, request_id) VALUES (?, ?, ?, ?, ?) RETURNING seq`},
+	} {
+		stmt, err := s.db.PrepareContext(ctx, p.sql)
+		if err != nil {
+			_ = s.closeStatements()
+			return err
+		}
+		*p.stmt = stmt
+	}
+	return nil
+}
+
+func (s *Store) closeStatements() error {
+	var errs []error
+	for _, st := range []*sql.Stmt{s.tokenByHash, s.insertRun, s.runStatus, s.finishRun, s.insertEvent} {
+		if st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -102,12 +138,12 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open sqlite store %s: %w", abs, err)
 	}
-	stmt, err := db.PrepareContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE hash = ?`)
-	if err != nil {
+	s := &Store{db: db}
+	if err := s.prepare(ctx); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open sqlite store %s: %w", abs, err)
 	}
-	return &Store{db: db, tokenByHash: stmt}, nil
+	return s, nil
 }
 
 func migrate(ctx context.Context, db *sql.DB) error {
@@ -126,7 +162,7 @@ func migrate(ctx context.Context, db *sql.DB) error {
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return errors.Join(s.tokenByHash.Close(), s.db.Close()) }
+func (s *Store) Close() error { return errors.Join(s.closeStatements(), s.db.Close()) }
 
 const runColumns = `id, tenant, user_name, trust, requested_mode, resolved_mode, source, driver, admission, status,
 	failure_code, disposition, created_at, finished_at`
@@ -138,8 +174,7 @@ func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
 		return err
 	}
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO runs (`+runColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			r.ID, r.Tenant, r.User, r.Trust, r.RequestedMode, r.ResolvedMode, r.Source, r.Driver, r.Admission,
+		_, err := tx.StmtContext(ctx, s.insertRun).ExecContext(ctx, r.ID, r.Tenant, r.User, r.Trust, r.RequestedMode, r.ResolvedMode, r.Source, r.Driver, r.Admission,
 			r.Status, r.FailureCode, r.Disposition, fmtTime(r.CreatedAt), nullTime(r.FinishedAt))
 		return err
 	})
@@ -160,7 +195,7 @@ func (s *Store) UpdateRun(ctx context.Context, id string, upd store.RunUpdate) e
 	}
 	return s.write(ctx, func(tx *sql.Tx) error {
 		var status string
-		err := tx.QueryRowContext(ctx, `SELECT status FROM runs WHERE id = ?`, id).Scan(&status)
+		err := tx.StmtContext(ctx, s.runStatus).QueryRowContext(ctx, id).Scan(&status)
 		if errors.Is(err, sql.ErrNoRows) {
 			return store.ErrRunNotFound("update run", id)
 		}
@@ -170,8 +205,7 @@ func (s *Store) UpdateRun(ctx context.Context, id string, upd store.RunUpdate) e
 		if status != store.StatusRunning {
 			return store.ErrFinished(id, status)
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE runs SET status = ?, failure_code = ?, disposition = ?, finished_at = ? WHERE id = ?`,
-			upd.Status, upd.FailureCode, upd.Disposition, fmtTime(upd.FinishedAt), id)
+		_, err = tx.StmtContext(ctx, s.finishRun).ExecContext(ctx, upd.Status, upd.FailureCode, upd.Disposition, fmtTime(upd.FinishedAt), id)
 		if err != nil {
 			return fmt.Errorf("update run %s: %w", id, err)
 		}
@@ -255,8 +289,7 @@ func (s *Store) AppendEvent(ctx context.Context, e store.Event) (int64, error) {
 	}
 	var seq int64
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		return tx.QueryRowContext(ctx, `INSERT INTO events (run_id, time, name, payload, request_id) VALUES (?, ?, ?, ?, ?) RETURNING seq`,
-			nullString(e.RunID), fmtTime(e.Time), e.Name, string(e.Payload), e.RequestID).Scan(&seq)
+		return tx.StmtContext(ctx, s.insertEvent).QueryRowContext(ctx, nullString(e.RunID), fmtTime(e.Time), e.Name, string(e.Payload), e.RequestID).Scan(&seq)
 	})
 	if isCode(err, sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY) {
 		return 0, store.ErrRunNotFound("append event "+e.Name, e.RunID)
