@@ -164,7 +164,7 @@ func CheckExecWithin(req ExecRequest, maxTimeout time.Duration, maxOutput int64)
 	if err := checkBounds(req, maxTimeout, maxOutput); err != nil {
 		return err
 	}
-	if _, err := guard.Workdir(req.Workdir); err != nil {
+	if err := guard.WorkdirText(req.Workdir); err != nil { // where it lies: the lifecycle, with the workspace folder
 		return err
 	}
 	return guard.Env(req.Env)
