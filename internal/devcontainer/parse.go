@@ -394,8 +394,9 @@ func (p *parser) imageXorBuild(fields map[string]member, cfg *Config) {
 		p.errorf(diag.DevcontainerImageBuild, off, "keep either image or build", "image and build are both set")
 		cfg.Image, cfg.Build = "", nil
 	case !hasImage && !hasBuild:
-		p.errorf(diag.DevcontainerImageBuild, 0, `name an image ("image": "mcr.microsoft.com/devcontainers/base:bookworm") or a build`,
-			"devcontainer.json names neither an image nor a build")
+		// Codespaces runs such a file in its default image; sandkeep runs it in the operator's.
+		p.warn(diag.DevcontainerImageBuild, 0, `name an image ("image": "mcr.microsoft.com/devcontainers/base:bookworm") or a build`,
+			"devcontainer.json names neither an image nor a build; the sandbox runs the operator's image")
 	}
 }
 
@@ -602,7 +603,7 @@ func (p *parser) mount(cfg *Config, off int, s string) (string, bool) {
 		if errors.As(err, &fe) {
 			why = fe.Message
 		}
-		p.drop(cfg, off, "mounts", short(s), "the mount guard refuses it: "+why)
+		p.drop(cfg, off, "mounts", s, "the mount guard refuses it: "+why)
 		return "", false
 	}
 	c := "type=bind,source=" + m.Source + ",target=" + m.Target

@@ -73,8 +73,14 @@ var knownFields = map[string]bool{
 	"shutdownAction": true, "hostRequirements": true, "forwardPorts": true, "appPort": true,
 }
 
+// maxItem bounds a dropped item's text, in bytes: events and lines stay small whatever the file holds.
+const maxItem = 256
+
 // drop records one dropped item and its SK202 warning.
 func (p *parser) drop(cfg *Config, off int, field, item, why string) {
+	if len(item) > maxItem {
+		item = item[:maxItem] + "…"
+	}
 	d := Drop{Field: field, Item: item, Why: why}
 	if off >= 0 {
 		d.Line, d.Col = lineCol(p.src, off)
