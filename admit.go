@@ -88,6 +88,10 @@ type Run struct {
 	owned   bool // admitted here: Finish ends it (an attached run stays open)
 	rec     *record.Recorder
 	onEvent EventFunc
+
+	postAttach string    // devcontainer.json's postAttachCommand: run before the run's first command
+	attachOnce sync.Once // guards attachErr
+	attachErr  error     // the postAttachCommand's failure, which every command of the run then returns
 }
 
 // Admit decides whether and how key's work runs, records the run with that verdict before anything runs, and
@@ -314,6 +318,7 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		return err
 	}
 	r.lc = lc
+	r.postAttach = repo.sb.PostAttach
 	image := ""
 	if repo.sb.Build != nil && !onHost {
 		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {

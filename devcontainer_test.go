@@ -37,7 +37,7 @@ func devcontainerRepo(t *testing.T, dc string) string {
 // Docker socket) are dropped and reported, leaving CapEff 0; the workspace is at workspaceFolder
 // /workspaces/app, where commands start, where the workdir guard and the file API follow it; a named volume
 // survives the sandbox's removal and recreation and goes with `rm`; postStartCommand runs again after a stop
-// while onCreateCommand and postCreateCommand run once.
+// while onCreateCommand and postCreateCommand run once, and postAttachCommand runs before each run's first command.
 func TestDevcontainerAsWritten(t *testing.T) {
 	cfg := baseConfig(t)
 	cfg.Spec = devcontainerRepo(t, fmt.Sprintf(`{
@@ -53,6 +53,7 @@ func TestDevcontainerAsWritten(t *testing.T) {
 	"onCreateCommand": "echo created >> ${containerWorkspaceFolder}/.lifecycle",
 	"postCreateCommand": {"a": "echo post-a >> /workspaces/app/.post", "b": "echo post-b >> /workspaces/app/.post"},
 	"postStartCommand": ["sh", "-c", "echo started >> /workspaces/app/.lifecycle"],
+	"postAttachCommand": "echo attached >> /workspaces/app/.lifecycle",
 	"remoteUser": "vscode",
 	"customizations": {"vscode": {"extensions": ["golang.go"]}},
 }`, cfg.Image))
@@ -104,7 +105,9 @@ func TestDevcontainerAsWritten(t *testing.T) {
 		}
 		return res
 	}
-	sh := func(script string) string { return exec(sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}}).Stdout }
+	sh := func(script string) string {
+		return exec(sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}}).Stdout
+	}
 
 	// Hardened whatever the file asked: no capability, no-new-privileges, no Docker socket.
 	status := sh("grep -E '^(CapEff|CapPrm|NoNewPrivs):' /proc/self/status; test -e /var/run/docker.sock && echo SOCKET || true")
@@ -157,15 +160,25 @@ func TestDevcontainerAsWritten(t *testing.T) {
 	}
 
 	// Lifecycle: onCreate and postCreate (both parallel halves) once, postStart at each start.
-	if got := sh("cat .lifecycle; sort .post"); got != "created\nstarted\npost-a\npost-b\n" {
+	if got := sh("cat .lifecycle; sort .post"); got != "created\nstarted\nattached\npost-a\npost-b\n" {
 		t.Errorf("after create: %q", got)
 	}
 	sh("echo kept > /home/cache/v")
 	if err := s.m.Stop(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	if got := sh("cat .lifecycle"); got != "created\nstarted\nstarted\n" {
-		t.Errorf("after a stop and a start: %q, want postStartCommand once more and onCreateCommand not again", got)
+	if got := sh("cat .lifecycle"); got != "created\nstarted\nattached\nstarted\n" {
+		t.Errorf("after a stop and a start: %q, want postStartCommand once more, onCreateCommand and postAttachCommand not again", got)
+	}
+	// A new run is a new session: postAttachCommand runs before its first command.
+	run2, err := s.m.Admit(ctx, sandkeep.RunRequest{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, err := run2.Exec(ctx, sandkeep.ExecRequest{Argv: []string{"cat", ".lifecycle"}})
+	run2.Finish(err)
+	if err != nil || res2.Stdout != "created\nstarted\nattached\nstarted\nattached\n" {
+		t.Errorf("second run: %v %q, want postAttachCommand once more", err, res2.Stdout)
 	}
 
 	// The named volume survives the sandbox's removal (as recycling and retention remove it) and goes with rm.
