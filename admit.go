@@ -73,6 +73,9 @@ type Run struct {
 	Warnings []string `json:"warnings,omitempty"`
 	// Notice is the one loud line of a run that degraded to the host ("" otherwise): show it to a person.
 	Notice string `json:"notice,omitempty"`
+	// Dropped is the one line saying what the repository's devcontainer.json asked that would weaken the
+	// sandbox and was dropped ("" when nothing was); the sandbox_devcontainer_dropped event lists each with why.
+	Dropped string `json:"dropped,omitempty"`
 
 	m       *Manager
 	key     Key
@@ -85,6 +88,10 @@ type Run struct {
 	owned   bool // admitted here: Finish ends it (an attached run stays open)
 	rec     *record.Recorder
 	onEvent EventFunc
+
+	postAttach string    // devcontainer.json's postAttachCommand: run before the run's first command
+	attachOnce sync.Once // guards attachErr
+	attachErr  error     // the postAttachCommand's failure, which every command of the run then returns
 }
 
 // Admit decides whether and how key's work runs, records the run with that verdict before anything runs, and
@@ -106,7 +113,7 @@ func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
 	trust, tpl, repo, mode, d := a.trust, a.tpl, a.repo, a.mode, a.d
 	r := &Run{Tenant: rr.Key.Tenant, User: rr.Key.User, Mode: mode.Mode, Source: string(mode.Source), Trust: trust,
 		Driver: d.Driver, Admission: store.AdmissionAdmitted, Template: tpl.name(), Warnings: repo.warnings,
-		Notice: d.CLILine, m: m, key: rr.Key, caller: rr.Caller, owned: true, onEvent: rr.OnEvent}
+		Notice: d.CLILine, Dropped: droppedLine(repo.dropped), m: m, key: rr.Key, caller: rr.Caller, owned: true, onEvent: rr.OnEvent}
 	if d.Action == policy.Refuse {
 		r.Admission, r.Driver = store.AdmissionRefused, ""
 	}
@@ -115,6 +122,9 @@ func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
 	}
 	if repo.denied != nil {
 		r.event(events.NameSandboxEnvDenied, *repo.denied)
+	}
+	if repo.dropped != nil {
+		r.event(events.NameDevcontainerDropped, *repo.dropped)
 	}
 	if d.Event != nil {
 		r.event(events.NameSandboxSkipped, *d.Event)
@@ -181,6 +191,7 @@ type Plan struct {
 	Spec                   RepositorySpec // the repository's block, fused and checked
 	Root                   string         // the repository root; "" without a spec
 	Warnings               []string
+	Dropped                []string // what devcontainer.json asked that would weaken the posture, dropped: one line each with why
 }
 
 // Plan decides as Admit would for rr, and records, creates and runs nothing. An input that is not understood,
@@ -192,7 +203,7 @@ func (m *Manager) Plan(ctx context.Context, rr RunRequest) (*Plan, error) {
 	}
 	p := &Plan{Mode: a.mode.Mode, Source: string(a.mode.Source), ModeNote: a.mode.Note, Trust: a.trust,
 		Driver: a.d.Driver, Sandboxed: a.d.Action == policy.RunSandboxed, Notice: a.d.CLILine, Template: a.tpl.name(),
-		Spec: a.repo.sb, Root: a.repo.root, Warnings: a.repo.warnings}
+		Spec: a.repo.sb, Root: a.repo.root, Warnings: a.repo.warnings, Dropped: droppedItems(a.repo.dropped)}
 	if a.d.Action == policy.Refuse {
 		p.Driver, p.Refusal = "", a.d.Err
 		return p, nil
@@ -307,6 +318,7 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		return err
 	}
 	r.lc = lc
+	r.postAttach = repo.sb.PostAttach
 	image := ""
 	if repo.sb.Build != nil && !onHost {
 		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {
@@ -428,7 +440,7 @@ func (m *Manager) build(ctx context.Context, r *Run, lc *lifecycle.Manager, repo
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, buildBound)
 	defer cancel()
-	ref, _, err := bd.Build(ctx, build.Request{Root: repo.root, Dockerfile: b.Dockerfile, Context: b.Context, Args: b.Args}, progress)
+	ref, _, err := bd.Build(ctx, build.Request{Root: repo.root, Dockerfile: b.Dockerfile, Context: b.Context, Args: b.Args, Target: b.Target}, progress)
 	took := time.Since(start).Milliseconds()
 	if err != nil {
 		code := fault.CodeOf(err)

@@ -35,7 +35,16 @@ func (m *Manager) Files(key Key, create bool, lim FileLimits) (*Files, error) {
 	if err != nil {
 		return nil, err
 	}
-	return files.Open(dir, uid, gid, lim)
+	fs, err := files.Open(dir, uid, gid, lim)
+	if err != nil {
+		return nil, err
+	}
+	// The file API follows the repository's workspace folder (devcontainer.json's workspaceFolder): its
+	// absolute paths are accepted as the sandbox sees them.
+	if r, rerr := m.loadRepository(m.cfg.Spec); rerr == nil && r.sb.WorkspaceFolder != "" {
+		fs.InFolder(r.sb.WorkspaceFolder)
+	}
+	return fs, nil
 }
 
 // Sandbox describes key's sandbox; none is SANDBOX_NOT_FOUND.

@@ -1,6 +1,7 @@
 package sandkeep
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,9 +25,10 @@ type RepositoryPolicy = tier.Operator
 // operator's RepositoryPolicy.
 type repository struct {
 	sb       spec.Sandbox
-	root     string                   // the repository root (the spec's directory)
-	warnings []string                 // diagnostics that do not stop the run, one line each
-	denied   *events.SandboxEnvDenied // the repository's variables that were stripped (names only), if any
+	root     string                      // the repository root (the spec's directory)
+	warnings []string                    // diagnostics that do not stop the run, one line each
+	denied   *events.SandboxEnvDenied    // the repository's variables that were stripped (names only), if any
+	dropped  *events.DevcontainerDropped // what devcontainer.json asked that would weaken the posture, if any
 }
 
 // loadRepository reads the spec at path ("" is no repository input), fuses devcontainer.json when the spec
@@ -50,10 +52,16 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 			if err := r.take(list, "devcontainer.json"); err != nil {
 				return nil, err
 			}
+			if err := composeHook(dc); err != nil {
+				return nil, err
+			}
+			r.warnings = append(r.warnings, featuresHook(dc)...)
 			var denied []devcontainer.Event
 			r.sb, denied = devcontainer.Fuse(dc, &r.sb, nil)
 			src.Devcontainer = dc
 			r.denied = deniedEvent(denied)
+			r.dropped = droppedEvent(dc)
+			r.warnings = append(r.warnings, m.hostRequirements(dc)...)
 		}
 	}
 	if list := tier.RepositoryFrom(&r.sb, r.root, m.cfg.Repository, src); list.HasErrors() {
@@ -68,7 +76,7 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 // take keeps list's warnings and turns its errors into one SPEC_INVALID failure that lists them all.
 func (r *repository) take(list diag.List, what string) error {
 	for _, d := range list {
-		if d.Severity != diag.Error {
+		if d.Severity != diag.Error && d.Code != diag.DevcontainerDropped { // drops are reported once, as r.dropped
 			r.warnings = append(r.warnings, d.String())
 		}
 	}
@@ -93,9 +101,6 @@ func lines(list diag.List) string {
 // unsupported refuses spec fields this build does not apply yet, rather than running without them.
 func unsupported(sb spec.Sandbox) error {
 	var fields []string
-	if sb.WorkspaceFolder != "" && sb.WorkspaceFolder != "/workspace" {
-		fields = append(fields, "workspace_folder")
-	}
 	if sb.HostState == "auto" {
 		fields = append(fields, "host_state: auto")
 	}
@@ -105,6 +110,100 @@ func unsupported(sb spec.Sandbox) error {
 	return fault.New(fault.SpecUnsupported, "remove them from the spec, or run a sandkeep that supports them",
 		"the spec uses %s, which this sandkeep cannot apply yet; refusing rather than running without them",
 		strings.Join(fields, ", "))
+}
+
+// composeHook refuses a compose-based devcontainer.json until the compose support resolves it (PART B,
+// internal/compose, replaces this): running it in the default image would silently run without its service.
+var composeHook = func(dc *devcontainer.Config) error {
+	if dc.Compose == nil {
+		return nil
+	}
+	return fault.New(fault.SpecUnsupported, "name an image or a build in devcontainer.json, or in sandkeep.yaml",
+		"%s is compose-based (dockerComposeFile, service %q), which this sandkeep cannot run yet", dc.Path, dc.Compose.Service)
+}
+
+// featuresHook says what happens to the file's features (PART B, internal/devcontainer/feature, installs them
+// and replaces this): without it they are not installed, one warning.
+var featuresHook = func(dc *devcontainer.Config) []string {
+	if len(dc.Features) == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("%s: warning SK208: features are not installed by this sandkeep; the sandbox runs without them", dc.Path)}
+}
+
+// hostRequirements says, one warning each, where the file's hostRequirements ask for more than the operator
+// gives a sandbox: the operator's limits are the caps, and the sandbox gets them.
+func (m *Manager) hostRequirements(dc *devcontainer.Config) []string {
+	hr := dc.HostRequirements
+	if hr == nil {
+		return nil
+	}
+	var out []string
+	cpus := m.cfg.CPUs
+	if cpus == 0 {
+		cpus = float64(lifecycle.DefaultNanoCPUs) / 1e9
+	}
+	if hr.CPUs > cpus {
+		out = append(out, fmt.Sprintf("%s: hostRequirements.cpus %g is above the operator's %g; the sandbox gets %g", dc.Path, hr.CPUs, cpus, cpus))
+	}
+	mem := m.cfg.MemoryBytes
+	if mem == 0 {
+		mem = lifecycle.DefaultMemory
+	}
+	if hr.Memory != "" {
+		if n, err := spec.ParseSize(hr.Memory); err == nil && n > mem {
+			out = append(out, fmt.Sprintf("%s: hostRequirements.memory %s is above the operator's %d MiB; the sandbox gets %d MiB", dc.Path, hr.Memory, mem>>20, mem>>20))
+		}
+	}
+	return out
+}
+
+// droppedEvent is the one sandbox_devcontainer_dropped event for what the file asked that would weaken the
+// posture, or nil.
+func droppedEvent(dc *devcontainer.Config) *events.DevcontainerDropped {
+	if len(dc.Dropped) == 0 {
+		return nil
+	}
+	ev := &events.DevcontainerDropped{Origin: filepath.Base(dc.Path)}
+	for _, d := range dc.Dropped {
+		ev.Items = append(ev.Items, events.DevcontainerItem{Field: d.Field, Item: d.Item, Why: d.Why, Line: d.Line})
+	}
+	return ev
+}
+
+// DroppedLine is the one line a person is shown for a run whose devcontainer.json asked for things that would
+// weaken the posture ("" when it asked for none).
+func droppedLine(ev *events.DevcontainerDropped) string {
+	if ev == nil {
+		return ""
+	}
+	items := make([]string, 0, len(ev.Items))
+	for _, it := range ev.Items {
+		s := it.Field
+		if it.Item != "" && it.Item != it.Field {
+			s += " " + it.Item
+		}
+		items = append(items, s)
+	}
+	return fmt.Sprintf("sandkeep: %s: dropped %d item(s) that would weaken the sandbox, which runs hardened without them: %s",
+		ev.Origin, len(items), strings.Join(items, ", "))
+}
+
+// droppedItems is ev's items, one line each with why, for doctor.
+func droppedItems(ev *events.DevcontainerDropped) []string {
+	if ev == nil {
+		return nil
+	}
+	out := make([]string, 0, len(ev.Items))
+	for _, it := range ev.Items {
+		d := devcontainer.Drop{Field: it.Field, Item: it.Item, Why: it.Why}
+		line := d.String()
+		if it.Line > 0 {
+			line = fmt.Sprintf("line %d: %s", it.Line, line)
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 // deniedEvent is the one sandbox_env_denied event for the repository's stripped variables (names only).
@@ -143,6 +242,15 @@ func (r *repository) apply(c *lifecycle.Config) error {
 	}
 	if sb.PostCreate != "" {
 		c.PostCreate = sb.PostCreate
+	}
+	if sb.PostStart != "" {
+		c.PostStart = sb.PostStart
+	}
+	if sb.WorkspaceFolder != "" {
+		c.WorkspaceFolder = sb.WorkspaceFolder
+	}
+	for _, v := range sb.Volumes {
+		c.Volumes = append(c.Volumes, lifecycle.Volume{Name: v.Name, Target: v.Target, ReadOnly: v.ReadOnly})
 	}
 	if res := sb.Resources; res != nil {
 		if res.CPUs > 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -16,6 +17,32 @@ import (
 
 // Exec runs one command of the run in its sandbox (see Manager.Exec): on the run's driver and in its shape, with
 // the run's network (a caller's block may only narrow it) and secret files, recording its events in the run.
+// postAttachTail bounds the output a failed postAttachCommand's error quotes.
+const postAttachTail = 2 << 10
+
+// runPostAttach runs devcontainer.json's postAttachCommand in the run's sandbox, as the first command of the
+// run (a session attaching). A failure is the run's: its commands do not run, and the error quotes the exit
+// status and the output's tail.
+func (r *Run) runPostAttach(ctx context.Context, pol *egress.Policy, sink lifecycle.Sink) error {
+	var out bytes.Buffer
+	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
+		Argv: []string{"sh", "-c", r.postAttach}, Stdout: &out, Stderr: &out, OnEvent: sink,
+		Secrets: slices.Clip(r.secrets), Network: pol, Shape: r.shape,
+	})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode == 0 && !res.TimedOut {
+		return nil
+	}
+	tail := out.String()
+	if len(tail) > postAttachTail {
+		tail = tail[len(tail)-postAttachTail:]
+	}
+	return fault.New(fault.PostCreateFailed, "fix postAttachCommand in devcontainer.json; the next run tries it again",
+		"postAttachCommand exited %d (timed out: %v) before the run's first command; its output ended with: %q", res.ExitCode, res.TimedOut, strings.TrimSpace(tail))
+}
+
 func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	if r.lc == nil {
 		return nil, fault.New(fault.InvalidArgument, "admit a new run", "run %s was refused and runs nothing", r.ID)
@@ -41,6 +68,12 @@ func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		stderr = &errBuf
 	}
 	sink := r.sink(req)
+	if r.postAttach != "" {
+		r.attachOnce.Do(func() { r.attachErr = r.runPostAttach(ctx, pol, sink) })
+		if r.attachErr != nil {
+			return nil, r.attachErr
+		}
+	}
 	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
@@ -164,7 +197,7 @@ func CheckExecWithin(req ExecRequest, maxTimeout time.Duration, maxOutput int64)
 	if err := checkBounds(req, maxTimeout, maxOutput); err != nil {
 		return err
 	}
-	if _, err := guard.Workdir(req.Workdir); err != nil {
+	if err := guard.WorkdirText(req.Workdir); err != nil { // where it lies: the lifecycle, with the workspace folder
 		return err
 	}
 	return guard.Env(req.Env)

@@ -86,6 +86,13 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 			return doctor.Result{Status: doctor.Pass, Detail: m.HostKind()}
 		}},
 		{Name: "spec resolves", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.planRun(ctx, pf) }},
+		{Name: "devcontainer drops", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
+			if d := st.plan.Dropped; len(d) > 0 {
+				return doctor.Result{Status: doctor.Warn, Detail: fmt.Sprintf("%d item(s) of devcontainer.json would weaken the sandbox and are dropped: %s", len(d), strings.Join(d, "; ")),
+					Fix: "nothing to do: the sandbox runs hardened without them; remove them from devcontainer.json to silence this"}
+			}
+			return doctor.Result{Status: doctor.Pass, Detail: "nothing dropped"}
+		}},
 		{Name: "mode", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
 			p := st.plan
 			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s, from %s (%s)", p.Mode, p.Source, p.ModeNote)}

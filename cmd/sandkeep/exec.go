@@ -160,7 +160,7 @@ func checkExec(cmd *cobra.Command, req sandkeep.ExecRequest, gateWait time.Durat
 		return fault.New(fault.InvalidArgument, "use a positive --gate-wait, e.g. --gate-wait 30s",
 			"gate wait %s is not positive", gateWait)
 	}
-	if _, err := guard.Workdir(req.Workdir); err != nil {
+	if err := guard.WorkdirText(req.Workdir); err != nil { // where it lies: the lifecycle, with the workspace folder
 		return err
 	}
 	return guard.Env(req.Env)
@@ -215,6 +215,9 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 	}
 	if run.Notice != "" {
 		fmt.Fprintln(g.stderr, run.Notice) // one loud line, prefixed by policy
+	}
+	if run.Dropped != "" {
+		fmt.Fprintln(g.stderr, run.Dropped) // one line; the sandbox_devcontainer_dropped event has each item with why
 	}
 	res, err := run.Exec(ctx, req)
 	if ferr := run.Finish(err); ferr != nil {

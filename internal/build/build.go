@@ -97,6 +97,7 @@ type Request struct {
 	Dockerfile string            // relative to Root; "" means Context/Dockerfile
 	Context    string            // relative to Root; "" means "." (the repository root)
 	Args       map[string]string // build args (Dockerfile ARG); never logged
+	Target     string            // the stage to build ("" is the last); part of the digest when set
 }
 
 // Builder builds images from a Request. It is optional for drivers (the Docker driver has it); callers find it
@@ -234,11 +235,11 @@ func buildContext(ctx context.Context, req Request, lim limits) (_ io.ReadCloser
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, "", "", fmt.Errorf("build context: %w", err)
 	}
-	return f, s.dfName, digestOf(s.dfName, req.Args, sum.Sum(nil)), nil
+	return f, s.dfName, digestOf(s.dfName, req.Args, req.Target, sum.Sum(nil)), nil
 }
 
 // digestOf frames every input with its length, so no two different inputs hash the same bytes.
-func digestOf(dockerfile string, args map[string]string, tarSum []byte) string {
+func digestOf(dockerfile string, args map[string]string, target string, tarSum []byte) string {
 	h := sha256.New()
 	frame := func(s string) {
 		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
@@ -255,6 +256,10 @@ func digestOf(dockerfile string, args map[string]string, tarSum []byte) string {
 	for _, k := range keys {
 		frame(k)
 		frame(args[k])
+	}
+	if target != "" { // only when set, so digests of builds without one are unchanged
+		frame("target")
+		frame(target)
 	}
 	h.Write(tarSum)
 	return hex.EncodeToString(h.Sum(nil))

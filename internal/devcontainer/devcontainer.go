@@ -73,6 +73,27 @@ type Config struct {
 	PostCreate      string            // a shell command line
 	Mounts          []string          // canonical "type=bind,source=...,target=...[,readonly]"; each passed guard.ParseMount at Parse
 	WorkspaceFolder string            // absolute, clean
+	WorkspaceMount  string            // workspaceMount's target (absolute, clean); its source is the repository
+
+	ContainerEnv, RemoteEnv   map[string]string // the two as written (Env is their merge)
+	RemoteUser, ContainerUser string            // user names mapped onto the sandbox's uid (numeric ones are in User)
+	UpdateRemoteUserUID       *bool             // recorded: the sandbox's uid is the operator's either way
+
+	OnCreate, UpdateContent string // lifecycle commands, each a shell command line (object forms run in parallel)
+	PostStart, PostAttach   string
+
+	Volumes          []Volume          // type=volume mounts: named volumes the sandbox owns
+	Tmpfs            []string          // type=tmpfs mounts, "target[:size=N]"
+	Init             *bool             // recorded; sandkeep's agent is the container's init either way
+	OverrideCommand  *bool             // recorded; sandkeep's agent is the container's command either way
+	ShutdownAction   string            // recorded: none, stopContainer or stopCompose; the sweeper stops idle sandboxes
+	HostRequirements *HostRequirements // cpus and memory become limits within the operator's caps (Fuse)
+	ForwardPorts     []string          // recorded for port forwarding; nothing is published on the host
+	Dropped          []Drop            // what would weaken the posture, dropped and reported, in the file's order
+
+	// PART B hooks: recorded raw, resolved by internal/devcontainer/feature and internal/compose.
+	Features []byte   // the "features" object as standard JSON; nil when absent
+	Compose  *Compose // dockerComposeFile, service, runServices; nil when absent
 
 	pos map[string][2]int // line and column of the value each field was read from: "user" (and "remoteUser" or "containerUser", whichever gave it), "mounts[i]" (i indexes Mounts)
 }

@@ -1,6 +1,8 @@
 package devcontainer
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"path"
 	"path/filepath"
 	"strings"
@@ -59,6 +61,8 @@ func (p *parser) variable(at int, body string) (value string, ok, containerRef b
 		return p.containerWS, true, false
 	case "containerWorkspaceFolderBasename":
 		return path.Base(p.containerWS), true, false
+	case "devcontainerId":
+		return devcontainerID(p.env.WorkspaceFolder), true, false
 	}
 	kind, rest, _ := strings.Cut(body, ":")
 	switch kind {
@@ -99,6 +103,14 @@ func (p *parser) localEnv(at int, name, def string) string {
 		return v
 	}
 	return def
+}
+
+// devcontainerID is ${devcontainerId}: stable for one repository on one host, safe in a volume name. The
+// devcontainer CLI hashes the container's labels; sandkeep's volumes are per key anyway, so a hash of the
+// repository's folder keeps the names the file makes stable and distinct per repository.
+func devcontainerID(workspace string) string {
+	sum := sha256.Sum256([]byte("sandkeep-devcontainer-id\x00" + workspace))
+	return hex.EncodeToString(sum[:])[:26]
 }
 
 // short cuts s for a message.

@@ -19,7 +19,10 @@ import (
 //   - Environment: the repository's env, less the deny class (DenyClass), then the spec's env over it per key.
 //     Each key stripped from the repository's env is an Event (name and class, never the value). The spec's
 //     and the overlay's env are the operator's and are not stripped.
-//   - postCreate and workspaceFolder: the spec's when set, else the repository's.
+//   - postCreate and workspaceFolder: the spec's when set, else the repository's; the repository's postCreate
+//     is onCreateCommand, updateContentCommand and postCreateCommand in sequence (see sequence).
+//   - postStart, postAttach, forwardPorts: the repository's (sandkeep.yaml has no spelling for them).
+//   - tmpfs and volumes: the spec's, then the repository's on targets no mount, tmpfs or volume uses yet.
 //   - Mounts: the spec's, then the repository's; a repository mount whose target a spec mount already uses
 //     is dropped (the spec wins per target). Fuse does not check mounts again: Parse passed each repository
 //     mount through guard.ParseMount and reported refusals as SK205 errors (with their line), and lifecycle
@@ -73,7 +76,12 @@ func fuseRepository(out *spec.Sandbox, dc *Config) []Event {
 	}
 
 	if out.PostCreate == "" {
-		out.PostCreate = dc.PostCreate
+		out.PostCreate = sequence(dc.OnCreate, dc.UpdateContent, dc.PostCreate)
+	}
+	setString(&out.PostStart, dc.PostStart)
+	setString(&out.PostAttach, dc.PostAttach)
+	if len(dc.ForwardPorts) > 0 {
+		out.ForwardPorts = slices.Clone(dc.ForwardPorts)
 	}
 	if out.WorkspaceFolder == "" {
 		out.WorkspaceFolder = dc.WorkspaceFolder
@@ -89,7 +97,44 @@ func fuseRepository(out *spec.Sandbox, dc *Config) []Event {
 			taken[t] = true
 		}
 	}
+	for _, t := range out.Tmpfs {
+		target, _, _ := strings.Cut(t, ":")
+		taken[target] = true
+	}
+	for _, v := range out.Volumes {
+		taken[v.Target] = true
+	}
+	for _, t := range dc.Tmpfs {
+		if target, _, _ := strings.Cut(t, ":"); !taken[target] {
+			out.Tmpfs = append(out.Tmpfs, t)
+			taken[target] = true
+		}
+	}
+	for _, v := range dc.Volumes {
+		if !taken[v.Target] {
+			out.Volumes = append(out.Volumes, spec.Volume{Name: v.Name, Target: v.Target, ReadOnly: v.ReadOnly})
+			taken[v.Target] = true
+		}
+	}
 	return events
+}
+
+// sequence joins lifecycle command lines run one after another, stopping at the first that fails with its
+// status: onCreateCommand, updateContentCommand, then postCreateCommand, as the devcontainer CLI runs them.
+func sequence(cmds ...string) string {
+	var parts []string
+	for _, c := range cmds {
+		if c != "" {
+			parts = append(parts, c)
+		}
+	}
+	if len(parts) <= 1 {
+		return strings.Join(parts, "")
+	}
+	for i, c := range parts {
+		parts[i] = "( " + c + "\n) || exit $?"
+	}
+	return strings.Join(parts, "\n")
 }
 
 // applyOverlay lays the operator's overlay over out.
@@ -166,6 +211,8 @@ func cloneSandbox(s spec.Sandbox) spec.Sandbox {
 	s.Env = maps.Clone(s.Env)
 	s.Mounts = slices.Clone(s.Mounts)
 	s.Tmpfs = slices.Clone(s.Tmpfs)
+	s.Volumes = slices.Clone(s.Volumes)
+	s.ForwardPorts = slices.Clone(s.ForwardPorts)
 	if s.Resources != nil {
 		r := *s.Resources
 		s.Resources = &r

@@ -93,11 +93,14 @@ func TestFuseRealWorld(t *testing.T) {
 	if !slices.Equal(keys, []string{"GITHUB_TOKEN", "HTTP_PROXY", "LD_PRELOAD"}) {
 		t.Errorf("denied keys = %v", keys)
 	}
-	if got.User != "vscode" || got.Build == nil || got.Build.Dockerfile != ".devcontainer/Dockerfile" || got.Mode != spec.ModeAuto {
+	if got.User != "1000:1000" || got.Build == nil || got.Build.Dockerfile != ".devcontainer/Dockerfile" || got.Mode != spec.ModeAuto {
 		t.Errorf("sandbox = %+v", got)
 	}
 	if _, ok := got.Env["APP_ENV"]; !ok || len(got.Env) != 3 {
 		t.Errorf("env = %v, want APP_ENV, REPO, SSH_PUBLIC_KEY", got.Env)
+	}
+	if want := "( make deps\n) || exit $?\n( bash -c 'pip install -e '\\''.[dev]'\\'' && npm ci'\n) || exit $?"; got.PostCreate != want {
+		t.Errorf("postCreate = %q, want updateContentCommand then postCreateCommand:\n%q", got.PostCreate, want)
 	}
 }
 

@@ -24,6 +24,11 @@ func FuzzParse(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	corpus, err := filepath.Glob("testdata/TestCorpus/*/.devcontainer")
+	if err != nil {
+		f.Fatal(err)
+	}
+	files = append(files, corpus...)
 	for _, p := range files {
 		if st, err := os.Stat(p); err == nil && st.IsDir() {
 			p = filepath.Join(p, "devcontainer.json")
@@ -63,6 +68,36 @@ func FuzzParse(f *testing.F) {
 		}
 		if cfg.Image != "" && cfg.Build != nil {
 			t.Fatalf("image and build both set: %+v", cfg)
+		}
+		drops := 0
+		for _, d := range list {
+			if d.Code == diag.DevcontainerDropped {
+				if d.Severity != diag.Warning {
+					t.Fatalf("a drop fails the file: %s", d)
+				}
+				drops++
+			}
+		}
+		if len(cfg.Dropped) > maxDiags || (len(list) <= maxDiags && drops != len(cfg.Dropped)) {
+			t.Fatalf("%d drops, %d SK202 warnings", len(cfg.Dropped), drops)
+		}
+		for _, d := range cfg.Dropped {
+			if d.Field == "" || d.Why == "" || len(d.Item) > maxItem+len("…") {
+				t.Fatalf("bad drop %+v", d)
+			}
+		}
+		for _, v := range cfg.Volumes {
+			if why := scratchTarget(v.Target, "/workspace"); why != "" && !strings.HasPrefix(why, "is the workspace") {
+				t.Fatalf("volume %+v passed Parse: %s", v, why)
+			}
+			if v.Name != "" && !namedVolume.MatchString(v.Name) {
+				t.Fatalf("volume name %q passed Parse", v.Name)
+			}
+		}
+		for _, c := range []string{cfg.OnCreate, cfg.UpdateContent, cfg.PostCreate, cfg.PostStart, cfg.PostAttach} {
+			if badCommand(c) {
+				t.Fatalf("lifecycle command with control characters passed Parse: %q", c)
+			}
 		}
 		for _, m := range cfg.Mounts {
 			if _, err := guard.ParseMount(m); err != nil {

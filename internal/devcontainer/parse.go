@@ -46,6 +46,7 @@ func Parse(path string, data []byte, env Env) (*Config, diag.List) {
 	if p.list.HasErrors() {
 		return nil, p.list
 	}
+	slices.SortStableFunc(cfg.Dropped, func(a, b Drop) int { return cmp.Or(cmp.Compare(a.Line, b.Line), cmp.Compare(a.Col, b.Col)) })
 	cfg.Path = path
 	cfg.pos = make(map[string][2]int, len(p.pos))
 	for field, off := range p.pos {
@@ -111,14 +112,20 @@ func (p *parser) parse() *Config {
 	if m, ok := fields["workspaceFolder"]; ok {
 		cfg.WorkspaceFolder = p.workspaceFolder(m)
 	}
+	if m, ok := fields["workspaceMount"]; ok {
+		p.workspaceMount(m, cfg)
+		if cfg.WorkspaceMount != "" && cfg.WorkspaceFolder == cfg.WorkspaceMount {
+			p.containerWS = cfg.WorkspaceFolder
+		}
+	}
 	if m, ok := fields["image"]; ok {
 		cfg.Image = p.image(m)
 	}
-	cfg.Build = p.build(fields)
+	cfg.Build = p.build(fields, cfg)
 	p.imageXorBuild(fields, cfg)
 
 	if m, ok := fields["runArgs"]; ok {
-		p.runArgs(m)
+		p.runArgs(m, cfg)
 	}
 	remote := p.envMap(fields["remoteEnv"])
 	container := p.envMap(fields["containerEnv"])
@@ -131,52 +138,29 @@ func (p *parser) parse() *Config {
 			cfg.Env[k] = v // containerEnv wins on the same key
 		}
 	}
-	cfg.User = p.user(fields["remoteUser"])
-	if cfg.User != "" {
-		p.pos["user"] = fields["remoteUser"].val.StartOffset
-		p.pos["remoteUser"] = p.pos["user"]
-	}
-	if cfg.User == "" {
-		if cfg.User = p.user(fields["containerUser"]); cfg.User != "" {
-			p.pos["user"] = fields["containerUser"].val.StartOffset
-			p.pos["containerUser"] = p.pos["user"]
-		}
-	} else if m, ok := fields["containerUser"]; ok {
-		p.user(m) // still checked
-	}
-	if m, ok := fields["postCreateCommand"]; ok {
-		cfg.PostCreate = p.postCreate(m)
-		if badCommand(cfg.PostCreate) {
-			p.errorf(diag.DevcontainerValue, m.val.StartOffset, "remove the control characters (tab and newline are fine)",
-				"postCreateCommand has a control character other than tab and newline, or invalid UTF-8")
-		}
-	}
+	cfg.ContainerEnv, cfg.RemoteEnv = container, remote
+	p.users(fields, cfg)
+	p.lifecycle(fields, cfg)
 	if m, ok := fields["mounts"]; ok {
-		cfg.Mounts = p.mounts(m)
+		cfg.Mounts = p.mounts(m, cfg)
 	}
-	p.unsupported(fields)
+	p.posture(fields, cfg)
+	p.schema(fields, cfg)
 	return cfg
 }
 
-// read are the top-level fields Parse reads or warns about; only their duplicates are errors.
-var readFields = map[string]bool{
-	"image": true, "build": true, "dockerFile": true, "context": true, "runArgs": true, "containerEnv": true,
-	"remoteEnv": true, "containerUser": true, "remoteUser": true, "postCreateCommand": true, "mounts": true,
-	"workspaceFolder": true, "dockerComposeFile": true,
-}
-
-// members indexes the fields sandkeep reads. A field given twice is an error: tools disagree on which one
-// counts, and a reviewer reading the first would not see the second.
+// members indexes the top-level fields. A field given twice is an error when sandkeep reads it (tools
+// disagree on which one counts, and a reviewer reading the first would not see the second); a duplicate of a
+// field sandkeep ignores (customizations, settings ...) is left alone.
 func (p *parser) members(obj *hujson.Object) map[string]member {
 	fields := map[string]member{}
 	for i := range obj.Members {
 		m := &obj.Members[i]
 		name := m.Name.Value.(hujson.Literal).String()
-		if !readFields[name] && !slices.Contains(warnedFields, name) {
-			continue
-		}
 		if _, dup := fields[name]; dup {
-			p.errorf(diag.DevcontainerDuplicate, m.Name.StartOffset, "keep one of them", "field %q is given more than once", name)
+			if !silentFields[name] {
+				p.errorf(diag.DevcontainerDuplicate, m.Name.StartOffset, "keep one of them", "field %q is given more than once", name)
+			}
 			continue
 		}
 		fields[name] = member{name: name, key: &m.Name, val: &m.Value}
@@ -254,8 +238,8 @@ func (p *parser) image(m member) string {
 
 // build reads build{dockerfile, context, args} and the legacy top-level dockerFile and context. Paths are
 // turned relative to the repository root.
-func (p *parser) build(fields map[string]member) *spec.Build {
-	var dockerfile, context string
+func (p *parser) build(fields map[string]member, cfg *Config) *spec.Build {
+	var dockerfile, context, target string
 	var dfOff, ctxOff, buildOff int
 	var args map[string]string
 	bm, hasBuild := fields["build"]
@@ -270,7 +254,7 @@ func (p *parser) build(fields map[string]member) *spec.Build {
 			mm := &obj.Members[i]
 			name := mm.Name.Value.(hujson.Literal).String()
 			switch name {
-			case "dockerfile", "context", "args", "target":
+			case "dockerfile", "context", "args", "target", "options":
 			default:
 				continue // cacheFrom, options ...: build tuning sandkeep does not take
 			}
@@ -289,8 +273,22 @@ func (p *parser) build(fields map[string]member) *spec.Build {
 			case "args":
 				args = p.stringMap(`"build.args"`, &mm.Value)
 			case "target":
-				p.warn(diag.DevcontainerUnsupported, mm.Name.StartOffset, "make the wanted stage the Dockerfile's last one",
-					"build.target is not supported; the Dockerfile's last stage is built")
+				if target, _ = p.str(`"build.target"`, &mm.Value); hasControl(target) || strings.ContainsAny(target, " \t") {
+					p.errorf(diag.DevcontainerValue, mm.Value.StartOffset, "name a stage of the Dockerfile (FROM ... AS name)", "build.target %q is not a stage name", short(target))
+					target = ""
+				}
+			case "options":
+				opts, _ := p.strList(`"build.options"`, &mm.Value)
+				var extra map[string]string
+				extra, target = p.buildOptions(cfg, opts, target)
+				if len(extra) > 0 && args == nil {
+					args = map[string]string{}
+				}
+				for k, v := range extra {
+					if _, set := args[k]; !set {
+						args[k] = v
+					}
+				}
 			}
 		}
 	}
@@ -321,7 +319,7 @@ func (p *parser) build(fields map[string]member) *spec.Build {
 	if context == "" {
 		context, ctxOff = ".", buildOff
 	}
-	b := &spec.Build{Args: args}
+	b := &spec.Build{Args: args, Target: target}
 	b.Dockerfile = p.repoPath("build.dockerfile", dockerfile, dfOff)
 	b.Context = p.repoPath("build.context", context, ctxOff)
 	if b.Dockerfile == "" || b.Context == "" {
@@ -383,11 +381,8 @@ func (p *parser) fileDir() (string, error) {
 
 // imageXorBuild applies SK201 and SK206.
 func (p *parser) imageXorBuild(fields map[string]member, cfg *Config) {
-	if m, ok := fields["dockerComposeFile"]; ok {
-		p.errorf(diag.DevcontainerCompose, m.key.StartOffset,
-			`sandkeep makes one container: name its image ("image") or its Dockerfile ("build") instead`,
-			"dockerComposeFile is not supported")
-		return
+	if _, ok := fields["dockerComposeFile"]; ok {
+		return // the compose file's service names the image or build (Config.Compose, resolved by internal/compose)
 	}
 	_, hasImage := fields["image"]
 	_, hasBuild := fields["build"]
@@ -399,18 +394,19 @@ func (p *parser) imageXorBuild(fields map[string]member, cfg *Config) {
 		p.errorf(diag.DevcontainerImageBuild, off, "keep either image or build", "image and build are both set")
 		cfg.Image, cfg.Build = "", nil
 	case !hasImage && !hasBuild:
-		p.errorf(diag.DevcontainerImageBuild, 0, `name an image ("image": "mcr.microsoft.com/devcontainers/base:bookworm") or a build`,
-			"devcontainer.json names neither an image nor a build")
+		// Codespaces runs such a file in its default image; sandkeep runs it in the operator's.
+		p.warn(diag.DevcontainerImageBuild, 0, `name an image ("image": "mcr.microsoft.com/devcontainers/base:bookworm") or a build`,
+			"devcontainer.json names neither an image nor a build; the sandbox runs the operator's image")
 	}
 }
 
-// runArgs refuses the runArgs that ask for host power and warns once about the others.
-func (p *parser) runArgs(m member) {
+// runArgs drops the runArgs that would weaken the posture (each reported, see Config.Dropped) and warns once
+// about the others, which are not passed on either.
+func (p *parser) runArgs(m member, cfg *Config) {
 	args, _ := p.strList(`"runArgs"`, m.val)
 	refused, ignored := checkRunArgs(args)
 	for _, r := range refused {
-		p.errorf(diag.DevcontainerRunArgRefused, r.off, "remove it from runArgs; sandkeep sets the sandbox's posture itself",
-			"runArgs %q is refused: %s", short(r.text), r.why)
+		p.drop(cfg, r.off, "runArgs", r.text, r.why)
 	}
 	if len(ignored) > 0 {
 		q := make([]string, 0, len(ignored))
@@ -507,32 +503,8 @@ func (p *parser) user(m member) string {
 	return s
 }
 
-// postCreate reads postCreateCommand: a shell string, or an argv joined with joinArgv. The object form runs
-// several commands in parallel, which sandkeep does not do.
-func (p *parser) postCreate(m member) string {
-	switch m.val.Value.(type) {
-	case *hujson.Array:
-		args, ok := p.strList(`"postCreateCommand"`, m.val)
-		if !ok {
-			return ""
-		}
-		argv := make([]string, len(args))
-		for i, a := range args {
-			argv[i] = a.s
-		}
-		return joinArgv(argv)
-	case *hujson.Object:
-		p.warn(diag.DevcontainerUnsupported, m.key.StartOffset, `write one command: "postCreateCommand": "make deps && npm ci"`,
-			"postCreateCommand as an object (parallel commands) is not supported; it is not run")
-		return ""
-	default:
-		s, _ := p.str(`"postCreateCommand"`, m.val)
-		return s
-	}
-}
-
 // mounts reads mounts: --mount strings or {source, target, type} objects.
-func (p *parser) mounts(m member) []string {
+func (p *parser) mounts(m member, cfg *Config) []string {
 	arr, ok := m.val.Value.(*hujson.Array)
 	if !ok {
 		p.errorf(diag.DevcontainerType, m.val.StartOffset, "", `"mounts" must be an array, not %s`, kindName(m.val.Value))
@@ -555,7 +527,7 @@ func (p *parser) mounts(m member) []string {
 				continue
 			}
 		}
-		if c, ok := p.mount(e.StartOffset, s); ok {
+		if c, ok := p.mount(cfg, e.StartOffset, s); ok {
 			p.pos[fmt.Sprintf("mounts[%d]", len(out))] = e.StartOffset
 			out = append(out, c)
 		}
@@ -592,9 +564,11 @@ func (p *parser) mountObject(what string, e *hujson.Value) (string, bool) {
 	return strings.Join(parts, ","), good
 }
 
-// mount checks one mount string with the guard. Docker's consistency= key (a no-op outside macOS) is dropped;
-// volume and tmpfs mounts hold no host path and are ignored with a warning.
-func (p *parser) mount(off int, s string) (string, bool) {
+// mount checks one mount string. Docker's consistency= key (a no-op outside macOS) is dropped. A volume mount
+// becomes one of Config.Volumes and a tmpfs mount one of Config.Tmpfs (see schema.go); a bind passes the
+// guard, and one the guard refuses (a runtime socket, a sensitive host path) is dropped and reported: the
+// file asked for host power, and the sandbox runs without it. A malformed mount is an error (SK205).
+func (p *parser) mount(cfg *Config, off int, s string) (string, bool) {
 	var keep []string
 	typ := ""
 	for _, f := range strings.Split(s, ",") {
@@ -607,14 +581,29 @@ func (p *parser) mount(off int, s string) (string, bool) {
 		}
 		keep = append(keep, f)
 	}
-	if typ == "volume" || typ == "tmpfs" {
-		p.warn(diag.DevcontainerUnsupported, off, "the sandbox's /workspace persists across sessions; use the spec's tmpfs for scratch space",
-			"mount %q is a %s mount, which sandkeep does not make; it is ignored", short(s), typ)
+	if typ == "" && !mountHasPathSource(keep) {
+		typ = "volume" // Docker's default type: "source=name,target=/x" is a named volume
+	}
+	switch typ {
+	case "volume":
+		p.volume(cfg, off, keep)
+		return "", false
+	case "tmpfs":
+		p.tmpfsMount(cfg, off, keep)
 		return "", false
 	}
-	m, err := guard.ParseMount(strings.Join(keep, ","))
+	m, err := guard.SplitMount(strings.Join(keep, ","))
 	if err != nil {
 		p.fault(diag.DevcontainerMountRefused, off, err)
+		return "", false
+	}
+	if err := guard.CheckMount(m); err != nil {
+		why := err.Error()
+		var fe *fault.Error
+		if errors.As(err, &fe) {
+			why = fe.Message
+		}
+		p.drop(cfg, off, "mounts", s, "the mount guard refuses it: "+why)
 		return "", false
 	}
 	c := "type=bind,source=" + m.Source + ",target=" + m.Target
@@ -622,31 +611,6 @@ func (p *parser) mount(off int, s string) (string, bool) {
 		c += ",readonly"
 	}
 	return c, true
-}
-
-// warnedFields are ignored with a warning, because ignoring them changes what the sandbox holds or runs.
-var warnedFields = []string{
-	"features", "initializeCommand", "onCreateCommand", "updateContentCommand", "postStartCommand", "postAttachCommand",
-}
-
-// unsupported warns about warnedFields.
-func (p *parser) unsupported(fields map[string]member) {
-	for _, name := range warnedFields {
-		m, ok := fields[name]
-		if !ok {
-			continue
-		}
-		if name == "features" {
-			p.warn(diag.DevcontainerUnsupported, m.key.StartOffset, "install what the features provide in a Dockerfile and use build",
-				"features are not installed by sandkeep; they are ignored")
-			continue
-		}
-		hint := "put what the sandbox needs in postCreateCommand"
-		if name == "initializeCommand" {
-			hint = "sandkeep never runs a repository's command on the host; " + hint
-		}
-		p.warn(diag.DevcontainerUnsupported, m.key.StartOffset, hint, "%s is not run by sandkeep; only postCreateCommand is", name)
-	}
 }
 
 // joinArgv joins the argv form of postCreateCommand into a command line that sh -c splits back into the same

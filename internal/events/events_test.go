@@ -27,6 +27,9 @@ func TestNewAndDecode(t *testing.T) {
 		{"build failed", NameSandboxBuildFailed, SandboxBuildFailed{Error: "boom", DurationMS: 3}},
 		{"env denied", NameSandboxEnvDenied, SandboxEnvDenied{Keys: []string{"LD_PRELOAD"}, Origin: "devcontainer.json"}},
 		{"post create", NameSandboxPostCreate, SandboxPostCreate{ExitCode: 2, DurationMS: 5}},
+		{"post start", NameSandboxPostStart, SandboxPostStart{ExitCode: 1, DurationMS: 5, OutputTail: "boom"}},
+		{"devcontainer dropped", NameDevcontainerDropped, DevcontainerDropped{Origin: "devcontainer.json",
+			Items: []DevcontainerItem{{Field: "runArgs", Item: "--privileged", Why: "it gives the container power over the host", Line: 3}}}},
 		{"exec started", NameExecStarted, ExecStarted{Command: "make", Workdir: "/workspace", TimeoutMS: 1000, Transport: "agent"}},
 		{"exec finished", NameExecFinished, ExecFinished{ExitCode: 137, TimedOut: true, DurationMS: 1001, Transport: "exec"}},
 		{"network blocked", NameNetworkBlocked, NetworkBlocked{Host: "example.com", Port: 443}},
@@ -66,8 +69,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 16 {
-		t.Errorf("Names() has %d names, want 16", len(Names()))
+	if len(Names()) != 18 {
+		t.Errorf("Names() has %d names, want 18", len(Names()))
 	}
 }
 

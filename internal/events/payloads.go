@@ -85,6 +85,33 @@ type SandboxEnvDenied struct {
 	Origin string   `json:"origin"`
 }
 
+// DevcontainerDropped (sandbox_devcontainer_dropped): the repository's devcontainer.json asked for things that
+// would weaken the sandbox's posture (privileged, a capability, a host namespace, seccomp off, a device, a
+// runtime socket or sensitive host path, initializeCommand ...); they were dropped, not obeyed, and the sandbox
+// runs hardened without them. One event per run lists every item with why. Origin is the file's base name.
+type DevcontainerDropped struct {
+	Origin string             `json:"origin"`
+	Items  []DevcontainerItem `json:"items"`
+}
+
+// DevcontainerItem is one dropped item: the field it was written in, what it asked (as written: a flag with
+// its value, a mount string, a capability; never an environment value), why it was dropped, and its line.
+type DevcontainerItem struct {
+	Field string `json:"field"`
+	Item  string `json:"item,omitempty"`
+	Why   string `json:"why"`
+	Line  int    `json:"line,omitempty"`
+}
+
+// SandboxPostStart (sandbox_post_start): devcontainer.json's postStartCommand ran at a start of the sandbox.
+// OutputTail is the last KiB of its output (the repository's own command; never an environment value).
+type SandboxPostStart struct {
+	ExitCode   int    `json:"exit_code"`
+	TimedOut   bool   `json:"timed_out"`
+	DurationMS int64  `json:"duration_ms"`
+	OutputTail string `json:"output_tail,omitempty"`
+}
+
 // SandboxPostCreate (sandbox_post_create): the spec's post-create command ran once in a new sandbox. The command
 // itself is not recorded.
 type SandboxPostCreate struct {

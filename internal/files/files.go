@@ -22,6 +22,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
+	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -92,6 +94,25 @@ type FS struct {
 	root     *os.Root // the workspace directory; every access goes through it
 	uid, gid int      // owner of what FS creates; -1 leaves that id as the creating process's
 	lim      Limits   // with defaults applied
+	folder   string   // where the workspace is also mounted (a devcontainer.json's workspaceFolder); "" for none
+}
+
+// InFolder makes f also accept absolute paths under folder, where the sandbox sees the same workspace (a
+// devcontainer.json's workspaceFolder such as /workspaces/app). folder must be absolute and clean; "" and
+// /workspace change nothing.
+func (f *FS) InFolder(folder string) *FS {
+	if folder != workspaceDir && path.IsAbs(folder) && path.Clean(folder) == folder && folder != "/" {
+		f.folder = folder
+	}
+	return f
+}
+
+// parse is parsePath, with a path under f.folder taken as relative to the workspace.
+func (f *FS) parse(p string) ([]string, error) {
+	if f.folder != "" && (p == f.folder || strings.HasPrefix(p, f.folder+"/")) {
+		p = strings.TrimPrefix(strings.TrimPrefix(p, f.folder), "/")
+	}
+	return parsePath(p)
 }
 
 // Open opens the workspace directory dir. Files and directories it creates are owned by uid:gid (the sandbox
@@ -119,7 +140,7 @@ func (f *FS) Limits() Limits { return f.lim }
 
 // Stat describes path without following a final symlink.
 func (f *FS) Stat(path string) (Entry, error) {
-	comps, err := parsePath(path)
+	comps, err := f.parse(path)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -153,7 +174,7 @@ func (f *FS) Stat(path string) (Entry, error) {
 // upload may lose it. A cancelled ctx stops the copy at the next read and leaves nothing behind; a Read that
 // blocks is the reader's to unblock (an HTTP body does when its request ends).
 func (f *FS) Write(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error) {
-	comps, err := parsePath(path)
+	comps, err := f.parse(path)
 	if err != nil {
 		return 0, err
 	}
@@ -181,7 +202,7 @@ func (f *FS) Write(ctx context.Context, path string, r io.Reader, mode fs.FileMo
 // cannot make a download unbounded; a file that shrinks meanwhile ends early. The open never blocks on a FIFO
 // and never follows a link.
 func (f *FS) OpenFile(path string) (io.ReadCloser, Entry, error) {
-	comps, err := parsePath(path)
+	comps, err := f.parse(path)
 	if err != nil {
 		return nil, Entry{}, err
 	}
@@ -212,7 +233,7 @@ func (f *FS) OpenFile(path string) (io.ReadCloser, Entry, error) {
 // listing runs is left out. A directory with more than MaxTarEntries entries is FILE_TOO_LARGE, which bounds
 // the memory one listing takes.
 func (f *FS) List(path string) ([]Entry, error) {
-	comps, err := parsePath(path)
+	comps, err := f.parse(path)
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ const (
 // one that failed stay written (the one that failed leaves nothing). The summary counts what was written.
 func (f *FS) ExtractTar(ctx context.Context, dir string, r io.Reader) (TarSummary, error) {
 	var sum TarSummary
-	comps, err := parsePath(dir)
+	comps, err := f.parse(dir)
 	if err != nil {
 		return sum, err
 	}
@@ -197,7 +197,7 @@ func (f *FS) symlinkIn(parent *os.Root, comps []string, target string) error {
 // sees a truncated archive rather than a complete-looking one, and the caller must report the failure (e.g.
 // abort the HTTP response).
 func (f *FS) WriteTar(ctx context.Context, dir string, w io.Writer) error {
-	comps, err := parsePath(dir)
+	comps, err := f.parse(dir)
 	if err != nil {
 		return err
 	}

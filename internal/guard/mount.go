@@ -100,6 +100,16 @@ func ParseMount(s string) (driver.Mount, error) {
 	return m, nil
 }
 
+// SplitMount parses Docker's --mount syntax like ParseMount, without the deny-lists: an error means the
+// string is malformed, not that it asks for a refused path. Check the result with CheckMount before use.
+func SplitMount(s string) (driver.Mount, error) {
+	fields, err := mountFields(s)
+	if err != nil {
+		return driver.Mount{}, err
+	}
+	return mountFromFields(s, fields)
+}
+
 // mountKeys maps every accepted spelling of a key to its canonical name.
 var mountKeys = map[string]string{
 	"type": "type", "src": "source", "source": "source", "dst": "target", "destination": "target",

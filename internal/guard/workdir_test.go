@@ -111,3 +111,44 @@ func TestWorkdirProperty(t *testing.T) {
 		checkWorkdirOutput(t, in, out)
 	})
 }
+
+// TestWorkdirIn: with a devcontainer.json's workspace folder, "" and relative paths resolve under it, absolute
+// paths under it or under /workspace (the same directory) are accepted, anything else is refused.
+func TestWorkdirIn(t *testing.T) {
+	const folder = "/workspaces/app"
+	tests := []struct{ dir, want string }{
+		{"", folder},
+		{"src", folder + "/src"},
+		{folder, folder},
+		{folder + "/src", folder + "/src"},
+		{"/workspace/src", "/workspace/src"},
+		{"/workspaces/other", ""},
+		{"/workspaces", ""},
+		{"/workspaces/app/../other", ""},
+		{"/etc", ""},
+		{"/workspaces/appx", ""},
+	}
+	for _, tt := range tests {
+		got, err := WorkdirIn(folder, tt.dir)
+		if tt.want == "" {
+			if fault.CodeOf(err) != fault.InvalidWorkdir {
+				t.Errorf("WorkdirIn(%q) = %q, %v; want INVALID_WORKDIR", tt.dir, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("WorkdirIn(%q) = %q, %v; want %q", tt.dir, got, err, tt.want)
+		}
+	}
+	if got, err := WorkdirIn("", ""); err != nil || got != "/workspace" {
+		t.Errorf("WorkdirIn without a folder = %q, %v", got, err)
+	}
+	for _, dir := range []string{"../x", "/proc/self", "-rf"} {
+		if err := WorkdirText(dir); fault.CodeOf(err) != fault.InvalidWorkdir {
+			t.Errorf("WorkdirText(%q) = %v, want INVALID_WORKDIR", dir, err)
+		}
+	}
+	if err := WorkdirText("/workspaces/app/src"); err != nil {
+		t.Errorf("WorkdirText of an absolute path: %v (where it lies is WorkdirIn's)", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -91,6 +92,16 @@ type Config struct {
 	// run retries it.
 	PostCreate        string
 	PostCreateTimeout time.Duration
+	// PostStart, when set, runs (`sh -c`, bounded by PostCreateTimeout) at every start of a sandbox: after
+	// PostCreate in a new one, and when a stopped one is started again. A failure fails the command with its
+	// exit status and output tail (the sandbox is kept: its next start tries again).
+	PostStart string
+	// WorkspaceFolder, when set to a path other than /workspace, is where the workspace is also mounted (the
+	// same directory) and where commands start; the workdir guard accepts paths under it. Part of the posture.
+	WorkspaceFolder string
+	// Volumes are named volumes the sandbox owns: each a directory of the key's under the state home, bound
+	// at its target, kept across recycling and removed with the workspace (Remove). Part of the posture.
+	Volumes []Volume
 	// SetupTimeout bounds providing a sandbox (image pull, create, start, post-create); past it the command
 	// fails with SANDBOX_SETUP_TIMEOUT (a retry may help). Default 15m.
 	SetupTimeout time.Duration
@@ -214,6 +225,9 @@ func (c *Config) validate() (uid, gid int, err error) {
 		return 0, 0, fault.New(fault.InvalidArgument, "name a runtime registered with the engine, e.g. runsc (see `docker info`)",
 			"runtime %q is not a runtime name", c.Runtime)
 	}
+	if err := c.checkFolderAndVolumes(); err != nil {
+		return 0, 0, err
+	}
 	for target := range c.Tmpfs {
 		switch target {
 		case "/tmp", driver.HomeDir, spec.SecretsDir, driver.WorkspaceDir, driver.AgentDir, channel.MountPoint:
@@ -222,6 +236,57 @@ func (c *Config) validate() (uid, gid int, err error) {
 		}
 	}
 	return uid, gid, nil
+}
+
+// checkFolderAndVolumes refuses a workspace folder or volume target that is not an absolute, clean path of
+// its own: not /, not in the kernel's, the system's or sandkeep's own directories.
+func (c *Config) checkFolderAndVolumes() error {
+	own := func(what, p string) error {
+		if p == "" || p == "/" || !path.IsAbs(p) || path.Clean(p) != p {
+			return fault.New(fault.InvalidMount, "give an absolute, clean path such as /workspaces/app", "%s %q is not an absolute, clean path other than /", what, p)
+		}
+		for _, s := range []string{"/proc", "/sys", "/dev", "/bin", "/sbin", "/usr", "/lib", "/lib64", "/etc", "/boot", "/tmp",
+			driver.AgentDir, spec.SecretsDir, channel.MountPoint, driver.WorkspaceDir} {
+			if p == s || strings.HasPrefix(p, s+"/") || strings.HasPrefix(s, p+"/") {
+				if what == "volume target" && strings.HasPrefix(p, driver.WorkspaceDir+"/") {
+					continue // a volume inside the workspace (node_modules, target/) is fine
+				}
+				return fault.New(fault.InvalidMount, "choose a directory of its own, such as /workspaces/app", "%s %s overlaps %s", what, p, s)
+			}
+		}
+		return nil
+	}
+	if c.WorkspaceFolder != "" && c.WorkspaceFolder != driver.WorkspaceDir {
+		if err := own("workspace folder", c.WorkspaceFolder); err != nil {
+			return err
+		}
+	}
+	seen := map[string]bool{}
+	for _, v := range c.Volumes {
+		if err := own("volume target", v.Target); err != nil {
+			return err
+		}
+		if v.Name != "" && !validVolumeName(v.Name) {
+			return fault.New(fault.InvalidMount, "name volumes with letters, digits, '_', '.' and '-'", "volume name %q is not valid", v.Name)
+		}
+		if seen[v.Target] {
+			return fault.New(fault.InvalidMount, "give each volume a target of its own", "two volumes at %s", v.Target)
+		}
+		seen[v.Target] = true
+	}
+	return nil
+}
+
+func validVolumeName(s string) bool {
+	if s == "" || len(s) > 128 || !(s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z' || s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // checkDisk refuses a workspace quota that ext4 cannot hold or that passes the operator's ceilings.
@@ -271,13 +336,34 @@ func parseUser(s string) (uid, gid int, err error) {
 	return uid, gid, nil
 }
 
+// Volume is one of Config.Volumes. Name is [A-Za-z0-9][A-Za-z0-9_.-]* or "" (keyed by the target).
+type Volume struct {
+	Name     string
+	Target   string
+	ReadOnly bool
+}
+
+// dirName is the volume's directory name under the key's volumes directory.
+func (v Volume) dirName() string {
+	if v.Name != "" {
+		return "n-" + v.Name
+	}
+	return "t-" + strings.NewReplacer("/", "_").Replace(strings.TrimPrefix(v.Target, "/"))
+}
+
 // posture builds the key's posture: the single place where the sandbox's security shape is decided. chanDir,
 // when set, is the key's channel directory: bound read-only, with the agent's init told to dial the socket in
 // it. It does not depend on this process's Transport, so processes with different transports agree.
-func (c *Config) posture(workspace, agentDir, chanDir string, uid, gid int) driver.Posture {
+func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid int) driver.Posture {
 	mounts := []driver.Mount{
 		{Source: workspace, Target: driver.WorkspaceDir},
 		{Source: agentDir, Target: driver.AgentDir, ReadOnly: true},
+	}
+	if c.WorkspaceFolder != "" && c.WorkspaceFolder != driver.WorkspaceDir {
+		mounts = append(mounts, driver.Mount{Source: workspace, Target: c.WorkspaceFolder})
+	}
+	for _, v := range c.Volumes {
+		mounts = append(mounts, driver.Mount{Source: filepath.Join(volumes, v.dirName()), Target: v.Target, ReadOnly: v.ReadOnly})
 	}
 	initArgv := []string{driver.AgentPath, "init"}
 	if chanDir != "" {

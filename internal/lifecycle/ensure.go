@@ -87,6 +87,9 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			if err := m.postCreate(ctx, key, running, sh); err != nil {
 				return nil, "", err
 			}
+			if err := m.postStart(ctx, running, sh); err != nil {
+				return nil, "", err
+			}
 			return running, d, nil
 		case err != nil:
 			return nil, "", err
@@ -114,7 +117,14 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			if err := m.drv.Start(ctx, sb); err == nil {
 				m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
 					Image: sh.cfg.Image, DurationMS: time.Since(began).Milliseconds()})
-				return m.started(ctx, key, sb, d)
+				running, d, err := m.started(ctx, key, sb, d)
+				if err != nil {
+					return nil, "", err
+				}
+				if err := m.postStart(ctx, running, sh); err != nil {
+					return nil, "", err
+				}
+				return running, d, nil
 			} else if ctx.Err() != nil {
 				return nil, "", err // the caller gave up: a start cut short says nothing about the sandbox
 			}
@@ -215,7 +225,7 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	if err != nil {
 		return driver.Posture{}, "", err
 	}
-	p := sh.cfg.posture(m.home.Workspace(key), m.agentDir, m.channelDir(key), uid, gid)
+	p := sh.cfg.posture(m.home.Workspace(key), m.home.Volumes(key), m.agentDir, m.channelDir(key), uid, gid)
 	if sh.Template != "" {
 		// The template is part of what the sandbox is: asking for another one recycles it, even when both
 		// happen to describe the same container.
@@ -258,6 +268,11 @@ func (m *Manager) ensureWorkspace(key identity.Key, sh *Shape, stopped bool) (st
 		}
 		q := Quota{Bytes: sh.cfg.DiskBytes, Inodes: sh.cfg.DiskInodes}
 		if err := m.home.ensureQuotaMount(key, q, uid, gid, stopped); err != nil {
+			return "", err
+		}
+	}
+	for _, v := range sh.cfg.Volumes {
+		if err := m.home.EnsureVolume(key, v, uid, gid); err != nil {
 			return "", err
 		}
 	}

@@ -86,6 +86,34 @@ func installationID(dir string) (string, error) {
 // Workspace is the host directory bound at /workspace for key.
 func (h *Home) Workspace(k identity.Key) string { return filepath.Join(h.Dir, "workspaces", k.Hex()) }
 
+// Volumes is the host directory that holds key's named volumes, one directory each (Config.Volumes).
+func (h *Home) Volumes(k identity.Key) string { return filepath.Join(h.Dir, "volumes", k.Hex()) }
+
+// EnsureVolume creates one of key's volumes, owned by uid:gid with mode 0700, as EnsureWorkspace does.
+func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int) error {
+	root := h.Volumes(k)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return fmt.Errorf("create volumes: %w", err)
+	}
+	dir := filepath.Join(root, v.dirName())
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create volume %s: %w", v.dirName(), err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("volume: %w", err)
+	}
+	if !fi.IsDir() {
+		return fault.New(fault.Internal, "remove "+dir, "volume %s is not a directory", dir)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Lchown(dir, uid, gid); err != nil {
+			return fmt.Errorf("volume owner: %w", err)
+		}
+	}
+	return nil
+}
+
 // ChannelDir is the key's channel directory: the host's socket for the agent, bound read-only into the
 // sandbox. The short key keeps socket paths well under the 108 bytes of sockaddr_un.
 func (h *Home) ChannelDir(k identity.Key) string { return filepath.Join(h.Dir, "chan", k.Short()) }
@@ -158,6 +186,9 @@ func (h *Home) RemoveWorkspace(k identity.Key) error {
 	}
 	if err := os.RemoveAll(h.Workspace(k)); err != nil {
 		return fmt.Errorf("remove workspace: %w", err)
+	}
+	if err := os.RemoveAll(h.Volumes(k)); err != nil { // the sandbox's volumes go with its workspace
+		return fmt.Errorf("remove volumes: %w", err)
 	}
 	return nil
 }

@@ -230,7 +230,7 @@ func (m *Manager) agentRequest(req ExecRequest) (agentproto.Request, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return agentproto.Request{}, fault.New(fault.InvalidArgument, "pass the command after --, e.g. -- ls -la", "no command given")
 	}
-	workdir, err := guard.Workdir(req.Workdir)
+	workdir, err := guard.WorkdirIn(m.shapeOf(req.Shape).cfg.WorkspaceFolder, req.Workdir)
 	if err != nil {
 		return agentproto.Request{}, err
 	}

@@ -26,7 +26,7 @@ func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.S
 	var out tail
 	req := agentproto.Request{
 		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", sh.cfg.PostCreate},
-		Workdir: driver.WorkspaceDir, TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
+		Workdir: sh.workdir(), TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
 		GraceMS: m.cfg.Grace.Milliseconds(), StdoutLimit: agentproto.DefaultLimit, StderrLimit: agentproto.DefaultLimit,
 	}
 	start := time.Now()
@@ -48,6 +48,56 @@ func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.S
 	}
 	return fault.New(fault.PostCreateFailed, "fix post_create in the spec; the sandbox was removed and the next run tries again",
 		"post_create %s in the new sandbox %s; its output ended with: %q", why, sb.Name, strings.TrimSpace(out.String()))
+}
+
+// workdir is where the shape's commands start: its workspace folder, else /workspace.
+func (s *Shape) workdir() string {
+	if f := s.cfg.WorkspaceFolder; f != "" {
+		return f
+	}
+	return driver.WorkspaceDir
+}
+
+// postStart runs the configured post-start command in a sandbox that was just started (created, or started
+// again after a stop). A failure fails the command that started it with the exit status and output tail; the
+// sandbox is kept, so its next start runs postStart again.
+func (m *Manager) postStart(ctx context.Context, sb *driver.Sandbox, sh *Shape) error {
+	if sh.cfg.PostStart == "" {
+		return nil
+	}
+	var out tail
+	req := agentproto.Request{
+		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", sh.cfg.PostStart},
+		Workdir: sh.workdir(), TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
+		GraceMS: m.cfg.Grace.Milliseconds(), StdoutLimit: agentproto.DefaultLimit, StderrLimit: agentproto.DefaultLimit,
+	}
+	start := time.Now()
+	res, err := m.drv.Exec(ctx, sb, req, driver.Output{Stdout: &out, Stderr: &out})
+	m.emit(ctx, events.NameSandboxPostStart, events.SandboxPostStart{ExitCode: res.ExitCode, TimedOut: res.TimedOut,
+		DurationMS: time.Since(start).Milliseconds(), OutputTail: tailOf(out.String(), eventTail)})
+	if err == nil && res.ExitCode == 0 && !res.TimedOut {
+		return nil
+	}
+	why := fmt.Sprintf("exited %d", res.ExitCode)
+	switch {
+	case err != nil:
+		why = err.Error()
+	case res.TimedOut:
+		why = "timed out after " + sh.cfg.PostCreateTimeout.String()
+	}
+	return fault.New(fault.PostCreateFailed, "fix postStartCommand in devcontainer.json; the sandbox is kept and its next start runs it again",
+		"postStartCommand %s in sandbox %s; its output ended with: %q", why, sb.Name, strings.TrimSpace(out.String()))
+}
+
+// eventTail bounds the output a lifecycle command's event carries.
+const eventTail = 1 << 10
+
+// tailOf is the last n bytes of s.
+func tailOf(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
 
 // tail keeps the last postCreateTail bytes written to it.

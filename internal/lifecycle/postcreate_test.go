@@ -72,9 +72,9 @@ func TestExtraTmpfs(t *testing.T) {
 	}
 	cfg := Config{Image: "x", AgentPath: "/a", Tmpfs: map[string]string{"/cache": "", "/build": "mode=0700"}}
 	cfg.setDefaults()
-	a := cfg.posture("/ws", "/agent", "", 1000, 1000).Hash()
+	a := cfg.posture("/ws", "/vol", "/agent", "", 1000, 1000).Hash()
 	for range 20 {
-		if b := cfg.posture("/ws", "/agent", "", 1000, 1000).Hash(); a != b {
+		if b := cfg.posture("/ws", "/vol", "/agent", "", 1000, 1000).Hash(); a != b {
 			t.Fatal("the posture hash of the same tmpfs config changed")
 		}
 	}

@@ -1,6 +1,10 @@
 package lifecycle
 
-import "github.com/sandkeep/sandkeep/internal/driver"
+import (
+	"path/filepath"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+)
 
 // BuildPosture returns the posture a Manager with cfg gives a sandbox whose workspace, agent directory and
 // channel directory ("" for none) are these: the same function New uses, for drivers' conformance tests and
@@ -11,5 +15,5 @@ func BuildPosture(cfg Config, workspace, agentDir, chanDir string) (driver.Postu
 	if err != nil {
 		return driver.Posture{}, err
 	}
-	return cfg.posture(workspace, agentDir, chanDir, uid, gid), nil
+	return cfg.posture(workspace, filepath.Join(filepath.Dir(workspace), "volumes"), agentDir, chanDir, uid, gid), nil
 }

@@ -120,6 +120,16 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"mount over the workspace", func(c *Config) {
 			c.Mounts = []driver.Mount{{Source: "/tmp", Target: driver.WorkspaceDir}}
 		}, fault.InvalidMount},
+		{"workspace folder /etc", func(c *Config) { c.WorkspaceFolder = "/etc/app" }, fault.InvalidMount},
+		{"workspace folder relative", func(c *Config) { c.WorkspaceFolder = "workspaces/app" }, fault.InvalidMount},
+		{"workspace folder root", func(c *Config) { c.WorkspaceFolder = "/" }, fault.InvalidMount},
+		{"workspace folder over /usr", func(c *Config) { c.WorkspaceFolder = "/usr" }, fault.InvalidMount},
+		{"workspace folder in the agent's directory", func(c *Config) { c.WorkspaceFolder = driver.AgentDir + "/app" }, fault.InvalidMount},
+		{"volume over /proc", func(c *Config) { c.Volumes = []Volume{{Name: "v", Target: "/proc/x"}} }, fault.InvalidMount},
+		{"volume name", func(c *Config) { c.Volumes = []Volume{{Name: "../v", Target: "/cache"}} }, fault.InvalidMount},
+		{"volumes on one target", func(c *Config) {
+			c.Volumes = []Volume{{Name: "a", Target: "/cache"}, {Name: "b", Target: "/cache"}}
+		}, fault.InvalidMount},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

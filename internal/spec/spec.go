@@ -50,6 +50,20 @@ type Sandbox struct {
 	HostState       string            `yaml:"host_state" json:"host_state,omitempty"` // "auto" | "none"
 	SecretFiles     []SecretFile      `yaml:"secret_files" json:"secret_files,omitempty"`
 	Network         *Network          `yaml:"network" json:"network,omitempty"`
+
+	// From devcontainer.json only (sandkeep.yaml has no spelling for them; Fuse sets them).
+	Volumes      []Volume `yaml:"-" json:"volumes,omitempty"`       // named volumes the sandbox owns
+	PostStart    string   `yaml:"-" json:"post_start,omitempty"`    // sh -c at every start of the sandbox, after PostCreate on the first
+	PostAttach   string   `yaml:"-" json:"post_attach,omitempty"`   // sh -c before the first command of each run
+	ForwardPorts []string `yaml:"-" json:"forward_ports,omitempty"` // recorded for port forwarding; nothing is published
+}
+
+// Volume is a named volume owned by one sandbox: the engine's volume is named after the key and Name, made
+// with the sandbox and removed with it (never shared between keys). Name "" is keyed by the target.
+type Volume struct {
+	Name     string `json:"name,omitempty"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readonly,omitempty"`
 }
 
 // Build builds the sandbox's image from a Dockerfile; paths are relative to the repository root.
@@ -57,6 +71,7 @@ type Build struct {
 	Dockerfile string            `yaml:"dockerfile" json:"dockerfile,omitempty"`
 	Context    string            `yaml:"context" json:"context,omitempty"`
 	Args       map[string]string `yaml:"args" json:"args,omitempty"`
+	Target     string            `yaml:"target" json:"target,omitempty"` // the stage to build; "" is the last
 }
 
 // Resources bound the sandbox. Memory and Disk are sizes ("2g", "512m"). Disk and Inodes bound the workspace

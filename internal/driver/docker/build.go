@@ -82,6 +82,7 @@ func (d *Driver) Build(ctx context.Context, req build.Request, progress io.Write
 		Tags:        []string{ref},
 		Dockerfile:  dockerfile,
 		BuildArgs:   args,
+		Target:      req.Target,
 		Labels:      map[string]string{build.LabelDigest: digest},
 		Remove:      true,
 		ForceRemove: true,
