@@ -283,9 +283,10 @@ func TestSpecSecretFiles(t *testing.T) {
 	ten := c.ten("acme")
 	sum := fmt.Sprintf("%x", md5.Sum([]byte(sentinel)))
 	r := c.runWith(t, nil, []string{"TEST_TOKEN=" + sentinel, "SANDKEEP_CONFIG=" + operator}, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--",
-		"sh", "-c", "md5sum /run/secrets/token; stat -c '%a %u' /run/secrets/token").want(t, 0)
-	if !strings.HasPrefix(r.stdout, sum) || !strings.Contains(r.stdout, "400 1000") {
-		t.Fatalf("secret in the sandbox: %q (want md5 %s, mode 400, owner 1000)", r.stdout, sum)
+		"sh", "-c", "md5sum /run/secrets/token; stat -c '%a %u' /run/secrets/token; id -u").want(t, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], sum) || lines[1] != "400 "+lines[2] {
+		t.Fatalf("secret in the sandbox: %q (want md5 %s, mode 400, owned by the sandbox user)", r.stdout, sum)
 	}
 	after := c.run(t, "exec", "--tenant", ten, "--user", "s", "--", "sh", "-c", "ls /run/secrets | wc -l").want(t, 0)
 	if strings.TrimSpace(after.stdout) != "0" {

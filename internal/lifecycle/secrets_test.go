@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -244,13 +245,19 @@ for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\0' ' ' < "$f"; echo 
 	if len(lines) < 4 || lines[0] != w.sentinel {
 		t.Fatalf("the command did not read the secret: stdout %q", stdout.String())
 	}
-	if f := strings.Fields(lines[1]); len(f) < 4 || f[0] != "-r--------" || f[2] != "1000" || f[3] != "1000" {
-		t.Errorf("ls -ln: %q, want -r-------- owned by 1000:1000", lines[1])
+	// The sandbox user: the key's own uid of the default range (sandkeep runs as root here).
+	_, uid, gid, err := w.m.Workspace(w.key, false)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if lines[2] != "1000:1000 400" {
-		t.Errorf("stat: %q, want 1000:1000 400", lines[2])
+	u, g := strconv.Itoa(uid), strconv.Itoa(gid)
+	if f := strings.Fields(lines[1]); len(f) < 4 || f[0] != "-r--------" || f[2] != u || f[3] != g {
+		t.Errorf("ls -ln: %q, want -r-------- owned by %s:%s", lines[1], u, g)
 	}
-	for _, opt := range []string{"tmpfs", "noexec", "nosuid", "nodev", "mode=700", "uid=1000", "gid=1000"} {
+	if lines[2] != u+":"+g+" 400" {
+		t.Errorf("stat: %q, want %s:%s 400", lines[2], u, g)
+	}
+	for _, opt := range []string{"tmpfs", "noexec", "nosuid", "nodev", "mode=700", "uid=" + u, "gid=" + g} {
 		if !strings.Contains(lines[3], opt) {
 			t.Errorf("mount %q lacks %s", lines[3], opt)
 		}

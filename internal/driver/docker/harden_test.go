@@ -511,8 +511,9 @@ func hostMountOptions(t *testing.T, dir string) string {
 	return ""
 }
 
-// TestUIDRangeRecycles: setting a uid range is a posture change: the key's existing sandbox is recycled, runs
-// under its new uid, and what the old uid wrote in the workspace is its own now.
+// TestUIDRangeRecycles: per-key uids coming on (an upgrade from a sandkeep that ran every sandbox as 1000, or an
+// operator turning "off" back to the default) is a posture change: the key's existing sandbox is recycled, runs
+// under its own uid of the default range, and what the old uid wrote in the workspace is its own now.
 func TestUIDRangeRecycles(t *testing.T) {
 	testutil.Docker(t)
 	home, err := lifecycle.OpenHome(t.TempDir())
@@ -534,19 +535,20 @@ func TestUIDRangeRecycles(t *testing.T) {
 		t.Cleanup(func() { m.Close() })
 		return &harness{m: m, home: home}
 	}
-	first := open(lifecycle.UIDRange{})
+	first := open(lifecycle.UIDsOff)
 	before := first.run(t, key, "sh", "-c", "mkdir -p /workspace/d && echo old > /workspace/d/f && id -u")
 	first.m.Close() // one process serves a key's channel at a time
 	if strings.TrimSpace(before.stdout) != strconv.Itoa(testutil.SandboxUID) {
 		t.Fatalf("before the range: %+v", before)
 	}
-	after := open(lifecycle.UIDRange{First: 240000, Count: 100}).run(t, key, "sh", "-c", "id -u; cat /workspace/d/f && echo new >> /workspace/d/f && touch /workspace/d/g")
+	after := open(lifecycle.UIDRange{}).run(t, key, "sh", "-c", "id -u; cat /workspace/d/f && echo new >> /workspace/d/f && touch /workspace/d/g")
 	f := strings.Fields(after.stdout)
 	if after.code != 0 || len(f) != 2 || f[1] != "old" {
 		t.Fatalf("after the range: exit %d %q %q", after.code, after.stdout, after.stderr)
 	}
-	if uid, _ := strconv.Atoi(f[0]); uid < 240000 || uid >= 240100 {
-		t.Fatalf("uid %s outside the range", f[0])
+	r := lifecycle.DefaultUIDRange
+	if uid, _ := strconv.Atoi(f[0]); uid < r.First || uid >= r.First+r.Count {
+		t.Fatalf("uid %s outside the default range %s", f[0], r)
 	}
 	if after.res.Sandbox.ID == before.res.Sandbox.ID {
 		t.Fatal("the posture changed but the sandbox was not recycled")
