@@ -40,21 +40,33 @@ var UIDsOff = UIDRange{Off: true}
 // that subuid ranges usually start above (100000 + 65536 per user): 200000-265535.
 var DefaultUIDRange = UIDRange{First: 200000, Count: 65536}
 
-// effectiveUIDs is the range c's sandboxes on driver drv ("docker", "kubernetes", ...) run under: the operator's
-// range when one is set, none when the operator turned it off, and by default DefaultUIDRange when all of these
-// hold: the driver is Docker (the uid is then a host uid; a pod's uid is the cluster's, whose workspaces are
-// claims, not host directories), sandkeep runs as root (handing a workspace to another uid needs CAP_CHOWN), and
-// the operator named no User (naming one identity for every sandbox is asking for that identity).
+// effectiveUIDs is the range c's sandboxes on driver drv ("docker", "kubernetes", ...) run under (see
+// EffectiveUIDs).
 func (c *Config) effectiveUIDs(drv string) UIDRange {
+	r, _ := EffectiveUIDs(c.UIDs, c.User, drv)
+	return r
+}
+
+// EffectiveUIDs is the per-key uid range sandboxes on driver drv run under, given the operator's range r and
+// User user: r when set, none when r is UIDsOff, and by default DefaultUIDRange when all of these hold: the
+// driver is Docker (the uid is then a host uid; a pod's uid is the cluster's, whose workspaces are claims, not
+// host directories), sandkeep runs as root (handing a workspace to another uid needs CAP_CHOWN), and the
+// operator named no User (naming one identity for every sandbox is asking for that identity). When it is off,
+// why says why, in words (doctor shows it).
+func EffectiveUIDs(r UIDRange, user, drv string) (eff UIDRange, why string) {
 	switch {
-	case c.UIDs.Off:
-		return UIDRange{}
-	case c.UIDs.Count > 0:
-		return c.UIDs
-	case drv == "docker" && os.Geteuid() == 0 && c.User == "":
-		return DefaultUIDRange
+	case r.Off:
+		return UIDRange{}, "the operator turned them off"
+	case r.Count > 0:
+		return r, ""
+	case drv != "docker":
+		return UIDRange{}, "the " + drv + " driver's uids are not host uids"
+	case os.Geteuid() != 0:
+		return UIDRange{}, "sandkeep is not root and cannot hand a workspace to another uid"
+	case user != "":
+		return UIDRange{}, "the operator named one sandbox user, " + user
 	}
-	return UIDRange{}
+	return DefaultUIDRange, ""
 }
 
 // maxUID is the last uid a range may reach: 2^31-2, below the kernel's (uid_t)-1 and signed-int trouble.
