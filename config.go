@@ -42,7 +42,8 @@ type Config struct {
 	Mounts      []string // extra binds in `--mount` syntax, checked by the mount guard
 	Tmpfs       []string // extra tmpfs mounts, "/path[:size=64m,mode=0700,...]" as in sandkeep.yaml
 	// SandboxUIDs, "FIRST-LAST" (e.g. "200000-265535"), gives each key's sandbox a host uid of its own from that
-	// range instead of User (docs/SECURITY.md, "Identity"). Runtime is the engine's OCI runtime for sandboxes
+	// range instead of User; "" is the default, 200000-265535 for the Docker driver when sandkeep runs as root
+	// and User is unset; "off" runs every sandbox as User (docs/SECURITY.md, "Identity"). Runtime is the engine's OCI runtime for sandboxes
 	// ("" the engine's default, "runsc" for gVisor).
 	SandboxUIDs string
 	Runtime     string
@@ -140,7 +141,7 @@ type egressHooks struct {
 
 // ConfigFromEnv returns a Config filled from the operator's environment: SANDKEEP_HOME, SANDKEEP_IMAGE,
 // SANDKEEP_AGENT, SANDKEEP_GATE_WAIT, SANDKEEP_SANDBOX_DEFAULT, SANDKEEP_SPEC, SANDKEEP_SANDBOX_USER,
-// SANDKEEP_SANDBOX_UIDS (a host uid per key, "FIRST-LAST"), SANDKEEP_RUNTIME (e.g. runsc) and the
+// SANDKEEP_SANDBOX_UIDS (a host uid per key, "FIRST-LAST" or "off"), SANDKEEP_RUNTIME (e.g. runsc) and the
 // host kind (SANDKEEP_HOST_KIND, else cloud when KUBERNETES_SERVICE_HOST is set). Drivers and the store are
 // not chosen here: offer them (package drivers, package stores). A malformed variable is reported by Open.
 func ConfigFromEnv() Config {

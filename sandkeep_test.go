@@ -36,6 +36,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
@@ -76,6 +77,7 @@ func baseConfig(t *testing.T) sandkeep.Config {
 		AgentPath: testutil.AgentBinary(t),
 		Grace:     grace,
 		Drivers:   []sandkeep.DriverOption{drivers.Docker()},
+		Runtime:   os.Getenv("SANDKEEP_TEST_RUNTIME"), // scripts/test.sh's runsc pass: runsc (gVisor)
 	}
 }
 
@@ -377,9 +379,9 @@ func TestPosture(t *testing.T) {
 	if hc.NanoCPUs != 1e9 {
 		t.Errorf("NanoCPUs = %d, want 1e9", hc.NanoCPUs)
 	}
-	if c.Config.User != "1000:1000" {
-		t.Errorf("User = %q, want 1000:1000", c.Config.User)
-	}
+	// Per-key host uids are on by default (sandkeep runs as root here): the key's own uid of the default range,
+	// with a gid of the same number (docs/SECURITY.md, "Identity").
+	sandboxUID := inDefaultUIDRange(t, c.Config.User)
 	if hc.NetworkMode != "none" {
 		t.Errorf("NetworkMode = %q, want none", hc.NetworkMode)
 	}
@@ -424,8 +426,8 @@ func TestPosture(t *testing.T) {
 	}
 
 	// From inside.
-	if got := trim(s.sh(key, "id -u; id -g")); got != "1000\n1000" {
-		t.Errorf("id -u; id -g = %q, want 1000 and 1000", got)
+	if got, want := trim(s.sh(key, "id -u; id -g")), fmt.Sprintf("%d\n%d", sandboxUID, sandboxUID); got != want {
+		t.Errorf("id -u; id -g = %q, want %q (the container's user)", got, want)
 	}
 	if r := s.exec(s.m, key, "sh", "-c", "echo x > /probe"); r.ExitCode == 0 {
 		t.Error("writing to / succeeded")
@@ -438,7 +440,11 @@ func TestPosture(t *testing.T) {
 	}
 	s.sh(key, "echo x > /workspace/probe && echo x > \"$HOME/probe\" && echo x > /tmp/probe")
 	status := s.sh(key, "grep -E '^(CapEff|CapPrm|NoNewPrivs):' /proc/self/status")
-	for _, want := range []string{"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "NoNewPrivs:\t1"} {
+	wantStatus := []string{"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "NoNewPrivs:\t1"}
+	if s.cfg.Runtime == "runsc" {
+		wantStatus = wantStatus[:2] // gVisor's /proc/self/status has no NoNewPrivs line (docs/SECURITY.md, "gVisor")
+	}
+	for _, want := range wantStatus {
 		if !strings.Contains(status, want) {
 			t.Errorf("/proc/self/status lacks %q:\n%s", want, status)
 		}
@@ -454,9 +460,24 @@ func TestPosture(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := fi.Sys().(*syscall.Stat_t)
-	if st.Uid != 1000 || st.Gid != 1000 || fi.Mode().Perm() != 0o700 {
-		t.Errorf("host workspace is %d:%d %v, want 1000:1000 0700", st.Uid, st.Gid, fi.Mode().Perm())
+	if int(st.Uid) != sandboxUID || int(st.Gid) != sandboxUID || fi.Mode().Perm() != 0o700 {
+		t.Errorf("host workspace is %d:%d %v, want %d:%d 0700", st.Uid, st.Gid, fi.Mode().Perm(), sandboxUID, sandboxUID)
 	}
+}
+
+// inDefaultUIDRange parses a container's "uid:gid" and checks it is a per-key uid of the default range (uid and
+// gid the same number, no host account's); it returns the uid.
+func inDefaultUIDRange(t *testing.T, user string) int {
+	t.Helper()
+	var uid, gid int
+	if _, err := fmt.Sscanf(user, "%d:%d", &uid, &gid); err != nil {
+		t.Fatalf("container user %q is not uid:gid", user)
+	}
+	r := lifecycle.DefaultUIDRange
+	if uid != gid || uid < r.First || uid >= r.First+r.Count || lifecycle.HostIDTaken(uid) {
+		t.Errorf("container user %q, want a uid:gid pair of the default range %s that no host account has", user, r)
+	}
+	return uid
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1585,8 +1606,12 @@ func TestWorkdir(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := fi.Sys().(*syscall.Stat_t); st.Uid != 1000 {
-			t.Errorf("created workdir is owned by uid %d, want the sandbox user", st.Uid)
+		ws, err := os.Stat(s.workspace(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, owner := fi.Sys().(*syscall.Stat_t), ws.Sys().(*syscall.Stat_t); st.Uid != owner.Uid {
+			t.Errorf("created workdir is owned by uid %d, want the sandbox user %d (the workspace's owner)", st.Uid, owner.Uid)
 		}
 	})
 }

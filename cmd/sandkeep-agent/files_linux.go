@@ -29,6 +29,8 @@ import (
 	"strings"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // secretsDir is the tmpfs the lifecycle mounts for secret files (spec.SecretsDir; the agent is stdlib-only, so
@@ -230,8 +232,29 @@ func openChain(root string, dirs []string, create bool) ([]int, error) {
 			return chain, fmt.Errorf("directory %q: %w", d, dirError(err))
 		}
 		chain = append(chain, fd)
+		if err := notThroughLink(parent, d, fd); err != nil {
+			return chain, fmt.Errorf("directory %q: %w", d, err)
+		}
 	}
 	return chain, nil
+}
+
+// notThroughLink checks that fd, opened as name in parent, is the directory entry name itself: some kernels
+// follow a final symlink despite O_NOFOLLOW when O_DIRECTORY is set (gVisor's Sentry did: a secret went through
+// a planted link into /workspace), so the entry is looked at again without following it and must be no
+// symlink and the same inode as fd.
+func notThroughLink(parent int, name string, fd int) error {
+	var entry, opened unix.Stat_t
+	if err := unix.Fstatat(parent, name, &entry, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if err := unix.Fstat(fd, &opened); err != nil {
+		return err
+	}
+	if entry.Mode&unix.S_IFMT == unix.S_IFLNK || entry.Dev != opened.Dev || entry.Ino != opened.Ino {
+		return fmt.Errorf("a symlink or not a directory: %w", syscall.ELOOP)
+	}
+	return nil
 }
 
 // dirError says plainly what O_DIRECTORY|O_NOFOLLOW refused.

@@ -16,6 +16,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
@@ -101,6 +102,10 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.listDrivers(ctx) }},
 		{Name: "driver", Needs: []string{"mode"}, Run: func(context.Context) doctor.Result { return st.chooseDriver() }},
 	}
+	// The engine's version, runtimes and user namespaces against the sandboxes' runtime and identity (SK4xx).
+	checks = append(checks, doctor.HardeningChecks([]string{"docker"}, func(ctx context.Context) (doctor.Engine, doctor.Sandboxes, error) {
+		return st.hardening(ctx, g)
+	})...)
 	if !strict {
 		return checks
 	}
@@ -172,6 +177,25 @@ func (st *doctorState) probeDocker(ctx context.Context, g *globals) doctor.Resul
 		return doctor.Result{Status: doctor.Warn, Detail: "reachable; version unknown: " + err.Error()}
 	}
 	return doctor.Result{Status: doctor.Pass, Detail: v}
+}
+
+// hardening is what HardeningChecks judge: the engine's facts and how the operator's config runs sandboxes there.
+func (st *doctorState) hardening(ctx context.Context, g *globals) (doctor.Engine, doctor.Sandboxes, error) {
+	e, err := st.docker.Engine(ctx)
+	if err != nil {
+		return doctor.Engine{}, doctor.Sandboxes{}, err
+	}
+	c, err := g.config()
+	if err != nil {
+		return doctor.Engine{}, doctor.Sandboxes{}, err
+	}
+	r, err := lifecycle.ParseUIDRange(c.SandboxUIDs)
+	if err != nil {
+		return doctor.Engine{}, doctor.Sandboxes{}, err
+	}
+	eff, why := lifecycle.EffectiveUIDs(r, c.User, "docker")
+	return doctor.Engine{Version: e.Version, Runtimes: e.Runtimes, DefaultRuntime: e.DefaultRuntime, SecurityOptions: e.SecurityOptions},
+		doctor.Sandboxes{Runtime: c.Runtime, UIDs: eff.String(), UIDsOff: why}, nil
 }
 
 func (st *doctorState) chooseDriver() doctor.Result {

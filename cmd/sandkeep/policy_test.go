@@ -180,9 +180,21 @@ func TestDoctor(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
 	r := c.run(t, "doctor").want(t, 0)
-	for _, want := range []string{"host kind", "local", "Docker 20", "docker;", "auto, from default"} {
+	// The engine here is Docker 20.10 (SK401: its default profile allows io_uring; ours is applied), sandboxes
+	// run under runc, and per-key uids are on (the tests run as root).
+	for _, want := range []string{"host kind", "local", "Docker 20", "docker;", "auto, from default",
+		"WARN  engine seccomp   SK401: Docker 20", "PASS  sandbox runtime  runc", "PASS  user namespaces",
+		"PASS  sandbox uids     each key's sandbox runs as a host uid of its own from 200000-265535"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	for env, want := range map[string]string{
+		"SANDKEEP_SANDBOX_UIDS=off": "WARN  sandbox uids     SK408: per-key host uids are off (the operator turned them off)",
+		"SANDKEEP_RUNTIME=kata":     "FAIL  sandbox runtime  SK404: sandboxes ask for runtime \"kata\"",
+	} {
+		if r := c.runWith(t, nil, []string{env}, "doctor"); !strings.Contains(r.stdout, want) {
+			t.Errorf("doctor with %s lacks %q:\n%s", env, want, r.stdout)
 		}
 	}
 	broken := filepath.Join(t.TempDir(), "sandkeep.yaml")
@@ -283,9 +295,10 @@ func TestSpecSecretFiles(t *testing.T) {
 	ten := c.ten("acme")
 	sum := fmt.Sprintf("%x", md5.Sum([]byte(sentinel)))
 	r := c.runWith(t, nil, []string{"TEST_TOKEN=" + sentinel, "SANDKEEP_CONFIG=" + operator}, "exec", "--spec", specFile, "--tenant", ten, "--user", "s", "--",
-		"sh", "-c", "md5sum /run/secrets/token; stat -c '%a %u' /run/secrets/token").want(t, 0)
-	if !strings.HasPrefix(r.stdout, sum) || !strings.Contains(r.stdout, "400 1000") {
-		t.Fatalf("secret in the sandbox: %q (want md5 %s, mode 400, owner 1000)", r.stdout, sum)
+		"sh", "-c", "md5sum /run/secrets/token; stat -c '%a %u' /run/secrets/token; id -u").want(t, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], sum) || lines[1] != "400 "+lines[2] {
+		t.Fatalf("secret in the sandbox: %q (want md5 %s, mode 400, owned by the sandbox user)", r.stdout, sum)
 	}
 	after := c.run(t, "exec", "--tenant", ten, "--user", "s", "--", "sh", "-c", "ls /run/secrets | wc -l").want(t, 0)
 	if strings.TrimSpace(after.stdout) != "0" {

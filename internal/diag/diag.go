@@ -132,6 +132,18 @@ const (
 	RuleWildcardIP Code = "SK306" // a wildcard on an IP address or CIDR
 )
 
+// SK4xx: doctor's checks of the engine a sandbox runs on, reported by internal/doctor (EngineChecks).
+const (
+	DoctorEngineSeccompOld Code = "SK401" // warning: Docker before 25.0, whose default seccomp profile allows io_uring and ptrace (sandkeep's own profile covers its sandboxes)
+	DoctorEngineNoSeccomp  Code = "SK402" // the engine reports no seccomp support: sandkeep's profile cannot be applied
+	DoctorEngineVersion    Code = "SK403" // warning: the engine's version is not one doctor can read
+	DoctorRuntimeMissing   Code = "SK404" // the sandbox runtime (SANDKEEP_RUNTIME) is not registered with the engine
+	DoctorRuntimeGVisor    Code = "SK405" // warning: sandboxes run under gVisor (runsc): no agent channel, exec'd commands are not under the OCI seccomp profile
+	DoctorRuntimeDefault   Code = "SK406" // warning: the engine's default runtime is not runc, and sandboxes name none
+	DoctorUsernsRemap      Code = "SK407" // warning: the engine remaps user namespaces (userns-remap) or runs rootless: per-key uids must fall inside its mapping
+	DoctorSandboxUIDShared Code = "SK408" // warning: per-key host uids are off: every sandbox runs as one host uid
+)
+
 // SK2xx: devcontainer.json, reported by internal/devcontainer.
 const (
 	DevcontainerSyntax          Code = "SK200" // not valid JSONC, not one object at the top level, or nested too deep

@@ -31,6 +31,7 @@ const DefaultTimeout = 5 * time.Second
 type Result struct {
 	Name     string        `json:"name"`
 	Status   Status        `json:"status"`
+	Code     string        `json:"code,omitempty"` // a diag code (SKnnn) when the check has one for its verdict
 	Detail   string        `json:"detail,omitempty"`
 	Fix      string        `json:"fix,omitempty"`
 	Duration time.Duration `json:"duration_ns"`

@@ -72,8 +72,9 @@ type Config struct {
 	DiskInodes    int64
 	DiskMaxBytes  int64
 	DiskMaxInodes int64
-	// UIDs, when set, gives each key's sandbox a host uid (and gid) of its own from this range instead of User
-	// (uids.go): no two keys share one, and none is a host account's. Changing it recycles sandboxes.
+	// UIDs gives each key's sandbox a host uid (and gid) of its own from this range instead of User (uids.go):
+	// no two keys share one, and none is a host account's. The zero value is the default (DefaultUIDRange on the
+	// Docker driver as root with User unset, see effectiveUIDs); UIDsOff is off. Changing it recycles sandboxes.
 	UIDs UIDRange
 
 	GateWait        time.Duration // bound on waiting for a busy key

@@ -54,6 +54,7 @@ type Manager struct {
 
 // New validates cfg, prepares the home (installation id, agent copy) and returns a Manager over drv.
 func New(home *Home, drv driver.Driver, cfg Config) (*Manager, error) {
+	cfg.UIDs = cfg.effectiveUIDs(drv.Name()) // before setDefaults: an unnamed User lets the default range in
 	cfg.setDefaults()
 	uid, gid, err := cfg.validate()
 	if err != nil {

@@ -22,38 +22,80 @@ import (
 
 // UIDRange is the operator's range of host uids for sandboxes: with one set, each key's sandbox runs under a
 // uid (and a gid of the same number) of its own, so two keys never share an identity on the host and a key's
-// workspace (mode 0700) is closed to every other key's sandbox, even one it is bound into. The zero value is
-// off: every sandbox runs as Config.User.
+// workspace (mode 0700) is closed to every other key's sandbox, even one it is bound into.
+//
+// The zero value is the default (see Config.effectiveUIDs): DefaultUIDRange for the Docker driver when sandkeep
+// runs as root and the operator named no User, otherwise off. Off (ParseUIDRange("off")) is off whatever the
+// rest: every sandbox runs as Config.User.
 type UIDRange struct {
-	First int // the first uid of the range; above 0
-	Count int // how many uids; 0 is off
+	First int  // the first uid of the range; above 0
+	Count int  // how many uids; 0 is the default (or off, with Off)
+	Off   bool // the operator turned per-key uids off
 }
+
+// UIDsOff is the operator's "off": every sandbox runs as Config.User.
+var UIDsOff = UIDRange{Off: true}
 
 // DefaultUIDRange is a range no distribution gives its users (they start at 1000 and rarely pass 60000) and
 // that subuid ranges usually start above (100000 + 65536 per user): 200000-265535.
 var DefaultUIDRange = UIDRange{First: 200000, Count: 65536}
 
+// effectiveUIDs is the range c's sandboxes on driver drv ("docker", "kubernetes", ...) run under (see
+// EffectiveUIDs).
+func (c *Config) effectiveUIDs(drv string) UIDRange {
+	r, _ := EffectiveUIDs(c.UIDs, c.User, drv)
+	return r
+}
+
+// EffectiveUIDs is the per-key uid range sandboxes on driver drv run under, given the operator's range r and
+// User user: r when set, none when r is UIDsOff, and by default DefaultUIDRange when all of these hold: the
+// driver is Docker (the uid is then a host uid; a pod's uid is the cluster's, whose workspaces are claims, not
+// host directories), sandkeep runs as root (handing a workspace to another uid needs CAP_CHOWN), and the
+// operator named no User (naming one identity for every sandbox is asking for that identity). When it is off,
+// why says why, in words (doctor shows it).
+func EffectiveUIDs(r UIDRange, user, drv string) (eff UIDRange, why string) {
+	switch {
+	case r.Off:
+		return UIDRange{}, "the operator turned them off"
+	case r.Count > 0:
+		return r, ""
+	case drv != "docker":
+		return UIDRange{}, "the " + drv + " driver's uids are not host uids"
+	case os.Geteuid() != 0:
+		return UIDRange{}, "sandkeep is not root and cannot hand a workspace to another uid"
+	case user != "":
+		return UIDRange{}, "the operator named one sandbox user, " + user
+	}
+	return DefaultUIDRange, ""
+}
+
 // maxUID is the last uid a range may reach: 2^31-2, below the kernel's (uid_t)-1 and signed-int trouble.
 const maxUID = 1<<31 - 2
 
-// ParseUIDRange reads "FIRST-LAST" (inclusive), e.g. "200000-265535"; "" is off.
+// ParseUIDRange reads "FIRST-LAST" (inclusive), e.g. "200000-265535"; "off" is off; "" is the default.
 func ParseUIDRange(s string) (UIDRange, error) {
-	if s == "" {
+	switch s {
+	case "":
 		return UIDRange{}, nil
+	case "off":
+		return UIDsOff, nil
 	}
 	a, b, ok := strings.Cut(s, "-")
 	first, ferr := strconv.Atoi(a)
 	last, lerr := strconv.Atoi(b)
 	if !ok || ferr != nil || lerr != nil || first > last {
-		return UIDRange{}, fault.New(fault.InvalidArgument, "write it as FIRST-LAST, e.g. 200000-265535",
+		return UIDRange{}, fault.New(fault.InvalidArgument, "write it as FIRST-LAST, e.g. 200000-265535, or off",
 			"sandbox uid range %q is not FIRST-LAST", s)
 	}
 	r := UIDRange{First: first, Count: last - first + 1}
 	return r, r.check()
 }
 
-// String is "FIRST-LAST", or "" when off.
+// String is "FIRST-LAST", "off", or "" for the default.
 func (r UIDRange) String() string {
+	if r.Off {
+		return "off"
+	}
 	if r.Count == 0 {
 		return ""
 	}
@@ -63,6 +105,10 @@ func (r UIDRange) String() string {
 func (r UIDRange) check() error {
 	if r.Count == 0 && r.First == 0 {
 		return nil
+	}
+	if r.Off {
+		return fault.New(fault.PostureRefused, "give a range or off, not both", "sandbox uid range %d-%d is also off",
+			r.First, r.First+r.Count-1)
 	}
 	if r.First <= 0 || r.Count <= 0 || r.First > maxUID-r.Count+1 {
 		return fault.New(fault.PostureRefused, "use a range above 0 that ends by 2147483646, e.g. 200000-265535",

@@ -86,6 +86,8 @@ func TestParseUIDRange(t *testing.T) {
 		ok   bool
 	}{
 		{"", UIDRange{}, true},
+		{"off", UIDsOff, true},
+		{"OFF", UIDRange{}, false},
 		{"200000-265535", DefaultUIDRange, true},
 		{"5-5", UIDRange{First: 5, Count: 1}, true},
 		{"0-10", UIDRange{}, false},
@@ -101,6 +103,38 @@ func TestParseUIDRange(t *testing.T) {
 	}
 }
 
+// TestEffectiveUIDs: per-key uids are on by default for the Docker driver when sandkeep runs as root and no User
+// was named; an operator's range always applies, "off" never, and other drivers get none by default.
+func TestEffectiveUIDs(t *testing.T) {
+	root := os.Geteuid() == 0
+	def := UIDRange{}
+	if root {
+		def = DefaultUIDRange
+	}
+	own := UIDRange{First: 300000, Count: 10}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		drv  string
+		want UIDRange
+	}{
+		{"default on docker", Config{}, "docker", def},
+		{"named user", Config{User: "1000:1000"}, "docker", UIDRange{}},
+		{"off", Config{UIDs: UIDsOff}, "docker", UIDRange{}},
+		{"operator range", Config{UIDs: own, User: "1000:1000"}, "docker", own},
+		{"operator range, kubernetes", Config{UIDs: own}, "kubernetes", own},
+		{"default on kubernetes", Config{}, "kubernetes", UIDRange{}},
+		{"default on fake", Config{}, "fake", UIDRange{}},
+	} {
+		if got := tc.cfg.effectiveUIDs(tc.drv); got != tc.want {
+			t.Errorf("%s (root %v): %+v, want %+v", tc.name, root, got, tc.want)
+		}
+	}
+	if err := (UIDRange{First: 5, Count: 1, Off: true}).check(); fault.CodeOf(err) != fault.PostureRefused {
+		t.Errorf("a range that is also off: %v, want POSTURE_REFUSED", err)
+	}
+}
+
 // FuzzParseUIDRange: a range that parses is within bounds, prints back to itself, and never includes root.
 func FuzzParseUIDRange(f *testing.F) {
 	for _, s := range []string{"200000-265535", "1-1", "0-0", "-5", "5-", "99999999999999999999-1"} {
@@ -109,6 +143,9 @@ func FuzzParseUIDRange(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		r, err := ParseUIDRange(s)
 		if err != nil || r.Count == 0 {
+			if err == nil && r != (UIDRange{}) && r != UIDsOff {
+				t.Fatalf("%q parsed to %+v", s, r)
+			}
 			return
 		}
 		if r.First <= 0 || r.First+r.Count-1 > maxUID {

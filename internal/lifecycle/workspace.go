@@ -24,19 +24,26 @@ func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid
 	return dir, uid, gid, nil
 }
 
-// HomeWorkspace is Workspace without a driver: key's workspace in home, owned by cfg's sandbox user. The file
-// API uses it so that files can be read and written while no engine answers. It refuses a cfg with a uid range or
-// a workspace quota, whose owner and file system only a Manager knows.
+// HomeWorkspace is Workspace without a driver: key's workspace in home, owned by its sandbox's user as the
+// Docker driver's Manager would make it (the key's uid of the range recorded in home, or cfg's User). The file
+// API uses it so that files can be read and written while no engine answers. It refuses a cfg with a workspace
+// quota, whose file system only a Manager mounts.
 func HomeWorkspace(home *Home, cfg Config, key identity.Key, create bool) (dir string, uid, gid int, err error) {
-	if cfg.UIDs.Count > 0 || cfg.DiskBytes > 0 {
+	if cfg.DiskBytes > 0 {
 		return "", 0, 0, fault.New(fault.SandboxDriverUnavailable, "start the container engine (docker info), then try again",
-			"the workspace of %s has a uid or a quota of its own, which needs a usable driver", key)
+			"the workspace of %s has a quota of its own, which needs a usable driver", key)
 	}
 	if !create && !home.HasWorkspace(key) {
 		return "", 0, 0, fault.New(fault.FileNotFound, "run a command or upload a file first", "no workspace for %s", key)
 	}
+	r := cfg.effectiveUIDs("docker")
 	cfg.setDefaults()
-	if uid, gid, err = parseUser(cfg.User); err != nil {
+	if r.Count > 0 {
+		if uid, err = home.AllocateUID(key, r, HostIDTaken); err != nil {
+			return "", 0, 0, err
+		}
+		gid = uid
+	} else if uid, gid, err = parseUser(cfg.User); err != nil {
 		return "", 0, 0, err
 	}
 	dir, err = home.EnsureWorkspace(key, uid, gid)

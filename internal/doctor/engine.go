@@ -1,0 +1,166 @@
+package doctor
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/sandkeep/sandkeep/internal/diag"
+)
+
+// Engine is what doctor knows of the container engine (the Docker driver's Engine).
+type Engine struct {
+	Version         string   // e.g. "20.10.24+dfsg1"
+	Runtimes        []string // registered OCI runtimes
+	DefaultRuntime  string   // what a container naming none gets
+	SecurityOptions []string // seccomp, apparmor, userns, rootless, ...
+}
+
+// Sandboxes is how sandkeep's configuration asks sandboxes to run on that engine.
+type Sandboxes struct {
+	Runtime string // the OCI runtime sandboxes name ("" the engine's default)
+	// UIDs is the per-key host uid range in force ("" when off); UIDsOff says why it is off when it is.
+	UIDs    string
+	UIDsOff string
+}
+
+// runsc is gVisor's runtime name (lifecycle.RuntimeGVisor).
+const runsc = "runsc"
+
+// seccompFixedIn is the first Docker release whose default seccomp profile refuses io_uring.
+const seccompFixedIn = 25
+
+// EngineChecks judge the engine and the sandboxes' runtime and identity, one Result each: "engine seccomp",
+// "sandbox runtime", "user namespaces", "sandbox uids". A Result that is not a pass carries a diag code
+// (SK4xx), written first in its Detail too.
+func EngineChecks(e Engine, s Sandboxes) []Result {
+	return []Result{engineSeccomp(e), sandboxRuntime(e, s), userNamespaces(e, s), sandboxUIDs(s)}
+}
+
+func coded(status Status, code diag.Code, detail, fix string) Result {
+	return Result{Status: status, Code: string(code), Detail: string(code) + ": " + detail, Fix: fix}
+}
+
+func engineSeccomp(e Engine) Result {
+	r := Result{Name: "engine seccomp"}
+	if !slices.Contains(e.SecurityOptions, "seccomp") {
+		r2 := coded(Fail, diag.DoctorEngineNoSeccomp, fmt.Sprintf("Docker %s reports no seccomp support (security options: %s), so sandkeep's profile cannot be applied",
+			e.Version, strings.Join(e.SecurityOptions, ", ")), "run the engine on a kernel with seccomp (CONFIG_SECCOMP_FILTER) and a dockerd built with it")
+		r2.Name = r.Name
+		return r2
+	}
+	major, ok := majorVersion(e.Version)
+	switch {
+	case !ok:
+		r = coded(Warn, diag.DoctorEngineVersion, fmt.Sprintf("engine version %q is not one doctor can read; sandkeep applies its own seccomp profile whatever the engine's default", e.Version),
+			"check `docker version`")
+	case major < seccompFixedIn:
+		r = coded(Warn, diag.DoctorEngineSeccompOld, fmt.Sprintf("Docker %s: its default seccomp profile allows io_uring and ptrace (refused by default from 25.0); sandkeep applies its own profile to every sandbox, but other containers on this engine keep the default", e.Version),
+			"nothing to do for sandkeep's sandboxes; upgrade Docker to 25 or later for the engine's other containers")
+	default:
+		r = Result{Status: Pass, Detail: fmt.Sprintf("Docker %s; sandkeep applies its own profile too", e.Version)}
+	}
+	r.Name = "engine seccomp"
+	return r
+}
+
+func sandboxRuntime(e Engine, s Sandboxes) Result {
+	var r Result
+	switch {
+	case s.Runtime != "" && !slices.Contains(e.Runtimes, s.Runtime):
+		r = coded(Fail, diag.DoctorRuntimeMissing, fmt.Sprintf("sandboxes ask for runtime %q; the engine has %s", s.Runtime, strings.Join(e.Runtimes, ", ")),
+			"register it in /etc/docker/daemon.json (scripts/docker-up.sh with SANDKEEP_RUNSC=1 does it for runsc), or unset SANDKEEP_RUNTIME")
+	case s.Runtime == runsc:
+		r = coded(Warn, diag.DoctorRuntimeGVisor, "gVisor (runsc): system calls are answered by its Sentry, not the host kernel; commands go through the engine's exec (no agent channel) and are not under sandkeep's seccomp profile there (docs/SECURITY.md, \"gVisor\")",
+			"nothing to do: this is the operator's choice; unset SANDKEEP_RUNTIME for runc and the agent channel")
+	case s.Runtime == "" && e.DefaultRuntime != "" && e.DefaultRuntime != "runc":
+		r = coded(Warn, diag.DoctorRuntimeDefault, fmt.Sprintf("sandboxes name no runtime and the engine's default is %q, which sandkeep's hardening was not checked against", e.DefaultRuntime),
+			"set SANDKEEP_RUNTIME=runc (or runsc) to choose one")
+	default:
+		rt := s.Runtime
+		if rt == "" {
+			rt = e.DefaultRuntime + " (the engine's default)"
+		}
+		gv := "runsc is not registered"
+		if slices.Contains(e.Runtimes, runsc) {
+			gv = "runsc is registered: SANDKEEP_RUNTIME=runsc runs sandboxes under gVisor"
+		}
+		r = Result{Status: Pass, Detail: fmt.Sprintf("%s: the host kernel answers sandboxes' system calls through sandkeep's seccomp profile; %s", rt, gv)}
+	}
+	r.Name = "sandbox runtime"
+	return r
+}
+
+func userNamespaces(e Engine, s Sandboxes) Result {
+	var r Result
+	var remap []string
+	for _, o := range []string{"userns", "rootless"} {
+		if slices.Contains(e.SecurityOptions, o) {
+			remap = append(remap, o)
+		}
+	}
+	switch {
+	case len(remap) > 0 && s.UIDs != "":
+		r = coded(Warn, diag.DoctorUsernsRemap, fmt.Sprintf("the engine maps user namespaces (%s): a sandbox uid is shifted into the engine's subordinate range, and a per-key uid of %s past that range's size has no host uid", strings.Join(remap, ", "), s.UIDs),
+			"give dockerd a subordinate range that covers the per-key range, set SANDKEEP_SANDBOX_UIDS to a range inside its size, or SANDKEEP_SANDBOX_UIDS=off")
+	case len(remap) > 0:
+		r = Result{Status: Pass, Detail: fmt.Sprintf("the engine maps user namespaces (%s): a sandbox's uid is a subordinate uid on the host", strings.Join(remap, ", "))}
+	default:
+		r = Result{Status: Pass, Detail: "the engine maps none (no userns-remap, not rootless): a sandbox's uid inside is its uid on the host"}
+		if s.UIDs != "" {
+			r.Detail += ", one of its own per key (" + s.UIDs + ")"
+		}
+	}
+	r.Name = "user namespaces"
+	return r
+}
+
+func sandboxUIDs(s Sandboxes) Result {
+	var r Result
+	if s.UIDs == "" {
+		r = coded(Warn, diag.DoctorSandboxUIDShared, "per-key host uids are off ("+s.UIDsOff+"): every sandbox runs as the same host uid, and a workspace is kept from other keys' sandboxes by its mode alone",
+			"run sandkeep as root without SANDKEEP_SANDBOX_USER, or set SANDKEEP_SANDBOX_UIDS=FIRST-LAST (docs/SECURITY.md, \"Identity\")")
+	} else {
+		r = Result{Status: Pass, Detail: "each key's sandbox runs as a host uid of its own from " + s.UIDs}
+	}
+	r.Name = "sandbox uids"
+	return r
+}
+
+// majorVersion reads the major number of an engine version such as "20.10.24+dfsg1" or "27.3.1".
+func majorVersion(v string) (int, bool) {
+	head, _, _ := strings.Cut(v, ".")
+	n, err := strconv.Atoi(head)
+	return n, err == nil && n > 0
+}
+
+// HardeningChecks are EngineChecks as doctor Checks, each needing needs; facts is asked once, by the first of
+// them to run, and its error fails them all.
+func HardeningChecks(needs []string, facts func(ctx context.Context) (Engine, Sandboxes, error)) []Check {
+	var (
+		once    sync.Once
+		results []Result
+		err     error
+	)
+	names := []string{"engine seccomp", "sandbox runtime", "user namespaces", "sandbox uids"}
+	checks := make([]Check, len(names))
+	for i, name := range names {
+		checks[i] = Check{Name: name, Needs: needs, Run: func(ctx context.Context) Result {
+			once.Do(func() {
+				var e Engine
+				var s Sandboxes
+				if e, s, err = facts(ctx); err == nil {
+					results = EngineChecks(e, s)
+				}
+			})
+			if err != nil {
+				return Result{Status: Fail, Detail: "the engine did not say: " + err.Error(), Fix: "check `docker info`"}
+			}
+			return results[i]
+		}}
+	}
+	return checks
+}
