@@ -82,6 +82,8 @@ type Output struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Stdin  io.Reader // nil: the command's stdin is /dev/null. Exec may return before a blocked Read does.
+	// Resize carries a TTY command's window size changes (agentproto.RunOptions.Resize); nil: none.
+	Resize <-chan agentproto.WindowSize
 }
 
 // State is a sandbox's engine state, normalised across drivers.
