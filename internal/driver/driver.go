@@ -5,8 +5,10 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"io"
 	"maps"
+	"net"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -51,6 +53,17 @@ type Driver interface {
 	// A returned error wrapping agentproto.ErrProtocol means the channel broke and the sandbox should recycle.
 	Exec(ctx context.Context, sb *Sandbox, req agentproto.Request, out Output) (agentproto.Result, error)
 }
+
+// PortDialer is optional: a driver that can open a TCP connection to a port on a running sandbox's own loopback,
+// from inside the sandbox's network namespace, without giving the sandbox any network (port forwarding).
+type PortDialer interface {
+	// DialPort connects to 127.0.0.1:port inside sb. Nothing listening there is ErrPortUnreachable. The
+	// connection ends when either side closes it or the sandbox stops.
+	DialPort(ctx context.Context, sb *Sandbox, port int) (net.Conn, error)
+}
+
+// ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
+var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
 
 // WorkspaceRemover is optional: a driver that keeps a sandbox's workspace itself (a Kubernetes claim) removes it
 // when the sandbox is removed without keeping its workspace. An absent workspace is not an error.

@@ -31,6 +31,8 @@ func TestNewAndDecode(t *testing.T) {
 		{"exec finished", NameExecFinished, ExecFinished{ExitCode: 137, TimedOut: true, DurationMS: 1001, Transport: "exec"}},
 		{"network blocked", NameNetworkBlocked, NetworkBlocked{Host: "example.com", Port: 443}},
 		{"network blocked repeats", NameNetworkBlockedRepeat, NetworkBlockedRepeats{Repeats: []BlockedCount{{Host: "x.com", Port: 443, Count: 9}}, Dropped: 3}},
+		{"port forward opened", NamePortForwardOpened, PortForwardOpened{Sandbox: "s", Port: 8080, Conn: 1, Via: "cli"}},
+		{"port forward closed", NamePortForwardClosed, PortForwardClosed{Sandbox: "s", Port: 8080, Conn: 1, BytesIn: 10, BytesOut: 20, DurationMS: 5}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
@@ -66,8 +68,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 16 {
-		t.Errorf("Names() has %d names, want 16", len(Names()))
+	if len(Names()) != 18 {
+		t.Errorf("Names() has %d names, want 18", len(Names()))
 	}
 }
 
