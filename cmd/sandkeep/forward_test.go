@@ -60,7 +60,6 @@ func (c *cli) start(t *testing.T, args ...string) *started {
 	return s
 }
 
-
 // line waits for a stdout line starting with prefix.
 func (s *started) line(t *testing.T, prefix string) string {
 	t.Helper()
