@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -200,6 +201,39 @@ type ExecRequest struct {
 	// by name ("" the tenant's default) and trusted or untrusted ("" trusted). An attached run keeps its own.
 	Template string
 	Trust    string
+	// TTY, when set, runs the command on a pseudo-terminal in the sandbox: its stdin, stdout and stderr are the
+	// terminal, so everything comes out on Stdout (bounded by OutputLimit) and Stderr stays empty. A Ctrl-C byte
+	// (0x03) on Stdin interrupts the terminal's foreground process, as at a local terminal. Deadline, tree kill
+	// and exit status are as without a TTY.
+	TTY *TTY
+}
+
+// WindowSize is a terminal's size in character cells.
+type WindowSize = agentproto.WindowSize
+
+// TTY asks for a pseudo-terminal of Size (zero: 24x80); each value received on Resize, until the command ends,
+// changes its size. Resize may be nil and is never closed by sandkeep.
+type TTY struct {
+	Size   WindowSize
+	Resize <-chan WindowSize
+}
+
+func (t *TTY) size() *agentproto.WindowSize {
+	if t == nil {
+		return nil
+	}
+	ws := t.Size
+	if ws == (WindowSize{}) {
+		ws = agentproto.DefaultWindowSize
+	}
+	return &ws
+}
+
+func (t *TTY) resize() <-chan agentproto.WindowSize {
+	if t == nil {
+		return nil
+	}
+	return t.Resize
 }
 
 // Secret is one secret file for one command. Mode 0 means 0400.

@@ -32,6 +32,10 @@ type command struct {
 	stdin     chan []byte // stdin frames for the feeder; nil when the command's stdin is /dev/null
 	stdinShut bool        // stdin was closed (an 'i' frame)
 
+	ptyMu   sync.Mutex             // guards pty and resized
+	pty     *os.File               // a TTY command's terminal master while it runs, for resize; nil otherwise
+	resized *agentproto.WindowSize // the last size asked for before the terminal was open
+
 	cancelOnce sync.Once
 	cancelled  chan struct{} // closed by cancel
 	reaped     chan struct{} // closed when the agent has no child left: the whole tree is gone
@@ -71,6 +75,18 @@ func (c *command) closeStdin() {
 
 func (c *command) cancel() { c.cancelOnce.Do(func() { close(c.cancelled) }) }
 
+// resize sets a TTY command's window size; for any other command, or one whose terminal is closed, it does
+// nothing.
+func (c *command) resize(ws agentproto.WindowSize) {
+	c.ptyMu.Lock()
+	defer c.ptyMu.Unlock()
+	if c.pty != nil {
+		_ = setWindow(c.pty, ws) // a terminal already closed: the command is over
+		return
+	}
+	c.resized = &ws // the terminal is not open yet: startTTY applies it
+}
+
 // run executes the command and sends its report.
 func (c *command) run() {
 	defer close(c.done)
@@ -102,14 +118,17 @@ func (c *command) execute() agentproto.Result {
 // proc is a started command: its pid and the agent's ends of its pipes.
 type proc struct {
 	pid            int
-	stdout, errs   *os.File
-	stdin          *os.File // nil when the command's stdin is /dev/null
+	stdout, errs   *os.File // a TTY command: stdout is the terminal's master, errs is nil
+	stdin          *os.File // nil when the command's stdin is /dev/null; a TTY command's: a dup of the master
 	outLim, errLim *agentproto.Limiter
 }
 
 // startProcess starts argv in a new session with pipes for stdout and stderr (and stdin when asked for), and
 // closes the agent's copies of the command's ends, so that the pipes reach EOF when the last writer dies.
 func (c *command) startProcess(path, dir string, env []string) (*proc, error) {
+	if c.req.TTY != nil {
+		return c.startTTY(path, dir, env)
+	}
 	var files []*os.File // the command's ends, closed once it has them
 	defer func() {
 		for _, f := range files {
@@ -157,6 +176,43 @@ func (c *command) startProcess(path, dir string, env []string) (*proc, error) {
 	return p, nil
 }
 
+// startTTY starts argv in a new session whose controlling terminal is a new pseudo-terminal; the agent keeps
+// the master (output, and input when the request has stdin) and closes its copy of the slave once the command
+// has it, so that the master reads EIO when the last process holding the terminal is gone.
+func (c *command) startTTY(path, dir string, env []string) (*proc, error) {
+	master, slave, err := openPTY(*c.req.TTY)
+	if err != nil {
+		return nil, err
+	}
+	defer slave.Close()
+	p := &proc{stdout: master, outLim: agentproto.NewLimiter(c.req.StdoutLimit), errLim: agentproto.NewLimiter(c.req.StderrLimit)}
+	if c.stdin != nil {
+		if p.stdin, err = dupFile(master); err != nil {
+			p.closeAll()
+			return nil, err
+		}
+	}
+	process, err := os.StartProcess(path, c.req.Argv, &os.ProcAttr{
+		Dir:   dir,
+		Env:   env,
+		Files: []*os.File{slave, slave, slave},
+		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
+	})
+	if err != nil {
+		p.closeAll()
+		return nil, err
+	}
+	p.pid = process.Pid
+	_ = process.Release()
+	c.ptyMu.Lock()
+	c.pty = master
+	if c.resized != nil {
+		_ = setWindow(master, *c.resized)
+	}
+	c.ptyMu.Unlock()
+	return p, nil
+}
+
 func (p *proc) closeAll() {
 	for _, f := range []*os.File{p.stdout, p.errs, p.stdin} {
 		if f != nil {
@@ -181,9 +237,12 @@ func (c *command) supervise(p *proc) agentproto.Result {
 	fgStatus := make(chan syscall.WaitStatus, 1)
 	go reap(p.pid, fgStatus, c.reaped)
 	var pumps, feeder sync.WaitGroup
-	pumps.Add(2)
+	pumps.Add(1)
 	go func() { defer pumps.Done(); c.pump(p.stdout, agentproto.FrameStdout, p.outLim) }()
-	go func() { defer pumps.Done(); c.pump(p.errs, agentproto.FrameStderr, p.errLim) }()
+	if p.errs != nil {
+		pumps.Add(1)
+		go func() { defer pumps.Done(); c.pump(p.errs, agentproto.FrameStderr, p.errLim) }()
+	}
 	if p.stdin != nil {
 		feeder.Add(1)
 		go func() { defer feeder.Done(); c.feedStdin(p.stdin) }()
@@ -232,13 +291,19 @@ func (c *command) drain(p *proc, pumps *sync.WaitGroup) {
 	case <-drained:
 	case <-t.C:
 		_ = p.stdout.SetReadDeadline(time.Unix(1, 0))
-		_ = p.errs.SetReadDeadline(time.Unix(1, 0))
+		if p.errs != nil {
+			_ = p.errs.SetReadDeadline(time.Unix(1, 0))
+		}
 		<-drained
 	}
+	c.ptyMu.Lock()
+	c.pty = nil
+	c.ptyMu.Unlock()
 	p.closeAll()
 }
 
-// pump streams one output pipe: each chunk goes out as soon as it is read, within the limit; past the limit
+// pump streams one output pipe (or a terminal's master, which reads EIO once no process holds the terminal):
+// each chunk goes out as soon as it is read, within the limit; past the limit
 // the pipe is still read to EOF and discarded, so the command never blocks on a full pipe.
 func (c *command) pump(r *os.File, t agentproto.FrameType, lim *agentproto.Limiter) {
 	buf := make([]byte, outputChunk)

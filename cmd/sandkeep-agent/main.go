@@ -18,6 +18,9 @@
 //	                        writes stdin (a secret, at most 1 MiB) to PATH under /run/secrets, never following links
 //	sandkeep-agent rm-file PATH...
 //	                        removes secret files placed by put-file
+//	sandkeep-agent dial PORT
+//	                        connects to 127.0.0.1:PORT inside the sandbox and copies stdin/stdout to and from it
+//	                        (one port-forwarded connection)
 //
 // It uses the standard library only and builds with CGO_ENABLED=0, because it runs in images that may hold
 // nothing else (FROM scratch + busybox). Diagnostics go to stderr; stdout carries frames only.
@@ -60,6 +63,9 @@ func main() {
 	if code, ok := installBuiltin(os.Args[1:]); ok { // install DIR: see install_linux.go
 		os.Exit(code)
 	}
+	if code, ok := dialBuiltin(os.Args[1:]); ok { // dial PORT: see dial_linux.go
+		os.Exit(code)
+	}
 	if len(os.Args) != 2 {
 		usage()
 	}
@@ -99,6 +105,6 @@ func parseInitArgs(args []string) (channel, egress string, err error) {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT]] | serve | version | put-file PATH MODE | rm-file PATH...")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT]] | serve | version | put-file PATH MODE | rm-file PATH... | dial PORT")
 	os.Exit(2)
 }

@@ -75,6 +75,14 @@ func (s *server) handle(f agentproto.Frame) error {
 		if current {
 			c.cancel()
 		}
+	case agentproto.FrameResize:
+		ws, err := agentproto.DecodeWindowSize(f.Payload)
+		if err != nil {
+			return err
+		}
+		if current {
+			c.resize(ws)
+		}
 	default:
 		return fmt.Errorf("%w: unexpected frame %v from the host", agentproto.ErrProtocol, f.Type)
 	}

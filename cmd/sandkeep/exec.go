@@ -31,6 +31,12 @@ stdout and stderr stream as they are produced, to sandkeep's stdout and stderr. 
 /dev/null unless -i is given. One user's commands run one at a time (a second one waits for the first, at
 most --gate-wait); different users run in parallel.
 
+-t runs the command on a pseudo-terminal in the sandbox, of the size of sandkeep's terminal (24x80 when
+stdin is not one), resized with it; stdout and stderr are then one stream, on sandkeep's stdout. With -it
+from a terminal, sandkeep's terminal is raw while the command runs: every key, Ctrl-C included, goes to the
+command (Ctrl-C interrupts its foreground process, not sandkeep). Deadline, tree kill, output limit and exit
+status are as without -t.
+
 Exit status: the command's own (128+N when a signal N killed it); 124 when it ran past --timeout, after its
 whole process tree was killed; 125 when sandkeep itself failed ("sandkeep: CODE: message" and a hint on
 stderr, or {"error": {...}} on stdout with --json); 130/143 when sandkeep was interrupted (the command's
@@ -40,6 +46,7 @@ const execExample = `  sandkeep exec --tenant acme --user alice -- sh -c 'echo h
   sandkeep exec --user bob --timeout 5s --workdir src -- make test
   sandkeep exec --user bob -e GOFLAGS=-mod=mod -e CI=1 -- go test ./...
   echo data | sandkeep exec --user bob -i -- cat
+  sandkeep exec --user bob -it -- sh
   sandkeep exec --user bob --json -- ls /workspace`
 
 func newExec(g *globals) *cobra.Command {
@@ -51,6 +58,7 @@ func newExec(g *globals) *cobra.Command {
 		asJSON      bool
 		outputLimit = byteSize(agentproto.DefaultLimit)
 		interactive bool
+		tty         bool
 		gateWait    time.Duration
 		pf          policyFlags
 		nf          networkFlags
@@ -86,6 +94,14 @@ func newExec(g *globals) *cobra.Command {
 			if interactive {
 				req.Stdin = g.stdin
 			}
+			var caller *callerTTY
+			if tty {
+				if asJSON {
+					return fail(fault.New(fault.InvalidArgument, "leave out --json, or -t: a terminal's output is for a person",
+						"--tty and --json cannot be combined"))
+				}
+				caller, req.TTY = newCallerTTY(g.stdin)
+			}
 			ctx := cmd.Context()
 			if !asJSON {
 				// A reader that goes away (`sandkeep exec ... | head -1`) stops the command like a signal
@@ -96,7 +112,7 @@ func newExec(g *globals) *cobra.Command {
 				req.Stdout = &stopOnError{w: g.stdout, cancel: cancel}
 				req.Stderr = &stopOnError{w: g.stderr, cancel: cancel}
 			}
-			return runExec(ctx, g, key, req, asJSON, gateWait, pf, fail)
+			return runExec(ctx, g, key, req, asJSON, gateWait, pf, fail, caller)
 		},
 	}
 	cmd.Flags().SetInterspersed(false) // everything after the command's name belongs to it
@@ -108,6 +124,7 @@ func newExec(g *globals) *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "collect the output and print one JSON object with the result instead of streaming")
 	f.Var(&outputLimit, "output-limit", "output kept per stream (stdout, stderr), e.g. 65536, 512KiB, 4MiB; at most 64MiB")
 	f.BoolVarP(&interactive, "interactive", "i", false, "pass sandkeep's stdin to the command (default: /dev/null)")
+	f.BoolVarP(&tty, "tty", "t", false, "run the command on a pseudo-terminal; with -i and a terminal on stdin, sandkeep's terminal is raw while it runs and keys, Ctrl-C included, go to the command")
 	f.DurationVar(&gateWait, "gate-wait", 0, "how long to wait while the user's previous command runs (default $SANDKEEP_GATE_WAIT, else 10m)")
 	f.StringVar(&pf.spec, "spec", "", "the project's sandkeep.yaml (default $SANDKEEP_SPEC); its directory is where devcontainer.json is looked up")
 	f.StringVar(&pf.sandbox, "sandbox", "", "sandbox mode: none, auto (sandbox if a driver is usable, else run on the host, loudly) or inline (sandbox or refuse); default: the spec's, else $SANDKEEP_SANDBOX_DEFAULT, else auto")
@@ -186,7 +203,7 @@ func checkAttached(cmd *cobra.Command, pf policyFlags) error {
 }
 
 func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.ExecRequest, asJSON bool,
-	gateWait time.Duration, pf policyFlags, fail func(error) error) error {
+	gateWait time.Duration, pf policyFlags, fail func(error) error, caller *callerTTY) error {
 	if os.Getenv("SANDKEEP_PREFLIGHT") == "1" {
 		if err := preflight(ctx, g, pf); err != nil {
 			return fail(err)
@@ -219,7 +236,15 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 	if run.Dropped != "" {
 		fmt.Fprintln(g.stderr, run.Dropped) // one line; the sandbox_devcontainer_dropped event has each item with why
 	}
+	if caller != nil && req.Stdin != nil { // raw mode only when the keys go to the command
+		if err := caller.begin(); err != nil {
+			return fail(fault.Wrap(err, fault.Internal, "run without -t, or from a terminal", "cannot put the terminal in raw mode: %v", err))
+		}
+	}
 	res, err := run.Exec(ctx, req)
+	if caller != nil {
+		caller.end()
+	}
 	if ferr := run.Finish(err); ferr != nil {
 		fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
 	}

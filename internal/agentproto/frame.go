@@ -19,6 +19,7 @@ const (
 	FrameStdin    FrameType = 'I' // bytes for the command's stdin
 	FrameStdinEOF FrameType = 'i' // the command's stdin ends; no payload
 	FrameCancel   FrameType = 'C' // stop the command (kill its tree); no payload
+	FrameResize   FrameType = 'W' // the caller's terminal changed size: rows, cols (uint16 each); TTY commands only
 	FrameAccepted FrameType = 'A' // the request was read (sent before anything else of the command); no payload
 	FrameStdout   FrameType = 'O' // bytes the command wrote to stdout
 	FrameStderr   FrameType = 'E' // bytes the command wrote to stderr
@@ -43,6 +44,8 @@ func maxPayload(t FrameType) (int, bool) {
 		return MaxRequest, true
 	case FrameStdinEOF, FrameCancel, FrameAccepted:
 		return 0, true // control frames carry nothing; a payload there is garbage
+	case FrameResize:
+		return resizePayload, true
 	case FrameStdin, FrameStdout, FrameStderr, FrameResult:
 		return MaxFrame, true
 	}

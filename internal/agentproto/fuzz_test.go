@@ -110,3 +110,20 @@ func concatOutput(data []byte, t FrameType) []byte {
 		}
 	}
 }
+
+// FuzzDecodeWindowSize: a resize payload decodes only when it is 4 bytes of a size in bounds, and re-encodes to
+// the same bytes.
+func FuzzDecodeWindowSize(f *testing.F) {
+	f.Add(EncodeWindowSize(WindowSize{Rows: 24, Cols: 80}))
+	f.Add([]byte{0, 0, 0, 0})
+	f.Add([]byte{0xff, 0xff, 0, 1, 2})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		ws, err := DecodeWindowSize(p)
+		if err != nil {
+			return
+		}
+		if ws.Check() != nil || !bytes.Equal(EncodeWindowSize(ws), p) {
+			t.Fatalf("accepted %x as %+v", p, ws)
+		}
+	})
+}

@@ -36,6 +36,11 @@ type Request struct {
 	StdoutLimit int64    `json:"stdout_limit"`
 	StderrLimit int64    `json:"stderr_limit"`
 	Stdin       bool     `json:"stdin,omitempty"` // false: the command's stdin is /dev/null
+	// TTY, when set, runs the command on a new pseudo-terminal of this size, as its controlling terminal: its
+	// stdin, stdout and stderr are the terminal, its output comes in FrameStdout frames only (bounded by
+	// StdoutLimit), and FrameResize frames change the size. A Ctrl-C byte on stdin becomes SIGINT for the
+	// terminal's foreground process group, by the terminal's own line discipline.
+	TTY *WindowSize `json:"tty,omitempty"`
 }
 
 // Result is the agent's final report of one command.

@@ -38,6 +38,11 @@ func (r *Request) Validate() error {
 	case r.StderrLimit <= 0 || r.StderrLimit > MaxOutputLimit:
 		return bad("stderr limit %d outside 1..%d", r.StderrLimit, MaxOutputLimit)
 	}
+	if r.TTY != nil {
+		if err := r.TTY.Check(); err != nil {
+			return err
+		}
+	}
 	for _, kv := range r.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return bad("env entry %q is not K=V", kv)

@@ -65,6 +65,9 @@ type RunOptions struct {
 	// AcceptWait, when positive, bounds the wait for the agent's FrameAccepted; past it Run returns
 	// ErrNotAccepted. Zero waits as long as the command's own bounds allow.
 	AcceptWait time.Duration
+	// Resize, for a TTY request, carries the caller's window size changes; each becomes a FrameResize. Run stops
+	// reading it when it returns; the sender never needs to close it. Ignored without req.TTY.
+	Resize <-chan WindowSize
 }
 
 // RunWith is Run with options.
@@ -101,6 +104,10 @@ func RunWith(ctx context.Context, conn Conn, req Request, stdout, stderr io.Writ
 	if req.Stdin {
 		go pumpStdin(r.fw, req.ID, stdin) // not waited for: see the doc comment
 	}
+	if req.TTY != nil && opts.Resize != nil {
+		r.cancel.Add(1)
+		go func() { defer r.cancel.Done(); r.pumpResize(opts.Resize) }()
+	}
 	res, end, err := r.loop(ctx, opts.AcceptWait)
 	r.finish(end)
 	return res, err
@@ -117,7 +124,7 @@ type run struct {
 	next   chan struct{}  // loop -> reader: the frame was handled, its buffer may be reused
 	done   chan struct{}  // closed when Run returns
 	exited chan struct{}  // closed when the reader has returned
-	cancel sync.WaitGroup // the goroutine sending the cancel frame
+	cancel sync.WaitGroup // the goroutines sending the cancel frame and resize frames
 	sentC  bool           // a cancel frame was sent (or is being sent)
 	acked  bool           // FrameAccepted arrived
 }
@@ -280,6 +287,23 @@ func (r *run) sendCancel() {
 		defer r.cancel.Done()
 		_ = r.fw.WriteFrame(FrameCancel, r.req.ID, nil) // a failure shows up on the read side
 	}()
+}
+
+// pumpResize turns window size changes into FrameResize frames until Run returns. A size out of bounds is
+// clamped into them: the caller's terminal is not the agent's business.
+func (r *run) pumpResize(resize <-chan WindowSize) {
+	for {
+		select {
+		case ws := <-resize:
+			ws.Rows = min(max(ws.Rows, 1), MaxWindowRows)
+			ws.Cols = min(max(ws.Cols, 1), MaxWindowCols)
+			if r.fw.WriteFrame(FrameResize, r.req.ID, EncodeWindowSize(ws)) != nil {
+				return
+			}
+		case <-r.done:
+			return
+		}
+	}
 }
 
 // finish stops every writer to conn and the reader before Run returns.

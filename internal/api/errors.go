@@ -33,9 +33,10 @@ var statusOf = map[fault.Code]int{
 	fault.RunNotFound:  http.StatusNotFound,
 	fault.FileNotFound: http.StatusNotFound,
 
-	fault.SandboxBusy:  http.StatusConflict,
-	fault.PathConflict: http.StatusConflict,
-	fault.FileType:     http.StatusConflict,
+	fault.SandboxBusy:       http.StatusConflict,
+	fault.SandboxNotRunning: http.StatusConflict,
+	fault.PathConflict:      http.StatusConflict,
+	fault.FileType:          http.StatusConflict,
 
 	fault.RequestTooLarge: http.StatusRequestEntityTooLarge,
 	fault.FileTooLarge:    http.StatusRequestEntityTooLarge,
@@ -51,6 +52,7 @@ var statusOf = map[fault.Code]int{
 	fault.SecretUnavailable:       http.StatusUnprocessableEntity,
 	fault.PreflightFailed:         http.StatusUnprocessableEntity,
 	fault.TierRefused:             http.StatusUnprocessableEntity,
+	fault.PortForwardUnavailable:  http.StatusUnprocessableEntity,
 	fault.NetworkWidened:          http.StatusForbidden,
 	fault.TemplateNotFound:        http.StatusNotFound,
 
@@ -78,6 +80,7 @@ var statusOf = map[fault.Code]int{
 	fault.BuildFailed:          http.StatusInternalServerError,
 	fault.PostCreateFailed:     http.StatusInternalServerError,
 	fault.SecretDeliveryFailed: http.StatusInternalServerError,
+	fault.PortUnreachable:      http.StatusBadGateway,
 }
 
 // errorBody is the JSON of every error answer.

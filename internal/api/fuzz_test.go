@@ -118,3 +118,26 @@ func FuzzExecHandler(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeExecTTY: a TTY exec's first message either decodes into a request with a command and a terminal
+// size within bounds and no stdin, or is refused with a request-level code; it never panics.
+// Seeds: testdata/fuzz/FuzzDecodeExecTTY.
+func FuzzDecodeExecTTY(f *testing.F) {
+	f.Add([]byte(`{"argv":["sh"],"tty":{"rows":40,"cols":120}}`))
+	f.Add([]byte(`{"command":"top","tty":{"rows":0,"cols":80}}`))
+	f.Add([]byte(`{"argv":["sh"],"stdin":"x"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := decodeExecTTY(body)
+		if err != nil {
+			switch fault.CodeOf(err) {
+			case fault.RequestInvalid, fault.InvalidEnv, fault.InvalidTimeout, fault.InvalidArgument, fault.InvalidWorkdir:
+			default:
+				t.Fatalf("refusal %v has an unexpected code", err)
+			}
+			return
+		}
+		if len(req.Argv) == 0 || req.TTY == nil || req.TTY.Size.Check() != nil || req.Stdin != nil {
+			t.Fatalf("accepted %+v", req)
+		}
+	})
+}

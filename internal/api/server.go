@@ -178,6 +178,8 @@ func orDefault(v, def int64) int64 {
 // register mounts every route. Patterns are Go 1.22 ServeMux patterns; {path...} takes the rest of the path.
 func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler) {
 	s.handle("POST /v1/sandboxes/{user}/exec", authToken, s.handleExec, ScopeExec)
+	s.handle("GET /v1/sandboxes/{user}/exec/tty", authToken, s.handleExecTTY, ScopeExec)
+	s.handle("GET /v1/sandboxes/{user}/ports/{port}", authToken, s.handlePortForward, ScopeExec)
 	s.handle("GET /v1/sandboxes", authToken, s.handleSandboxes, ScopeRead)
 	s.handle("GET /v1/sandboxes/{user}", authToken, s.handleSandbox, ScopeRead)
 	s.handle("POST /v1/sandboxes/{user}/stop", authToken, s.handleStop, ScopeAdmin)

@@ -5,8 +5,10 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"io"
 	"maps"
+	"net"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -52,6 +54,17 @@ type Driver interface {
 	Exec(ctx context.Context, sb *Sandbox, req agentproto.Request, out Output) (agentproto.Result, error)
 }
 
+// PortDialer is optional: a driver that can open a TCP connection to a port on a running sandbox's own loopback,
+// from inside the sandbox's network namespace, without giving the sandbox any network (port forwarding).
+type PortDialer interface {
+	// DialPort connects to 127.0.0.1:port inside sb. Nothing listening there is ErrPortUnreachable. The
+	// connection ends when either side closes it or the sandbox stops.
+	DialPort(ctx context.Context, sb *Sandbox, port int) (net.Conn, error)
+}
+
+// ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
+var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
+
 // WorkspaceRemover is optional: a driver that keeps a sandbox's workspace itself (a Kubernetes claim) removes it
 // when the sandbox is removed without keeping its workspace. An absent workspace is not an error.
 type WorkspaceRemover interface {
@@ -82,6 +95,8 @@ type Output struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Stdin  io.Reader // nil: the command's stdin is /dev/null. Exec may return before a blocked Read does.
+	// Resize carries a TTY command's window size changes (agentproto.RunOptions.Resize); nil: none.
+	Resize <-chan agentproto.WindowSize
 }
 
 // State is a sandbox's engine state, normalised across drivers.

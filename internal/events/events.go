@@ -35,6 +35,8 @@ const (
 	NameNetworkBlocked       = "network_blocked"
 	NameCredentialReflected  = "credential_reflected"
 	NameNetworkBlockedRepeat = "network_blocked_repeats"
+	NamePortForwardOpened    = "port_forward_opened"
+	NamePortForwardClosed    = "port_forward_closed"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -69,6 +71,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameNetworkBlocked:       reflect.TypeFor[NetworkBlocked](),
 	NameCredentialReflected:  reflect.TypeFor[CredentialReflected](),
 	NameNetworkBlockedRepeat: reflect.TypeFor[NetworkBlockedRepeats](),
+	NamePortForwardOpened:    reflect.TypeFor[PortForwardOpened](),
+	NamePortForwardClosed:    reflect.TypeFor[PortForwardClosed](),
 }
 
 // Names returns every event name, in no particular order.

@@ -207,3 +207,24 @@ func Command(argv []string) string {
 	}
 	return c
 }
+
+// PortForwardOpened (port_forward_opened): a forwarded connection reached 127.0.0.1:Port inside the sandbox.
+// Via says who opened it: "cli" (sandkeep port-forward) or "api" (the server's route), and Conn numbers the
+// connection so that its port_forward_closed can be matched.
+type PortForwardOpened struct {
+	Sandbox string `json:"sandbox"`
+	Port    int    `json:"port"`
+	Conn    uint64 `json:"conn"`
+	Via     string `json:"via,omitempty"`
+}
+
+// PortForwardClosed (port_forward_closed): a forwarded connection ended; the byte counts are what went to the
+// sandbox (BytesIn) and came from it (BytesOut). Contents are never recorded.
+type PortForwardClosed struct {
+	Sandbox    string `json:"sandbox"`
+	Port       int    `json:"port"`
+	Conn       uint64 `json:"conn"`
+	BytesIn    int64  `json:"bytes_in"`
+	BytesOut   int64  `json:"bytes_out"`
+	DurationMS int64  `json:"duration_ms"`
+}

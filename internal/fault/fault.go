@@ -68,6 +68,11 @@ const (
 	SandboxSetupTimeout      Code = "SANDBOX_SETUP_TIMEOUT"      // pulling, building or starting the sandbox passed its bound
 	UntrustedWithoutSandbox  Code = "UNTRUSTED_WITHOUT_SANDBOX"  // an untrusted run would have run on the host
 
+	// Port forwarding (lifecycle, driver.PortDialer).
+	PortUnreachable        Code = "PORT_UNREACHABLE"         // nothing in the sandbox accepts connections on that port
+	PortForwardUnavailable Code = "PORT_FORWARD_UNAVAILABLE" // the sandbox's driver cannot forward ports
+	SandboxNotRunning      Code = "SANDBOX_NOT_RUNNING"      // the sandbox exists but is stopped (a forward needs a running one)
+
 	// Trust tiers (internal/tier, admission).
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)
 	TemplateNotFound Code = "TEMPLATE_NOT_FOUND" // no operator template of that name for this tenant (missing and not allowed look alike)

@@ -94,8 +94,12 @@ type ExecRequest struct {
 	Stdin       io.Reader // nil: /dev/null
 	Stdout      io.Writer // streamed as produced; nil discards
 	Stderr      io.Writer
-	OnEvent     Sink     // receives this command's events (ensure decisions, exec started/finished); may be nil
-	Secrets     []Secret // files placed under /run/secrets for this command only (secrets.go)
+	// TTY, when set, runs the command on a pseudo-terminal of this size (agentproto.Request.TTY): one output
+	// stream (Stdout), and Resize carries its size changes.
+	TTY     *agentproto.WindowSize
+	Resize  <-chan agentproto.WindowSize
+	OnEvent Sink     // receives this command's events (ensure decisions, exec started/finished); may be nil
+	Secrets []Secret // files placed under /run/secrets for this command only (secrets.go)
 	// Network is where the command may connect to (ResolveNetwork); nil or mode none: nowhere.
 	Network *egress.Policy
 	// Shape is the sandbox the command runs in (NewShape); nil is the Manager's own Config. A key's sandbox made
@@ -156,7 +160,7 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 // commands pass nil). The caller holds key's gate.
 func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, preq agentproto.Request,
 	started func(*driver.Sandbox, Transport)) (*ExecResult, error) {
-	out := driver.Output{Stdout: req.Stdout, Stderr: req.Stderr, Stdin: req.Stdin}
+	out := driver.Output{Stdout: req.Stdout, Stderr: req.Stderr, Stdin: req.Stdin, Resize: req.Resize}
 	if started == nil {
 		started = func(*driver.Sandbox, Transport) {}
 	}
@@ -235,6 +239,12 @@ func (m *Manager) agentRequest(req ExecRequest) (agentproto.Request, error) {
 	if err != nil {
 		return agentproto.Request{}, err
 	}
+	if req.TTY != nil {
+		if err := req.TTY.Check(); err != nil {
+			return agentproto.Request{}, fault.New(fault.InvalidArgument, "pass a terminal size between 1x1 and 1000x1000",
+				"terminal size %dx%d is out of range", req.TTY.Rows, req.TTY.Cols)
+		}
+	}
 	if err := guard.Env(req.Env); err != nil {
 		return agentproto.Request{}, err
 	}
@@ -259,7 +269,7 @@ func (m *Manager) agentRequest(req ExecRequest) (agentproto.Request, error) {
 	return agentproto.Request{
 		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: req.Argv, Workdir: workdir, Env: req.Env,
 		TimeoutMS: timeout.Milliseconds(), GraceMS: m.cfg.Grace.Milliseconds(),
-		StdoutLimit: req.StdoutLimit, StderrLimit: req.StderrLimit, Stdin: req.Stdin != nil,
+		StdoutLimit: req.StdoutLimit, StderrLimit: req.StderrLimit, Stdin: req.Stdin != nil, TTY: req.TTY,
 	}, nil
 }
 

@@ -132,7 +132,7 @@ func unavailable(why string) error {
 func (m *Manager) execChannel(ctx context.Context, key identity.Key, sb *driver.Sandbox, l *channel.Listener,
 	conn *net.UnixConn, preq agentproto.Request, out driver.Output) (*ExecResult, error) {
 	res, err := agentproto.RunWith(ctx, conn, preq, out.Stdout, out.Stderr, out.Stdin,
-		agentproto.RunOptions{AcceptWait: acceptWait})
+		agentproto.RunOptions{AcceptWait: acceptWait, Resize: out.Resize})
 	result := &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportAgent}
 	switch {
 	case err == nil:

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -176,3 +177,10 @@ func (s *Service) ListAll(ctx context.Context) ([]sandkeep.Sandbox, error) { ret
 
 // CodeCallerFailed is the failure code of a run its caller finished as failed (POST /v1/runs/{id}/finish).
 const CodeCallerFailed = "CALLER_FAILED"
+
+var _ PortDialer = (*Service)(nil)
+
+// DialPort opens one forwarded connection to port in key's running sandbox.
+func (s *Service) DialPort(ctx context.Context, key sandkeep.Key, port int, pf sandkeep.PortForward) (net.Conn, error) {
+	return s.m.DialPort(ctx, key, port, pf)
+}

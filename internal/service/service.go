@@ -5,6 +5,7 @@ package service
 
 import (
 	"context"
+	"net"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/files"
@@ -42,4 +43,11 @@ type Backend interface {
 	Templates(ctx context.Context, tenant string) ([]string, error)
 	// Ready reports whether the store and the driver answer.
 	Ready(ctx context.Context) error
+}
+
+// PortDialer is optional: a Backend that can forward connections to a port inside a sandbox (port forwarding).
+// The API finds it with a type assertion; without it the port-forward route answers PORT_FORWARD_UNAVAILABLE.
+type PortDialer interface {
+	// DialPort opens one connection to 127.0.0.1:port inside key's running sandbox (sandkeep.Manager.DialPort).
+	DialPort(ctx context.Context, key sandkeep.Key, port int, pf sandkeep.PortForward) (net.Conn, error)
 }

@@ -33,7 +33,8 @@ func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Re
 	defer att.Close()
 
 	frames, demux := demultiplex(att.Reader)
-	res, runErr := agentproto.Run(ctx, agentConn{r: frames, w: att.Conn}, req, out.Stdout, out.Stderr, out.Stdin)
+	res, runErr := agentproto.RunWith(ctx, agentConn{r: frames, w: att.Conn}, req, out.Stdout, out.Stderr, out.Stdin,
+		agentproto.RunOptions{Resize: out.Resize})
 	// The report is in (or the channel is broken): end the stream so the demultiplexer returns.
 	_ = att.CloseWrite()
 	att.Close()

@@ -48,7 +48,8 @@ func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Re
 	if err != nil {
 		return res, err
 	}
-	res, runErr := agentproto.Run(ctx, conn, req, out.Stdout, out.Stderr, out.Stdin)
+	res, runErr := agentproto.RunWith(ctx, conn, req, out.Stdout, out.Stderr, out.Stdin,
+		agentproto.RunOptions{Resize: out.Resize})
 	exit := p.finish(conn)
 
 	switch reason := p.endedBy(); {

@@ -56,7 +56,8 @@ func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Re
 		streamErr <- err
 	}()
 
-	res, runErr := agentproto.Run(ctx, agentConn{r: framesR, w: stdinW}, req, out.Stdout, out.Stderr, out.Stdin)
+	res, runErr := agentproto.RunWith(ctx, agentConn{r: framesR, w: stdinW}, req, out.Stdout, out.Stderr, out.Stdin,
+		agentproto.RunOptions{Resize: out.Resize})
 	// The report is in (or the channel is broken): close the agent's stdin so it exits, then wait for the stream.
 	stdinW.Close()
 	framesR.CloseWithError(io.ErrClosedPipe)

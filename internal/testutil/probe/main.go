@@ -10,6 +10,8 @@
 //	skprobe dns NAME [SERVER]             a lookup through /etc/resolv.conf, or through SERVER (host:port)
 //	skprobe sni HOST:PORT SNI             CONNECT HOST:PORT through the proxy, then a TLS handshake naming SNI
 //	skprobe unix PATH                     connect to a Unix socket and wait for the peer to hang up
+//	skprobe serve ADDR TEXT               an HTTP server on ADDR answering every GET with TEXT and the path asked
+//	                                      for; prints "listening ADDR" once it accepts, runs until killed
 package main
 
 import (
@@ -75,6 +77,11 @@ func main() {
 		}
 	case "sni":
 		err = sni(os.Args[2], os.Args[3])
+	case "serve":
+		if len(os.Args) < 4 {
+			os.Exit(2)
+		}
+		err = serveHTTP(os.Args[2], os.Args[3])
 	case "unix":
 		var c net.Conn
 		if c, err = net.DialTimeout("unix", os.Args[2], 2*time.Second); err == nil {
@@ -153,4 +160,16 @@ func sni(target, serverName string) error {
 	}
 	fmt.Println("handshake ok")
 	return nil
+}
+
+// serveHTTP answers every request on addr with text, a space and the request's path, until killed.
+func serveHTTP(addr, text string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening", ln.Addr())
+	return http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", text, r.URL.Path)
+	}))
 }
