@@ -202,6 +202,9 @@ ip -n "$K8S_NETNS" addr replace "$K8S_NODE_IP/30" dev "$K8S_NODE_IF"
 ip -n "$K8S_NETNS" link set "$K8S_NODE_IF" up
 ip -n "$K8S_NETNS" link set lo up
 ip -n "$K8S_NETNS" route replace default via "$K8S_HOST_IP"
+# The host reaches the pods (the kubernetes driver's agent channel and egress endpoint answer them) through the
+# node: only the pod CIDR this script's node hands out, on the veth this script made.
+ip route replace "$K8S_POD_CIDR" via "$K8S_NODE_IP" dev "$K8S_HOST_IF"
 
 # ---- start the node: setsid, so a CI step's signal does not take it down ----
 log "starting the node (logs in $L)"

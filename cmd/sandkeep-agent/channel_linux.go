@@ -60,9 +60,9 @@ const (
 
 // channel is init's side of the persistent channel. Only runChannel's goroutine touches it.
 type channel struct {
-	path string      // the socket to dial, inside the sandbox
-	exe  string      // this binary, for the serve child
-	log  *log.Logger // stderr
+	dialer func() (*os.File, error) // one connection to the host (dialUnix of the socket, or dialNet)
+	exe    string                   // this binary, for the serve child
+	log    *log.Logger              // stderr
 
 	state   channelState
 	delay   time.Duration // the wait before the next connect attempt after a failure
@@ -94,7 +94,12 @@ type channel struct {
 // A new connection therefore proves that every process of the previous session is gone. Like plain init, it
 // ignores every signal (see runInit): the host ends it with SIGKILL through the engine.
 func runChannel(path string) int {
-	c := &channel{path: path, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
+	return runChannelWith(func() (*os.File, error) { return dialUnix(path) })
+}
+
+// runChannelWith is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go).
+func runChannelWith(dial func() (*os.File, error)) int {
+	c := &channel{dialer: dial, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
 	if os.Getpid() != 1 {
 		c.log.Printf("--channel needs to run as PID 1 (pid is %d)", os.Getpid())
 		return 2
@@ -216,7 +221,7 @@ func (c *channel) retryLater(timer *time.Timer) {
 
 // dial tries one connection and, on success, starts the serve child on it.
 func (c *channel) dial(timer *time.Timer) {
-	conn, err := dialUnix(c.path)
+	conn, err := c.dialer()
 	if err != nil {
 		c.noteDialError(err)
 		c.retryLater(timer)
@@ -237,7 +242,8 @@ func (c *channel) dial(timer *time.Timer) {
 // noteDialError logs a connect failure unless it is the host not listening (the socket missing, refusing, or
 // its backlog full) or the same failure as the last one logged.
 func (c *channel) noteDialError(err error) {
-	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EAGAIN) {
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EAGAIN) ||
+		errors.Is(err, os.ErrDeadlineExceeded) { // the network channel's server not answering (net_linux.go)
 		return
 	}
 	var errno syscall.Errno

@@ -8,6 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
 )
 
 // installBuiltin handles `sandkeep-agent install DIR`: the kubernetes driver's init container runs it from the
@@ -17,15 +20,43 @@ func installBuiltin(args []string) (code int, ok bool) {
 	if len(args) == 0 || args[0] != "install" {
 		return 0, false
 	}
-	if len(args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: sandkeep-agent install DIR")
+	tokenFile := ""
+	if len(args) == 4 && args[2] == "--token-file" && filepath.IsAbs(args[3]) {
+		tokenFile = args[3]
+	} else if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: sandkeep-agent install DIR [--token-file PATH]")
 		return 2, true
 	}
 	if err := installSelf(args[1]); err != nil {
 		fmt.Fprintf(os.Stderr, "sandkeep-agent install: %v\n", err)
 		return 1, true
 	}
+	if tokenFile != "" {
+		if err := writeToken(tokenFile); err != nil {
+			fmt.Fprintf(os.Stderr, "sandkeep-agent install: channel token: %v\n", err)
+			return 1, true
+		}
+	}
 	return 0, true
+}
+
+// writeToken writes $SANDKEEP_CHANNEL_TOKEN to path, mode 0400, for the sandbox's init to read once and remove
+// (net_linux.go). The variable is the init container's only: the sandbox container never has it.
+func writeToken(path string) error {
+	token := os.Getenv(tokenEnv)
+	if len(token) < agentproto.MinHelloToken || len(token) > agentproto.MaxHelloToken {
+		return fmt.Errorf("$%s holds %d bytes, not a token", tokenEnv, len(token))
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
+	if err != nil {
+		return err
+	}
+	_, werr := f.WriteString(token)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
 }
 
 func installSelf(dir string) error {

@@ -11,6 +11,9 @@
 //	sandkeep-agent init --channel PATH
 //	                        the same, and keeps the persistent channel up: dials the host's Unix socket at PATH
 //	                        and serves commands on it (one `serve` child per connection)
+//	sandkeep-agent init --net-channel HOST:PORT --pod NAME --token-file PATH
+//	                        the same over TCP (the kubernetes driver): reads and removes the token, dials the
+//	                        server and opens each connection with a hello naming the pod and the token
 //	sandkeep-agent serve    speaks the agentproto wire on stdin/stdout, one command after another
 //	sandkeep-agent install DIR  copies itself to DIR/sandkeep-agent (the kubernetes init container)
 //	sandkeep-agent version  prints the agent and protocol versions
@@ -32,6 +35,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 )
@@ -50,12 +54,15 @@ func main() {
 		os.Exit(1)
 	}
 	if os.Args[1] == "init" {
-		channel, egress, err := parseInitArgs(os.Args[2:])
+		f, err := parseInitFlags(os.Args[2:])
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "sandkeep-agent init: %v\n", err)
 			usage()
 		}
-		os.Exit(runInit(channel, egress))
+		if f.netChannel != "" {
+			os.Exit(runNetInit(f))
+		}
+		os.Exit(runInit(f.channel, f.egress))
 	}
 	if code, ok := fileBuiltin(os.Args[1:]); ok { // put-file, rm-file: see files_linux.go
 		os.Exit(code)
@@ -71,6 +78,7 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "serve":
+		consumeToken() // a serve that starts before init read the channel token leaves no command a copy (net_linux.go)
 		os.Exit(serve(os.Stdin, os.Stdout))
 	case "version", "-version", "--version":
 		fmt.Printf("sandkeep-agent %s (protocol %d)\n", version, agentproto.Version)
@@ -79,32 +87,77 @@ func main() {
 	}
 }
 
-// parseInitArgs reads init's flags, both optional: --channel PATH (or -channel, =PATH), and --egress ADDR, the
-// loopback address of the egress forwarder, which needs --channel (the proxy's socket is next to it).
+// initFlags are init's flags. channel (a Unix socket the host binds in) and netChannel (a TCP address, the
+// kubernetes driver's) are exclusive; netChannel needs pod and tokenFile.
+type initFlags struct {
+	channel    string // --channel PATH
+	egress     string // --egress ADDR
+	netChannel string // --net-channel HOST:PORT
+	pod        string // --pod NAME: the name the hello gives
+	tokenFile  string // --token-file PATH: the channel token, read once and removed
+}
+
+// parseInitArgs is parseInitFlags for the Unix channel's flags only.
 func parseInitArgs(args []string) (channel, egress string, err error) {
+	f, err := parseInitFlags(args)
+	if err == nil && f.netChannel != "" {
+		err = errors.New("--net-channel is not --channel")
+	}
+	return f.channel, f.egress, err
+}
+
+// parseInitFlags reads init's flags, all optional: --channel PATH (or -channel, =PATH), and --egress ADDR, the
+// loopback address of the egress forwarder, which needs --channel (the proxy's socket is next to it); or
+// --net-channel HOST:PORT with --pod NAME and --token-file PATH (the kubernetes driver's channel over the pod
+// network, see net_linux.go).
+func parseInitFlags(args []string) (f initFlags, err error) {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	fs.Func("net-channel", "the sandkeep server's channel address (host:port)", func(v string) error {
+		f.netChannel = v
+		return checkNetChannel(v)
+	})
+	fs.Func("pod", "this pod's name, for the hello", func(v string) error {
+		if v == "" || len(v) > agentproto.MaxHelloName {
+			return errors.New("--pod: a name of 1 to 253 bytes")
+		}
+		f.pod = v
+		return nil
+	})
+	fs.Func("token-file", "the channel token's file, removed once read", func(v string) error {
+		if !filepath.IsAbs(v) {
+			return fmt.Errorf("--token-file %q: not an absolute path", v)
+		}
+		f.tokenFile = v
+		return nil
+	})
 	fs.SetOutput(io.Discard)
 	fs.Func("channel", "the host's Unix socket to dial", func(v string) error {
-		channel = v
+		f.channel = v
 		return checkChannelPath(v)
 	})
 	fs.Func("egress", "the loopback address to forward to the host's egress proxy", func(v string) error {
-		egress = v
+		f.egress = v
 		return checkEgressAddr(v)
 	})
 	if err := fs.Parse(args); err != nil {
-		return "", "", err
+		return initFlags{}, err
 	}
-	if fs.NArg() != 0 {
-		return "", "", fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	switch {
+	case fs.NArg() != 0:
+		return initFlags{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case f.netChannel != "" && f.channel != "":
+		return initFlags{}, errors.New("--channel and --net-channel are exclusive")
+	case f.netChannel != "" && (f.pod == "" || f.tokenFile == ""):
+		return initFlags{}, errors.New("--net-channel needs --pod and --token-file")
+	case f.netChannel == "" && (f.pod != "" || f.tokenFile != ""):
+		return initFlags{}, errors.New("--pod and --token-file go with --net-channel")
+	case f.egress != "" && f.channel == "":
+		return initFlags{}, errors.New("--egress needs --channel: the proxy's socket is in the channel directory")
 	}
-	if egress != "" && channel == "" {
-		return "", "", errors.New("--egress needs --channel: the proxy's socket is in the channel directory")
-	}
-	return channel, egress, nil
+	return f, nil
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT]] | serve | version | put-file PATH MODE | rm-file PATH... | dial PORT")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT] | --net-channel HOST:PORT --pod NAME --token-file PATH] | serve | version | put-file PATH MODE | rm-file PATH... | dial PORT")
 	os.Exit(2)
 }

@@ -17,7 +17,8 @@ import (
 )
 
 // TestBenchmark measures, side by side in one run on the node, in blocks that rotate the order: a warm command
-// through the driver (exec through the API server, the agent protocol), the first command for a new key
+// over the agent channel and the same through the API server's exec (one pod; a second driver without the
+// channel), the first command for a new key
 // (record, claim, pod, exec), and a bare restricted pod created and polled until Running. It prints medians and
 // ratios (docs/BENCHMARKS.md). Opt in with SANDKEEP_KUBE_BENCH=1; SANDKEEP_KUBE_BENCH_BLOCKS (default 5).
 func TestBenchmark(t *testing.T) {
@@ -32,6 +33,7 @@ func TestBenchmark(t *testing.T) {
 	c := theNode(t)
 	ns := c.namespace(t)
 	d := c.driver(t, ns)
+	dx := c.driverExec(t, ns) // the same pods, every command through the API server
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
 	defer cancel()
 	inst := "kube-bench-" + randHex(t, 4)
@@ -40,17 +42,31 @@ func TestBenchmark(t *testing.T) {
 		t.Fatal(err)
 	}
 	warm := createStarted(t, ctx, d, c.spec(t, ns, key, inst))
-	run(t, ctx, d, warm, "true") // the first exec sets up the client's connections
+	run(t, ctx, d, warm, "true")  // the channel's first command
+	run(t, ctx, dx, warm, "true") // the first exec sets up the client's connections
 
 	samples := map[string][]time.Duration{}
 	scenarios := map[string]func(i, b int){
 		"warm exec (API server)": func(int, int) {
 			for range warmPerBlock {
 				start := time.Now()
-				if r := run(t, ctx, d, warm, "true"); r.exit != 0 {
+				if r := run(t, ctx, dx, warm, "true"); r.exit != 0 {
 					t.Fatalf("warm exec: %+v", r)
 				}
 				samples["warm exec (API server)"] = append(samples["warm exec (API server)"], time.Since(start))
+			}
+		},
+		"warm exec (channel)": func(int, int) {
+			for range warmPerBlock {
+				before := d.ChannelStats().Execs
+				start := time.Now()
+				if r := run(t, ctx, d, warm, "true"); r.exit != 0 {
+					t.Fatalf("warm exec over the channel: %+v", r)
+				}
+				samples["warm exec (channel)"] = append(samples["warm exec (channel)"], time.Since(start))
+				if d.ChannelStats().Execs != before+1 {
+					t.Fatalf("a warm command did not go over the channel: %+v", d.ChannelStats())
+				}
 			}
 		},
 		"first command, new key": func(i, b int) {
@@ -102,7 +118,7 @@ func TestBenchmark(t *testing.T) {
 			_ = c.api.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 		},
 	}
-	order := []string{"warm exec (API server)", "first command, new key", "bare pod to Running"}
+	order := []string{"warm exec (API server)", "first command, new key", "bare pod to Running", "warm exec (channel)"}
 	for b := range blocks {
 		for i := range order {
 			name := order[(i+b)%len(order)]
@@ -120,6 +136,7 @@ func TestBenchmark(t *testing.T) {
 	}
 	fmt.Fprintf(&out, "  first command / bare pod to Running: %.2fx\n", float64(med[order[1]])/float64(med[order[2]]))
 	fmt.Fprintf(&out, "  first command / warm exec:           %.1fx\n", float64(med[order[1]])/float64(med[order[0]]))
+	fmt.Fprintf(&out, "  warm exec, API server / channel:     %.1fx\n", float64(med[order[0]])/float64(med[order[3]]))
 	t.Log("\n" + out.String())
 	fmt.Print(out.String())
 }

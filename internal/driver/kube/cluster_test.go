@@ -35,19 +35,21 @@ import (
 
 // The test node scripts/k8s-up.sh starts; each can be overridden for another cluster.
 const (
-	envRequire      = "SANDKEEP_REQUIRE_KUBE"         // "1": the cluster must be there (CI); else the tests skip
-	envContainerd   = "SANDKEEP_TEST_KUBE_CONTAINERD" // the node's containerd socket, for `ctr images import`
-	envPVRoot       = "SANDKEEP_TEST_KUBE_PV_ROOT"    // where static PersistentVolumes keep their data on the node
-	nodeKubeconfig  = "/var/lib/sandkeep-k8s/admin.kubeconfig"
-	nodeContainerd  = "/var/lib/sandkeep-k8s/run/containerd.sock"
-	nodePVRoot      = "/var/lib/sandkeep-k8s/pv"
-	storageClass    = "sandkeep-test"
-	workspaceSize   = "64Mi"
-	testAgentImage  = "docker.io/library/sandkeep-agent:test"
-	testImage       = "docker.io/library/sandkeep-test-busybox:kube"
-	testImageRepo   = "docker.io/library/sandkeep-test-busybox"
-	testAgentRepo   = "docker.io/library/sandkeep-agent"
-	imageListBudget = 90 * time.Second // the kubelet reports new images with its next node status
+	envRequire       = "SANDKEEP_REQUIRE_KUBE"             // "1": the cluster must be there (CI); else the tests skip
+	envContainerd    = "SANDKEEP_TEST_KUBE_CONTAINERD"     // the node's containerd socket, for `ctr images import`
+	envPVRoot        = "SANDKEEP_TEST_KUBE_PV_ROOT"        // where static PersistentVolumes keep their data on the node
+	envChannelListen = "SANDKEEP_TEST_KUBE_CHANNEL_LISTEN" // the agent channel's listen address; default nodeHostIP:0
+	nodeHostIP       = "10.213.0.1"                        // the host's side of the node's veth (scripts/k8s/env.sh)
+	nodeKubeconfig   = "/var/lib/sandkeep-k8s/admin.kubeconfig"
+	nodeContainerd   = "/var/lib/sandkeep-k8s/run/containerd.sock"
+	nodePVRoot       = "/var/lib/sandkeep-k8s/pv"
+	storageClass     = "sandkeep-test"
+	workspaceSize    = "64Mi"
+	testAgentImage   = "docker.io/library/sandkeep-agent:test"
+	testImage        = "docker.io/library/sandkeep-test-busybox:kube"
+	testImageRepo    = "docker.io/library/sandkeep-test-busybox"
+	testAgentRepo    = "docker.io/library/sandkeep-agent"
+	imageListBudget  = 90 * time.Second // the kubelet reports new images with its next node status
 )
 
 // cluster is the real cluster the tests run against.
@@ -204,12 +206,30 @@ func (c *cluster) namespace(t *testing.T) string {
 	return ns
 }
 
+// driver is a driver for ns with the agent channel on (listening on the node's host side of its veth, which
+// the pods reach through the node); driverExec is one without, every command through the API server's exec.
 func (c *cluster) driver(t *testing.T, ns string) *kube.Driver {
 	t.Helper()
-	d, err := kube.New(kube.Options{REST: c.cfg, Namespace: ns, AgentImage: testAgentImage, StorageClass: storageClass, WorkspaceSize: workspaceSize})
+	listen := os.Getenv(envChannelListen)
+	if listen == "" {
+		listen = nodeHostIP + ":0"
+	}
+	return c.newDriver(t, kube.Options{Namespace: ns, ChannelListen: listen})
+}
+
+func (c *cluster) driverExec(t *testing.T, ns string) *kube.Driver {
+	t.Helper()
+	return c.newDriver(t, kube.Options{Namespace: ns})
+}
+
+func (c *cluster) newDriver(t *testing.T, opts kube.Options) *kube.Driver {
+	t.Helper()
+	opts.REST, opts.AgentImage, opts.StorageClass, opts.WorkspaceSize = c.cfg, testAgentImage, storageClass, workspaceSize
+	d, err := kube.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d.Close() })
 	return d
 }
 

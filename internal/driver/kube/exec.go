@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -33,7 +34,15 @@ const streamWait = 10 * time.Second
 
 // Exec runs req through `sandkeep-agent serve` in an exec through the API server (WebSocket, SPDY fallback) and
 // speaks the agent protocol over its stdin and stdout; the agent's stderr is kept for diagnostics.
+//
+// With the agent channel on, a command goes over the pod's channel connection when it is up and idle (see
+// channel.go), and through the API server's exec otherwise.
 func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Request, out driver.Output) (agentproto.Result, error) {
+	if d.ch != nil {
+		if conn := d.ch.take(ctx, sb.Name, types.UID(sb.ID)); conn != nil {
+			return d.execChannel(ctx, sb, conn, req, out)
+		}
+	}
 	if err := d.execTarget(ctx, sb); err != nil {
 		return agentproto.Result{}, err
 	}
@@ -72,6 +81,19 @@ func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Re
 		return res, d.protocolError(sb, serr, diag.Bytes(), runErr)
 	}
 	return res, runErr
+}
+
+// execChannel runs req over the pod's channel connection. A channel that breaks (garbage, a cut stream, no
+// acknowledgement within acceptWait) is dropped and the error wraps agentproto.ErrProtocol: the lifecycle
+// recycles the sandbox. The agent dials again only once every process of that command is gone.
+func (d *Driver) execChannel(ctx context.Context, sb *driver.Sandbox, conn *net.TCPConn, req agentproto.Request, out driver.Output) (agentproto.Result, error) {
+	res, err := agentproto.RunWith(ctx, conn, req, out.Stdout, out.Stderr, out.Stdin, agentproto.RunOptions{AcceptWait: acceptWait})
+	broken := err != nil && errors.Is(err, agentproto.ErrProtocol)
+	d.ch.release(sb.Name, conn, broken)
+	if broken {
+		return res, fmt.Errorf("exec in %s over the agent channel: %w", sb.Name, err)
+	}
+	return res, err
 }
 
 func errOrEOF(err error) error {

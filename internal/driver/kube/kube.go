@@ -12,10 +12,15 @@ package kube
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -43,6 +49,12 @@ const (
 	EnvStorageClass  = "SANDKEEP_KUBE_STORAGE_CLASS"
 	EnvWorkspaceSize = "SANDKEEP_KUBE_WORKSPACE_SIZE"
 	EnvKubeconfig    = "KUBECONFIG"
+	// EnvChannelListen is the address the agent channel listens on (e.g. ":7070"); unset: no channel, every
+	// command goes through the API server's exec.
+	EnvChannelListen = "SANDKEEP_KUBE_CHANNEL_LISTEN"
+	// EnvChannelAddr is the address pods dial (an IP and port: sandkeep's pod IP in a cluster); default: the
+	// listen address when it names an IP.
+	EnvChannelAddr = "SANDKEEP_KUBE_CHANNEL_ADDR"
 )
 
 // Defaults.
@@ -87,6 +99,13 @@ type Options struct {
 	WorkspaceSize string
 	// StartTimeout bounds Start (scheduling, the claim binding, the images, the containers); default 2 minutes.
 	StartTimeout time.Duration
+	// ChannelListen, when set, is the TCP address of the agent channel (channel.go): each pod's agent keeps a
+	// connection to it, so a warm command costs a frame round trip instead of an exec through the API server.
+	ChannelListen string
+	// ChannelAddr is the address pods dial; empty: the listener's address, which must then name an IP.
+	ChannelAddr string
+	// Logger receives the channel's refusals; nil discards.
+	Logger *slog.Logger
 	// REST, when set, is used instead of loading a kubeconfig (tests).
 	REST *rest.Config
 }
@@ -100,6 +119,8 @@ func FromEnv() Options {
 		AgentImage:    os.Getenv(EnvAgentImage),
 		StorageClass:  os.Getenv(EnvStorageClass),
 		WorkspaceSize: os.Getenv(EnvWorkspaceSize),
+		ChannelListen: os.Getenv(EnvChannelListen),
+		ChannelAddr:   os.Getenv(EnvChannelAddr),
 	}
 }
 
@@ -112,6 +133,7 @@ type Driver struct {
 	nsMu  sync.Mutex
 	nsOK  bool
 	execs *executors
+	ch    *chanServer // nil: no channel
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -157,7 +179,61 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fault.Wrap(err, fault.DriverUnavailable, "check the kubeconfig", "cannot make a Kubernetes client")
 	}
-	return &Driver{opts: opts, rest: cfg, api: api, size: size, execs: newExecutors(cfg)}, nil
+	d := &Driver{opts: opts, rest: cfg, api: api, size: size, execs: newExecutors(cfg)}
+	if opts.ChannelListen != "" {
+		if opts.ChannelAddr != "" {
+			if err := checkChannelAddr(opts.ChannelAddr); err != nil {
+				return nil, err
+			}
+		}
+		d.ch, err = listenChannel(opts.ChannelListen, opts.ChannelAddr, api, opts.Namespace, opts.Logger)
+		if err != nil {
+			return nil, fault.Wrap(err, fault.DriverUnavailable, "set "+EnvChannelListen+" to a free host:port (and "+EnvChannelAddr+" to the address pods dial), or unset it",
+				"the agent channel cannot listen on %s: %v", opts.ChannelListen, err)
+		}
+	}
+	return d, nil
+}
+
+// checkChannelAddr: pods dial an IP and a port (the agent refuses anything else).
+func checkChannelAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil && net.ParseIP(host) == nil {
+		err = errors.New("not an IP address")
+	}
+	if err == nil && (port == "" || port == "0") {
+		err = errors.New("no port")
+	}
+	if err != nil {
+		return fault.New(fault.InvalidArgument, "set "+EnvChannelAddr+" to the IP:port pods reach sandkeep at, e.g. 10.0.3.7:7070",
+			"%s %q is not an IP:port (%v)", EnvChannelAddr, addr, err)
+	}
+	return nil
+}
+
+// ChannelAddr is the address pods dial for the agent channel, "" without one.
+func (d *Driver) ChannelAddr() string {
+	if d.ch == nil {
+		return ""
+	}
+	return d.ch.addr
+}
+
+// ChannelStats counts what the agent channel did (all zero without one).
+func (d *Driver) ChannelStats() ChannelStats {
+	if d.ch == nil {
+		return ChannelStats{}
+	}
+	return d.ch.snapshot()
+}
+
+// Close stops the agent channel's listener and closes its connections (the pods keep running; their agents dial
+// the next process that serves them). The driver must not be used after.
+func (d *Driver) Close() error {
+	if d.ch == nil {
+		return nil
+	}
+	return d.ch.close()
 }
 
 // loadConfig: the kubeconfig file given (or $KUBECONFIG), else the in-cluster config, else ~/.kube/config.
@@ -252,8 +328,63 @@ func (d *Driver) ensureNamespace(ctx context.Context) error {
 		return fault.Wrap(err, fault.DriverUnavailable, "give sandkeep create on networkpolicies in "+ns,
 			"cannot create the isolation NetworkPolicy in %s", ns)
 	}
+	if d.ch != nil {
+		if err := d.ensureChannelPolicy(ctx); err != nil {
+			return err
+		}
+	}
 	d.nsOK = true
 	return nil
+}
+
+// ChannelPolicyPrefix names the NetworkPolicy that lets sandbox pods reach the agent channel's address (and
+// nothing else of the server): the isolation policy denies them everything else.
+const ChannelPolicyPrefix = "sandkeep-channel-"
+
+// ensureChannelPolicy allows the sandbox pods' egress to the channel's address, one IP and one TCP port, so that
+// where NetworkPolicy is enforced the agent still reaches sandkeep and nothing else does.
+func (d *Driver) ensureChannelPolicy(ctx context.Context) error {
+	host, port, err := net.SplitHostPort(d.ch.addr)
+	if err != nil {
+		return fmt.Errorf("channel address %q: %w", d.ch.addr, err)
+	}
+	pn, err := strconv.Atoi(port)
+	if err != nil {
+		return fmt.Errorf("channel address %q: %w", d.ch.addr, err)
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return fmt.Errorf("channel address %q: not an IP", d.ch.addr)
+	}
+	cidr := ip.String() + "/32"
+	if ip.To4() == nil {
+		cidr = ip.String() + "/128"
+	}
+	tcp := corev1.ProtocolTCP
+	portVal := intstr.FromInt32(int32(pn))
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: ChannelPolicyPrefix + addrName(d.ch.addr),
+			Labels: map[string]string{LabelManagedBy: ManagedBy}},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: cidr}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &portVal}},
+			}},
+		},
+	}
+	if _, err := d.api.NetworkingV1().NetworkPolicies(d.opts.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fault.Wrap(err, fault.DriverUnavailable, "give sandkeep create on networkpolicies in "+d.opts.Namespace,
+			"cannot create the agent channel's NetworkPolicy in %s", d.opts.Namespace)
+	}
+	return nil
+}
+
+// addrName is a DNS-label form of a channel address: its SHA-256, 16 hex digits.
+func addrName(addr string) string {
+	sum := sha256.Sum256([]byte(addr))
+	return hex.EncodeToString(sum[:8])
 }
 
 // ResolveImage returns the ref the pod is created from. A digest-pinned ref is used as given (the kubelet pulls
@@ -413,7 +544,7 @@ func isRunning(pod *corev1.Pod) bool { return podState(pod) == driver.StateRunni
 // Create writes the sandbox's record (a name that is taken is errdefs.ErrConflict) and ensures the key's
 // workspace claim. The pod is made by Start.
 func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.Sandbox, error) {
-	if _, err := podFor(spec.Name, "", record{Image: spec.Image, ImageID: spec.ImageID, Posture: spec.Posture}, spec.Labels, d.opts.AgentImage); err != nil {
+	if _, err := podFor(spec.Name, "", record{Image: spec.Image, ImageID: spec.ImageID, Posture: spec.Posture}, spec.Labels, d.opts.AgentImage, nil); err != nil {
 		return nil, err // a posture this driver cannot apply: nothing is created
 	}
 	if err := d.ensureNamespace(ctx); err != nil {
@@ -529,7 +660,15 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 		}
 		pod = nil
 	}
-	want, err := podFor(sb.Name, cm.UID, rec, sb.Labels, d.opts.AgentImage)
+	var pc *podChannel
+	if d.ch != nil {
+		token, err := newToken()
+		if err != nil {
+			return fmt.Errorf("start %s: channel token: %w", sb.Name, err)
+		}
+		pc = &podChannel{addr: d.ch.addr, token: token}
+	}
+	want, err := podFor(sb.Name, cm.UID, rec, sb.Labels, d.opts.AgentImage, pc)
 	if err != nil {
 		return err
 	}
@@ -557,6 +696,9 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 		defer ccancel()
 		_ = d.deletePod(cctx, created, 0)
 		return err
+	}
+	if d.ch != nil {
+		d.ch.noteStarted(sb.Name)
 	}
 	return nil
 }
@@ -679,6 +821,9 @@ func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Durati
 	}
 	wctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
 	defer cancel()
+	if d.ch != nil {
+		d.ch.forget(sb.Name)
+	}
 	if err := d.deletePod(wctx, pod, grace); err != nil {
 		return fmt.Errorf("stop %s: %w", sb.Name, err)
 	}
@@ -701,6 +846,9 @@ func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
 		return fmt.Errorf("remove %s: %w", sb.Name, err)
 	}
 	if err == nil && ownedBy(pod, types.UID(sb.ID)) {
+		if d.ch != nil {
+			d.ch.forget(sb.Name)
+		}
 		if err := d.deletePod(ctx, pod, 0); err != nil {
 			return fmt.Errorf("remove %s: %w", sb.Name, err)
 		}

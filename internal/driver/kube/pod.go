@@ -26,7 +26,11 @@ import (
 // escalation, seccomp RuntimeDefault, and the posture's capability drop (which must include ALL). The posture's
 // host mounts have no equivalent: /workspace is the key's claim, /.sandkeep an emptyDir the init container fills
 // from the agent image; any other bind mount is refused.
-func podFor(name string, owner types.UID, rec record, labels map[string]string, agentImage string) (*corev1.Pod, error) {
+//
+// With ch, the agent keeps a channel to the driver (channel.go): the init container writes ch's token to a
+// memory volume, and the sandbox's init (when it is the agent's plain init) dials ch's address, after reading
+// and removing the token.
+func podFor(name string, owner types.UID, rec record, labels map[string]string, agentImage string, ch *podChannel) (*corev1.Pod, error) {
 	p := rec.Posture
 	uid, gid, err := numericUser(p.User)
 	if err != nil {
@@ -94,6 +98,20 @@ func podFor(name string, owner types.UID, rec record, labels map[string]string, 
 	if len(init) == 0 {
 		init = []string{driver.AgentPath, "init"}
 	}
+	installCmd := []string{agentImagePath, "install", driver.AgentDir}
+	initMounts := []corev1.VolumeMount{{Name: agentVolume, MountPath: driver.AgentDir}}
+	var initEnv []corev1.EnvVar
+	if ch != nil && len(init) == 2 && init[0] == driver.AgentPath && init[1] == "init" {
+		init = []string{driver.AgentPath, "init", "--net-channel", ch.addr, "--pod", name, "--token-file", TokenFile}
+		installCmd = append(installCmd, "--token-file", TokenFile)
+		initEnv = []corev1.EnvVar{{Name: TokenEnv, Value: ch.token}}
+		volumes = append(volumes, corev1.Volume{Name: tokenVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+			Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(1<<20, resource.BinarySI),
+		}}})
+		tm := corev1.VolumeMount{Name: tokenVolume, MountPath: TokenDir}
+		initMounts = append(initMounts, tm)
+		mounts = append(mounts, tm)
+	}
 	f, t := false, true
 	uid64, gid64 := int64(uid), int64(gid)
 	sc := func(readOnly bool) *corev1.SecurityContext {
@@ -128,8 +146,9 @@ func podFor(name string, owner types.UID, rec record, labels map[string]string, 
 				Name:            InitName,
 				Image:           agentImage,
 				ImagePullPolicy: corev1.PullIfNotPresent,
-				Command:         []string{agentImagePath, "install", driver.AgentDir},
-				VolumeMounts:    []corev1.VolumeMount{{Name: agentVolume, MountPath: driver.AgentDir}},
+				Command:         installCmd,
+				Env:             initEnv,
+				VolumeMounts:    initMounts,
 				SecurityContext: sc(true),
 				Resources:       res,
 			}},
@@ -151,6 +170,11 @@ func podFor(name string, owner types.UID, rec record, labels map[string]string, 
 		pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: name, UID: owner}}
 	}
 	return pod, nil
+}
+
+// podChannel is what a pod needs for the agent channel: the address to dial and its token.
+type podChannel struct {
+	addr, token string
 }
 
 // numericUser parses "uid:gid" (or "uid"); Kubernetes runs only numeric ids, and never root here.
