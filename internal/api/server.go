@@ -35,7 +35,8 @@ type Config struct {
 	Backend service.Backend
 	Tokens  Tokens // a store.TokenStore satisfies it
 
-	// Limits bound every tenant; TenantLimits replaces them for the tenants it names. Zero fields are unlimited.
+	// Limits bound every tenant: zero fields take DefaultLimits, Unlimited (-1) lifts a bound. TenantLimits
+	// replaces them for the tenants it names; a zero field there takes the one of Limits.
 	Limits       Limits
 	TenantLimits map[string]Limits
 
@@ -69,14 +70,23 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Limits bound one tenant. Zero fields are unlimited. Exceeding one answers 429 RATE_LIMITED with
-// Retry-After at once; nothing waits.
+// Limits bound one tenant. In a Config, a zero field takes its default and Unlimited lifts the bound.
+// Exceeding one answers 429 RATE_LIMITED with Retry-After at once; nothing waits.
 type Limits struct {
-	MaxSandboxes       int     // sandboxes the tenant may have; an exec that would create one more is refused
-	MaxConcurrentExecs int     // commands of the tenant running at once, over all its users
-	RequestsPerSecond  float64 // sustained request rate of the tenant, over all its tokens
-	Burst              int     // requests allowed at once above the rate; default max(1, RequestsPerSecond)
+	MaxSandboxes         int     // sandboxes the tenant may have; an exec or upload that would create one more is refused
+	MaxConcurrentExecs   int     // commands of the tenant running at once, over all its users
+	RequestsPerSecond    float64 // sustained request rate of the tenant, over all its tokens
+	Burst                int     // requests allowed at once above the rate; default max(1, RequestsPerSecond)
+	MaxConcurrentFileOps int     // file uploads, downloads and listings of the tenant open at once
 }
+
+// Unlimited, as a Limits field, lifts that bound.
+const Unlimited = -1
+
+// DefaultLimits bound every tenant the operator did not configure otherwise: generous for one agent platform's
+// tenant, small enough that one tenant cannot take a shared host from the others. The Burst default applies
+// when RequestsPerSecond is the default too.
+var DefaultLimits = Limits{MaxSandboxes: 50, MaxConcurrentExecs: 16, RequestsPerSecond: 50, Burst: 100, MaxConcurrentFileOps: 8}
 
 // Server is the HTTP API. Make one with New; serve Handler (or HTTPServer); call Drain before shutting the
 // listener down.
@@ -141,7 +151,12 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.limits = newLimiter(cfg.Limits, cfg.TenantLimits, s.now)
+	def := resolveLimits(cfg.Limits, DefaultLimits)
+	per := make(map[string]Limits, len(cfg.TenantLimits))
+	for t, l := range cfg.TenantLimits {
+		per[t] = resolveLimits(l, def)
+	}
+	s.limits = newLimiter(def, per, s.now)
 	reg, gat := cfg.Registry, cfg.Gatherer
 	if reg == nil {
 		r := prometheus.NewRegistry()

@@ -22,6 +22,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -92,6 +93,9 @@ type FS struct {
 	root     *os.Root // the workspace directory; every access goes through it
 	uid, gid int      // owner of what FS creates; -1 leaves that id as the creating process's
 	lim      Limits   // with defaults applied
+
+	closeOnce sync.Once
+	onClose   []func() // run once by Close, after the root is closed; set before FS is shared
 }
 
 // Open opens the workspace directory dir. Files and directories it creates are owned by uid:gid (the sandbox
@@ -111,8 +115,21 @@ func Open(dir string, uid, gid int, lim Limits) (*FS, error) {
 	return &FS{root: root, uid: uid, gid: gid, lim: lim.withDefaults()}, nil
 }
 
-// Close releases the workspace root.
-func (f *FS) Close() error { return f.root.Close() }
+// Close releases the workspace root, then runs the functions given to OnClose. Only the first call does
+// anything; later ones return nil.
+func (f *FS) Close() error {
+	var err error
+	f.closeOnce.Do(func() {
+		err = f.root.Close()
+		for _, fn := range f.onClose {
+			fn()
+		}
+	})
+	return err
+}
+
+// OnClose makes Close run fn (e.g. to release a slot its opener took). Call it before f is shared.
+func (f *FS) OnClose(fn func()) { f.onClose = append(f.onClose, fn) }
 
 // Limits returns the limits in force, defaults applied.
 func (f *FS) Limits() Limits { return f.lim }
