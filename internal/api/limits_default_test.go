@@ -1,8 +1,11 @@
 package api
 
 import (
+	"archive/tar"
+	"bytes"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -134,4 +137,96 @@ func TestConcurrentFileOpsLimit(t *testing.T) {
 	if resp := e.putAs("bob", "x.txt", "x"); resp.StatusCode != 200 {
 		t.Errorf("after the slow upload ended: %d", resp.StatusCode)
 	}
+}
+
+// slowPut starts a PUT whose body is fed by the returned writer, and returns the channel of its answer.
+func slowPut(e *env, path, contentType string) (*io.PipeWriter, <-chan *http.Response) {
+	pr, pw := io.Pipe()
+	ch := make(chan *http.Response, 1)
+	go func() {
+		r, _ := http.NewRequest("PUT", e.ts.URL+"/v1/sandboxes/alice/files/"+path, pr)
+		r.Header.Set("Authorization", "Bearer "+e.tok)
+		if contentType != "" {
+			r.Header.Set("Content-Type", contentType)
+		}
+		resp, err := e.ts.Client().Do(r)
+		if err != nil {
+			e.t.Errorf("PUT %s: %v", path, err)
+			close(ch)
+			return
+		}
+		ch <- resp
+	}()
+	return pw, ch
+}
+
+// A slowloris upload, a file or a tar, is cut with UPLOAD_TOO_SLOW once a window brings less than the minimum
+// rate, and leaves nothing behind: no file, no temporary file. A slow but steady upload passes.
+func TestSlowUploadIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.UploadMinRate = 1000; c.UploadRateWindow = 300 * time.Millisecond })
+	if resp := e.put("keep.txt", strings.NewReader("kept")); resp.StatusCode != 200 {
+		t.Fatalf("a first upload: %d", resp.StatusCode)
+	}
+	var tarHead bytes.Buffer
+	tw := tar.NewWriter(&tarHead)
+	_ = tw.WriteHeader(&tar.Header{Name: "big.bin", Mode: 0o644, Size: 1 << 20, Typeflag: tar.TypeReg})
+	for _, tc := range []struct{ name, path, ct, first string }{
+		{"file", "stalled.txt", "", "part of a file"},
+		{"tar", "tree", "application/x-tar", tarHead.String() + "part of an entry"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			pw, answer := slowPut(e, tc.path, tc.ct)
+			if _, err := pw.Write([]byte(tc.first)); err != nil {
+				t.Fatal(err)
+			}
+			var resp *http.Response
+			select {
+			case resp = <-answer:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a stalled upload was not cut")
+			}
+			pw.Close()
+			if resp == nil {
+				t.FailNow()
+			}
+			eb := wantError(t, resp, http.StatusRequestTimeout, "UPLOAD_TOO_SLOW")
+			if !strings.Contains(eb.Message, "minimum of 1000 bytes per second") || eb.Hint == "" {
+				t.Errorf("refusal %+v", eb)
+			}
+			if el := time.Since(start); el < 300*time.Millisecond {
+				t.Errorf("cut after %v, before its window ended", el)
+			}
+			var names []string
+			for _, en := range decodeJSON[FileList](t, e.get("?list=1")).Entries {
+				names = append(names, en.Name)
+			}
+			if want := []string{"keep.txt"}; tc.name == "file" && !slices.Equal(names, want) ||
+				tc.name == "tar" && !(slices.Equal(names, want) || slices.Equal(names, []string{"keep.txt", "tree"})) {
+				t.Errorf("the workspace holds %v after the cut upload", names)
+			}
+			if tc.name == "tar" && slices.Contains(names, "tree") {
+				if sub := decodeJSON[FileList](t, e.get("tree?list=1")).Entries; len(sub) != 0 {
+					t.Errorf("the cut tar left %v", sub)
+				}
+			}
+		})
+	}
+
+	t.Run("slow but steady", func(t *testing.T) {
+		pw, answer := slowPut(e, "steady.txt", "")
+		chunk := bytes.Repeat([]byte("s"), 500) // 5000 B/s against a minimum of 1000
+		for range 8 {
+			if _, err := pw.Write(chunk); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		pw.Close()
+		resp := <-answer
+		if resp == nil || resp.StatusCode != 200 {
+			t.Fatalf("a steady upload: %v", resp)
+		}
+		resp.Body.Close()
+	})
 }

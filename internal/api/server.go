@@ -28,6 +28,9 @@ const (
 	DefaultMaxUploadBytes = 1 << 30  // file and tar uploads
 	DefaultMaxHeaderBytes = 64 << 10 // all request headers together
 	DefaultPollInterval   = 500 * time.Millisecond
+
+	DefaultUploadMinRate    = 16 << 10 // bytes per second
+	DefaultUploadRateWindow = 30 * time.Second
 )
 
 // Config is what New needs. Backend and Tokens are required; zero values elsewhere take the defaults.
@@ -43,6 +46,12 @@ type Config struct {
 	MaxBodyBytes   int64 // JSON request bodies (exec); default 1 MiB
 	MaxUploadBytes int64 // one PUT .../files/ body, a file or a tar; default 1 GiB
 	MaxHeaderBytes int   // used by HTTPServer; default 64 KiB
+
+	// UploadMinRate is the slowest an upload's body may arrive, in bytes per second averaged over each
+	// UploadRateWindow: a body that brings less in a window is cut with 408 UPLOAD_TOO_SLOW (nothing of the
+	// file it was writing stays). Defaults 16 KiB/s and 30s; a negative UploadMinRate turns the check off.
+	UploadMinRate    int64
+	UploadRateWindow time.Duration
 
 	// Logger receives one access log line per request (give it a slog.NewJSONHandler) and the causes of 5xx
 	// answers. Nil discards.
@@ -98,6 +107,8 @@ type Server struct {
 	maxBody     int64
 	maxUp       int64
 	maxHead     int
+	upRate      int64         // bytes per second; 0: no minimum
+	upWindow    time.Duration // over which upRate is averaged
 	poll        time.Duration
 	metricsT    string
 	metricsOpen bool // Config.MetricsOpen
@@ -140,6 +151,14 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	switch {
+	case cfg.UploadMinRate < 0:
+	case cfg.UploadMinRate == 0:
+		s.upRate = DefaultUploadMinRate
+	default:
+		s.upRate = cfg.UploadMinRate
+	}
+	s.upWindow = time.Duration(orDefault(int64(cfg.UploadRateWindow), int64(DefaultUploadRateWindow)))
 	if s.now == nil {
 		s.now = time.Now
 	}
