@@ -3,12 +3,17 @@ package api
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/api/apitest"
+	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
 func TestResolveLimits(t *testing.T) {
@@ -229,4 +234,31 @@ func TestSlowUploadIsCut(t *testing.T) {
 		}
 		resp.Body.Close()
 	})
+}
+
+// listFails is a backend that cannot list its sandboxes (no engine, say).
+type listFails struct{ *apitest.Backend }
+
+func (listFails) List(context.Context, string) ([]sandkeep.Sandbox, error) {
+	return nil, fault.New(fault.SandboxDriverUnavailable, "start the engine", "no driver")
+}
+
+// A backend that cannot list does not turn every command into the list's error: the command reaches the backend
+// (which answers and records its own refusal) while the sandboxes this server knows of leave room, and only then
+// is it refused.
+func TestSandboxLimitWithoutList(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.Backend = listFails{c.Backend.(*apitest.Backend)}
+		c.Limits = Limits{MaxSandboxes: 1}
+	})
+	if resp := e.exec("alice", `{"argv":["true"]}`); resp.StatusCode != 200 {
+		t.Fatalf("alice: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+	if resp := e.exec("alice", `{"argv":["true"]}`); resp.StatusCode != 200 {
+		t.Fatalf("alice again: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+	wantError(t, e.exec("bob", `{"argv":["true"]}`), http.StatusServiceUnavailable, "SANDBOX_DRIVER_UNAVAILABLE")
+	if n, _ := e.be.Execs(); n != 2 {
+		t.Errorf("the backend ran %d commands, want 2 (alice's)", n)
+	}
 }
