@@ -136,16 +136,18 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 	return out, nil
 }
 
+// limitsConfig is api.Limits in the file: an omitted field takes api.DefaultLimits, -1 lifts the bound.
 type limitsConfig struct {
-	MaxSandboxes       int     `yaml:"max_sandboxes"`
-	MaxConcurrentExecs int     `yaml:"max_concurrent_execs"`
-	RequestsPerSecond  float64 `yaml:"requests_per_second"`
-	Burst              int     `yaml:"burst"`
+	MaxSandboxes         int     `yaml:"max_sandboxes"`
+	MaxConcurrentExecs   int     `yaml:"max_concurrent_execs"`
+	RequestsPerSecond    float64 `yaml:"requests_per_second"`
+	Burst                int     `yaml:"burst"`
+	MaxConcurrentFileOps int     `yaml:"max_concurrent_file_ops"`
 }
 
 func (l limitsConfig) api() api.Limits {
 	return api.Limits{MaxSandboxes: l.MaxSandboxes, MaxConcurrentExecs: l.MaxConcurrentExecs,
-		RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst}
+		RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, MaxConcurrentFileOps: l.MaxConcurrentFileOps}
 }
 
 // envConfig names the operator's configuration file (sandkeep-server.yaml). sandkeep serve reads all of it;
@@ -217,8 +219,10 @@ func (c serverConfig) check(path string) error {
 		limits["tenants."+t] = l
 	}
 	for name, l := range limits {
-		if l.MaxSandboxes < 0 || l.MaxConcurrentExecs < 0 || l.RequestsPerSecond < 0 || l.Burst < 0 {
-			return bad("%s: limits cannot be negative", name)
+		const u = api.Unlimited
+		if l.MaxSandboxes < u || l.MaxConcurrentExecs < u || l.Burst < u || l.MaxConcurrentFileOps < u ||
+			(l.RequestsPerSecond < 0 && l.RequestsPerSecond != u) {
+			return bad("%s: a limit is omitted (the default), positive, or -1 (unlimited)", name)
 		}
 	}
 	if c.Files.MaxTarEntries < 0 {

@@ -47,7 +47,7 @@ network: {presets: {corp: ["**.corp.example"]}, silent: [t.example]}
 		{"shutdown_grace: soon\n", "shutdown_grace"},
 		{"sweep: {interval: -1s}\n", "sweep.interval"},
 		{"tls: {cert: a.pem}\n", "both cert and key"},
-		{"tenants: {acme: {burst: -1}}\n", "tenants.acme"},
+		{"tenants: {acme: {burst: -2}}\n", "tenants.acme"}, // -1 is unlimited
 		{"limits: [1]\n", "cannot unmarshal"},
 	} {
 		_, err := loadServerConfig(write("bad.yaml", tt.body))

@@ -29,9 +29,10 @@ var statusOf = map[fault.Code]int{
 	fault.Unauthenticated: http.StatusUnauthorized,
 	fault.Forbidden:       http.StatusForbidden,
 
-	fault.NotFound:     http.StatusNotFound,
-	fault.RunNotFound:  http.StatusNotFound,
-	fault.FileNotFound: http.StatusNotFound,
+	fault.NotFound:      http.StatusNotFound,
+	fault.RunNotFound:   http.StatusNotFound,
+	fault.UploadTooSlow: http.StatusRequestTimeout,
+	fault.FileNotFound:  http.StatusNotFound,
 
 	fault.SandboxBusy:       http.StatusConflict,
 	fault.SandboxNotRunning: http.StatusConflict,

@@ -1,12 +1,15 @@
 package api
 
 import (
+	"errors"
 	"io"
 	"io/fs"
 	"mime"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
@@ -98,11 +101,12 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ws.Close()
-	body := http.MaxBytesReader(w, r.Body, s.maxUp)
+	body := s.uploadBody(w, r)
+	defer body.done()
 	if tar {
 		sum, err := ws.ExtractTar(r.Context(), p, body)
 		if err != nil {
-			s.writeError(w, r, err)
+			s.writeError(w, r, body.cause(err))
 			return
 		}
 		writeJSON(w, http.StatusOK, sum)
@@ -110,7 +114,7 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request) {
 	}
 	n, err := ws.Write(r.Context(), p, body, mode)
 	if err != nil {
-		s.writeError(w, r, err)
+		s.writeError(w, r, body.cause(err))
 		return
 	}
 	writeJSON(w, http.StatusOK, FileWritten{Path: p, Bytes: n})
@@ -248,4 +252,60 @@ func (l *lazyWriter) Write(p []byte) (int, error) {
 		l.start()
 	}
 	return l.w.Write(p)
+}
+
+// uploadBody is r's body within the upload bound and the minimum rate.
+func (s *Server) uploadBody(w http.ResponseWriter, r *http.Request) *minRateReader {
+	return &minRateReader{r: http.MaxBytesReader(w, r.Body, s.maxUp), rc: http.NewResponseController(w),
+		rate: s.upRate, window: s.upWindow}
+}
+
+// minRateReader cuts a body that brings less than rate bytes per second, averaged over each window: it sets
+// the connection's read deadline to the end of the window, and moves it on once the window's share has
+// arrived. A slowloris upload thus holds its place (a file-operation slot, a temporary file) one window at
+// most. It changes nothing when rate is 0.
+type minRateReader struct {
+	r      io.Reader
+	rc     *http.ResponseController
+	rate   int64
+	window time.Duration
+	got    int64 // bytes read in this window
+	set    bool  // a deadline is in force
+	slow   error // the UPLOAD_TOO_SLOW given, if any
+}
+
+func (m *minRateReader) Read(p []byte) (int, error) {
+	if m.rate > 0 && (!m.set || m.got >= m.quota()) {
+		// An http.ResponseWriter that cannot set deadlines (ErrNotSupported) leaves the body unbounded in
+		// time, as before; net/http's own writers (HTTP/1 and HTTP/2) can.
+		m.set = m.rc.SetReadDeadline(time.Now().Add(m.window)) == nil
+		m.got = 0
+	}
+	n, err := m.r.Read(p)
+	m.got += int64(n)
+	if err != nil && m.set && errors.Is(err, os.ErrDeadlineExceeded) {
+		m.slow = fault.New(fault.UploadTooSlow, "send the body faster, or ask the operator to lower the minimum upload rate",
+			"the upload brought %d bytes in %v, under the minimum of %d bytes per second", m.got, m.window, m.rate)
+		err = m.slow
+	}
+	return n, err
+}
+
+// cause is the error to answer for err, a failed upload: the body being too slow explains it whatever the
+// writer made of it (net/http cancels the request's context when a read of the connection fails, so the
+// writer may have seen only that).
+func (m *minRateReader) cause(err error) error {
+	if m.slow != nil {
+		return m.slow
+	}
+	return err
+}
+
+func (m *minRateReader) quota() int64 { return int64(float64(m.rate) * m.window.Seconds()) }
+
+// done lifts the deadline, so that the answer and the next request on the connection are not bound by it.
+func (m *minRateReader) done() {
+	if m.set {
+		_ = m.rc.SetReadDeadline(time.Time{})
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/service"
 )
 
@@ -44,6 +46,45 @@ func (g *guarded) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecR
 	s.metrics.observeExec(ctx, res, err, time.Since(start))
 	release(err == nil)
 	return res, err
+}
+
+// Workspace opens key's workspace within the tenant's bound on open file operations (the place is given back
+// when the caller closes it). Creating one counts against the tenant's sandboxes, as an exec would.
+func (g *guarded) Workspace(ctx context.Context, key sandkeep.Key, create bool) (*files.FS, error) {
+	s := g.s
+	release, err := s.limits.admitFiles(key.Tenant)
+	if err != nil {
+		s.metrics.limited.WithLabelValues("files").Inc()
+		return nil, err
+	}
+	ws, err := g.open(ctx, key, create)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	ws.OnClose(release)
+	return ws, nil
+}
+
+func (g *guarded) open(ctx context.Context, key sandkeep.Key, create bool) (*files.FS, error) {
+	if !create {
+		return g.Backend.Workspace(ctx, key, false)
+	}
+	// An existing workspace is no new sandbox; a missing one is admitted first.
+	ws, err := g.Backend.Workspace(ctx, key, false)
+	if err == nil || !(fault.Is(err, fault.FileNotFound) || fault.Is(err, fault.NotFound)) {
+		return ws, err
+	}
+	done, err := g.s.limits.admitWorkspace(ctx, g.Backend, key)
+	if err != nil {
+		if fault.CodeOf(err) == fault.RateLimited {
+			g.s.metrics.limited.WithLabelValues("sandboxes").Inc()
+		}
+		return nil, err
+	}
+	ws, err = g.Backend.Workspace(ctx, key, true)
+	done(err == nil)
+	return ws, err
 }
 
 // Remove removes key's sandbox and forgets it for the sandbox bound.

@@ -22,11 +22,41 @@ const (
 )
 
 func checkLimits(what string, l Limits) error {
-	if l.MaxSandboxes < 0 || l.MaxConcurrentExecs < 0 || l.Burst < 0 ||
-		l.RequestsPerSecond < 0 || math.IsNaN(l.RequestsPerSecond) || math.IsInf(l.RequestsPerSecond, 0) {
-		return fmt.Errorf("api: Config.%s: limits must be zero (unlimited) or positive: %+v", what, l)
+	if l.MaxSandboxes < Unlimited || l.MaxConcurrentExecs < Unlimited || l.Burst < Unlimited || l.MaxConcurrentFileOps < Unlimited ||
+		(l.RequestsPerSecond < 0 && l.RequestsPerSecond != Unlimited) || math.IsNaN(l.RequestsPerSecond) || math.IsInf(l.RequestsPerSecond, 0) {
+		return fmt.Errorf("api: Config.%s: limits must be zero (the default), positive, or Unlimited (-1): %+v", what, l)
 	}
 	return nil
+}
+
+// resolveLimits fills l's zero fields from def and turns Unlimited into the limiter's zero (no bound).
+func resolveLimits(l, def Limits) Limits {
+	pick := func(v, d int) int {
+		switch {
+		case v == 0:
+			return d
+		case v < 0:
+			return 0
+		}
+		return v
+	}
+	out := Limits{
+		MaxSandboxes:         pick(l.MaxSandboxes, def.MaxSandboxes),
+		MaxConcurrentExecs:   pick(l.MaxConcurrentExecs, def.MaxConcurrentExecs),
+		MaxConcurrentFileOps: pick(l.MaxConcurrentFileOps, def.MaxConcurrentFileOps),
+		RequestsPerSecond:    l.RequestsPerSecond,
+		Burst:                l.Burst,
+	}
+	switch {
+	case l.RequestsPerSecond == 0: // the default rate, and its burst unless one is given
+		out.RequestsPerSecond = def.RequestsPerSecond
+		out.Burst = pick(l.Burst, def.Burst)
+	case l.RequestsPerSecond < 0:
+		out.RequestsPerSecond, out.Burst = 0, 0
+	default:
+		out.Burst = pick(l.Burst, 0) // zero: max(1, RequestsPerSecond) in request
+	}
+	return out
 }
 
 // limiter enforces Limits per tenant. Nothing in it waits: a limit reached is an error at once.
@@ -41,11 +71,15 @@ type limiter struct {
 // tenant is one tenant's state.
 type tenant struct {
 	mu      sync.Mutex
-	tokens  float64              // the request bucket's content
-	last    time.Time            // when tokens was computed; zero: the bucket is full
-	execs   int                  // commands running now
-	present map[string]time.Time // users whose sandbox was seen to exist, and when
-	pending map[string]int       // users with an admitted command whose sandbox may be new, and how many
+	tokens  float64   // the request bucket's content
+	last    time.Time // when tokens was computed; zero: the bucket is full
+	execs   int       // commands running now
+	fileOps int       // workspaces open for file operations now
+	// uploaded: users whose workspace this server opened for an upload, counted as sandboxes until removed
+	// (a workspace without a container is not in List). Forgotten on restart.
+	uploaded map[string]bool
+	present  map[string]time.Time // users whose sandbox was seen to exist, and when
+	pending  map[string]int       // users with an admitted command whose sandbox may be new, and how many
 	// admit serializes the sandbox-bound check of users not known to exist, so two new users cannot both
 	// take the last place. It is held across one List call, never across a command.
 	admit sync.Mutex
@@ -71,7 +105,7 @@ func (l *limiter) get(t string) *tenant {
 	defer l.mu.Unlock()
 	st, ok := l.tenant[t]
 	if !ok {
-		st = &tenant{present: map[string]time.Time{}, pending: map[string]int{}}
+		st = &tenant{present: map[string]time.Time{}, pending: map[string]int{}, uploaded: map[string]bool{}}
 		l.tenant[t] = st
 	}
 	return st
@@ -175,30 +209,40 @@ func (l *limiter) admitSandbox(ctx context.Context, b lister, st *tenant, lim Li
 	now := l.now()
 	st.mu.Lock()
 	seen, ok := st.present[key.User]
+	up := st.uploaded[key.User]
 	st.mu.Unlock()
-	if ok && now.Sub(seen) < presentTTL {
+	if up || ok && now.Sub(seen) < presentTTL {
 		return false, nil
 	}
 	st.admit.Lock()
 	defer st.admit.Unlock()
-	boxes, err := b.List(ctx, key.Tenant)
-	if err != nil {
-		return false, err
-	}
+	boxes, listErr := b.List(ctx, key.Tenant)
 	users := make(map[string]bool, len(boxes))
 	for _, sb := range boxes {
 		users[sb.User] = true
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if users[key.User] {
+	if listErr != nil {
+		// The backend cannot list (no engine, say): count the sandboxes this server knows of, and let the
+		// command go on only while they leave room, so that the backend answers (and records) its own refusal.
+		for u := range st.present {
+			users[u] = true
+		}
+	} else if users[key.User] {
 		st.present[key.User] = now
 		return false, nil
 	}
 	for u := range st.pending {
 		users[u] = true
 	}
+	for u := range st.uploaded {
+		users[u] = true
+	}
 	if !users[key.User] && len(users) >= lim.MaxSandboxes {
+		if listErr != nil {
+			return false, listErr
+		}
 		return false, limited(retrySandboxes, "tenant %s has %d sandboxes, its limit; this command would create one more",
 			key.Tenant, len(users))
 	}
@@ -212,4 +256,48 @@ func (l *limiter) forget(key sandkeep.Key) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	delete(st.present, key.User)
+	delete(st.uploaded, key.User)
+}
+
+// admitFiles takes one of t's file-operation places; release gives it back.
+func (l *limiter) admitFiles(t string) (release func(), err error) {
+	st := l.get(t)
+	lim := l.limitsOf(t)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if lim.MaxConcurrentFileOps > 0 && st.fileOps >= lim.MaxConcurrentFileOps {
+		return nil, limited(retryExecs, "tenant %s already has %d file operations open, its limit", t, st.fileOps)
+	}
+	st.fileOps++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			st.mu.Lock()
+			st.fileOps--
+			st.mu.Unlock()
+		})
+	}, nil
+}
+
+// admitWorkspace checks that creating key's workspace keeps its tenant within MaxSandboxes, and returns the
+// function to call with whether it was created: a created one counts as a sandbox from then on.
+func (l *limiter) admitWorkspace(ctx context.Context, b lister, key sandkeep.Key) (done func(created bool), err error) {
+	st := l.get(key.Tenant)
+	lim := l.limitsOf(key.Tenant)
+	pending, err := l.admitSandbox(ctx, b, st, lim, key)
+	if err != nil {
+		return nil, err
+	}
+	return func(created bool) {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if pending {
+			if st.pending[key.User]--; st.pending[key.User] <= 0 {
+				delete(st.pending, key.User)
+			}
+		}
+		if created && lim.MaxSandboxes > 0 {
+			st.uploaded[key.User] = true
+		}
+	}, nil
 }

@@ -33,7 +33,7 @@ type metrics struct {
 	gateWait        prometheus.Histogram
 	ensure          *prometheus.CounterVec // by decision
 	networkBlocks   prometheus.Counter
-	limited         *prometheus.CounterVec // by limit: requests, execs, sandboxes
+	limited         *prometheus.CounterVec // by limit: requests, execs, sandboxes, files
 }
 
 func newMetrics(reg prometheus.Registerer, b *guarded) (*metrics, error) {
@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, b *guarded) (*metrics, error) {
 		networkBlocks: prometheus.NewCounter(prometheus.CounterOpts{Name: "sandkeep_network_blocks_total",
 			Help: "Connections the egress proxy refused (network_blocked events)."}),
 		limited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandkeep_limit_refusals_total",
-			Help: "Requests refused with 429 by tenant limit: requests, execs, sandboxes."}, []string{"limit"}),
+			Help: "Requests refused with 429 by tenant limit: requests, execs, sandboxes, files."}, []string{"limit"}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.requestDuration, m.execs, m.execDuration, m.execsInFlight,
 		m.gateWait, m.ensure, m.networkBlocks, m.limited, &sandboxCollector{b: b}} {

@@ -28,6 +28,9 @@ const (
 	DefaultMaxUploadBytes = 1 << 30  // file and tar uploads
 	DefaultMaxHeaderBytes = 64 << 10 // all request headers together
 	DefaultPollInterval   = 500 * time.Millisecond
+
+	DefaultUploadMinRate    = 16 << 10 // bytes per second
+	DefaultUploadRateWindow = 30 * time.Second
 )
 
 // Config is what New needs. Backend and Tokens are required; zero values elsewhere take the defaults.
@@ -35,13 +38,20 @@ type Config struct {
 	Backend service.Backend
 	Tokens  Tokens // a store.TokenStore satisfies it
 
-	// Limits bound every tenant; TenantLimits replaces them for the tenants it names. Zero fields are unlimited.
+	// Limits bound every tenant: zero fields take DefaultLimits, Unlimited (-1) lifts a bound. TenantLimits
+	// replaces them for the tenants it names; a zero field there takes the one of Limits.
 	Limits       Limits
 	TenantLimits map[string]Limits
 
 	MaxBodyBytes   int64 // JSON request bodies (exec); default 1 MiB
 	MaxUploadBytes int64 // one PUT .../files/ body, a file or a tar; default 1 GiB
 	MaxHeaderBytes int   // used by HTTPServer; default 64 KiB
+
+	// UploadMinRate is the slowest an upload's body may arrive, in bytes per second averaged over each
+	// UploadRateWindow: a body that brings less in a window is cut with 408 UPLOAD_TOO_SLOW (nothing of the
+	// file it was writing stays). Defaults 16 KiB/s and 30s; a negative UploadMinRate turns the check off.
+	UploadMinRate    int64
+	UploadRateWindow time.Duration
 
 	// Logger receives one access log line per request (give it a slog.NewJSONHandler) and the causes of 5xx
 	// answers. Nil discards.
@@ -69,14 +79,23 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Limits bound one tenant. Zero fields are unlimited. Exceeding one answers 429 RATE_LIMITED with
-// Retry-After at once; nothing waits.
+// Limits bound one tenant. In a Config, a zero field takes its default and Unlimited lifts the bound.
+// Exceeding one answers 429 RATE_LIMITED with Retry-After at once; nothing waits.
 type Limits struct {
-	MaxSandboxes       int     // sandboxes the tenant may have; an exec that would create one more is refused
-	MaxConcurrentExecs int     // commands of the tenant running at once, over all its users
-	RequestsPerSecond  float64 // sustained request rate of the tenant, over all its tokens
-	Burst              int     // requests allowed at once above the rate; default max(1, RequestsPerSecond)
+	MaxSandboxes         int     // sandboxes the tenant may have; an exec or upload that would create one more is refused
+	MaxConcurrentExecs   int     // commands of the tenant running at once, over all its users
+	RequestsPerSecond    float64 // sustained request rate of the tenant, over all its tokens
+	Burst                int     // requests allowed at once above the rate; default max(1, RequestsPerSecond)
+	MaxConcurrentFileOps int     // file uploads, downloads and listings of the tenant open at once
 }
+
+// Unlimited, as a Limits field, lifts that bound.
+const Unlimited = -1
+
+// DefaultLimits bound every tenant the operator did not configure otherwise: generous for one agent platform's
+// tenant, small enough that one tenant cannot take a shared host from the others. The Burst default applies
+// when RequestsPerSecond is the default too.
+var DefaultLimits = Limits{MaxSandboxes: 50, MaxConcurrentExecs: 16, RequestsPerSecond: 50, Burst: 100, MaxConcurrentFileOps: 8}
 
 // Server is the HTTP API. Make one with New; serve Handler (or HTTPServer); call Drain before shutting the
 // listener down.
@@ -88,6 +107,8 @@ type Server struct {
 	maxBody     int64
 	maxUp       int64
 	maxHead     int
+	upRate      int64         // bytes per second; 0: no minimum
+	upWindow    time.Duration // over which upRate is averaged
 	poll        time.Duration
 	metricsT    string
 	metricsOpen bool // Config.MetricsOpen
@@ -130,6 +151,14 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	switch {
+	case cfg.UploadMinRate < 0:
+	case cfg.UploadMinRate == 0:
+		s.upRate = DefaultUploadMinRate
+	default:
+		s.upRate = cfg.UploadMinRate
+	}
+	s.upWindow = time.Duration(orDefault(int64(cfg.UploadRateWindow), int64(DefaultUploadRateWindow)))
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -141,7 +170,12 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.limits = newLimiter(cfg.Limits, cfg.TenantLimits, s.now)
+	def := resolveLimits(cfg.Limits, DefaultLimits)
+	per := make(map[string]Limits, len(cfg.TenantLimits))
+	for t, l := range cfg.TenantLimits {
+		per[t] = resolveLimits(l, def)
+	}
+	s.limits = newLimiter(def, per, s.now)
 	reg, gat := cfg.Registry, cfg.Gatherer
 	if reg == nil {
 		r := prometheus.NewRegistry()

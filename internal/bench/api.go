@@ -166,7 +166,10 @@ func startAPIServer(ctx context.Context, e *Env) (_ *apiServer, err error) {
 	s.backend = &countingBackend{Service: service.New(e.M, s.st, files.Limits{}, service.Admission{})}
 	// The access log is formatted as serve formats it (JSON, one line a request) and dropped: its cost is the
 	// API's, the terminal's is not.
-	s.srv, err = api.New(api.Config{Backend: s.backend, Tokens: s.st, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	// No tenant limits: the benchmark is one tenant driving the server as hard as it can.
+	unlimited := api.Limits{MaxSandboxes: api.Unlimited, MaxConcurrentExecs: api.Unlimited, RequestsPerSecond: api.Unlimited,
+		MaxConcurrentFileOps: api.Unlimited}
+	s.srv, err = api.New(api.Config{Backend: s.backend, Tokens: s.st, Limits: unlimited, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
 	}

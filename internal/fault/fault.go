@@ -60,6 +60,7 @@ const (
 	RequestInvalid  Code = "REQUEST_INVALID"   // malformed JSON, an unknown field, a bad parameter
 	RequestTooLarge Code = "REQUEST_TOO_LARGE" // a request body or header past its bound
 	RunNotFound     Code = "RUN_NOT_FOUND"     // no run with that id for this tenant
+	UploadTooSlow   Code = "UPLOAD_TOO_SLOW"   // an upload's body arrived slower than the server's minimum rate
 	ShuttingDown    Code = "SHUTTING_DOWN"     // the server is draining; retry on another instance or after restart
 
 	// Policy: degrade or refuse (internal/policy).

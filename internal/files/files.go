@@ -24,6 +24,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -95,6 +96,9 @@ type FS struct {
 	uid, gid int      // owner of what FS creates; -1 leaves that id as the creating process's
 	lim      Limits   // with defaults applied
 	folder   string   // where the workspace is also mounted (a devcontainer.json's workspaceFolder); "" for none
+
+	closeOnce sync.Once
+	onClose   []func() // run once by Close, after the root is closed; set before FS is shared
 }
 
 // InFolder makes f also accept absolute paths under folder, where the sandbox sees the same workspace (a
@@ -132,8 +136,21 @@ func Open(dir string, uid, gid int, lim Limits) (*FS, error) {
 	return &FS{root: root, uid: uid, gid: gid, lim: lim.withDefaults()}, nil
 }
 
-// Close releases the workspace root.
-func (f *FS) Close() error { return f.root.Close() }
+// Close releases the workspace root, then runs the functions given to OnClose. Only the first call does
+// anything; later ones return nil.
+func (f *FS) Close() error {
+	var err error
+	f.closeOnce.Do(func() {
+		err = f.root.Close()
+		for _, fn := range f.onClose {
+			fn()
+		}
+	})
+	return err
+}
+
+// OnClose makes Close run fn (e.g. to release a slot its opener took). Call it before f is shared.
+func (f *FS) OnClose(fn func()) { f.onClose = append(f.onClose, fn) }
 
 // Limits returns the limits in force, defaults applied.
 func (f *FS) Limits() Limits { return f.lim }

@@ -38,6 +38,9 @@ type Options struct {
 	MaxListEntries int
 	// OutputLimit bounds each of an exec's stdout and stderr, in bytes; zero is the library's default (1 MiB).
 	OutputLimit int64
+	// ResultLimit bounds each of stdout and stderr in an exec result (default 64 KiB); a longer stream is cut
+	// there with a marker, and all of it (up to OutputLimit) is kept in a file under OutputDir in the workspace.
+	ResultLimit int
 	// Version is reported to clients as the server's version; empty is "dev".
 	Version string
 	// Logger receives the SDK's log and the causes of INTERNAL tool errors (which clients see only as a code
@@ -55,6 +58,9 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.MaxReadBytes <= 0 {
 		o.MaxReadBytes = DefaultMaxReadBytes
+	}
+	if o.ResultLimit <= 0 {
+		o.ResultLimit = DefaultResultLimit
 	}
 	if o.MaxWriteBytes <= 0 {
 		o.MaxWriteBytes = DefaultMaxWriteBytes

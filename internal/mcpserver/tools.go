@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/service"
 )
@@ -54,9 +55,11 @@ type ExecOutput struct {
 	TimedOut        bool   `json:"timed_out" jsonschema:"true when the timeout passed and the command's processes were killed"`
 	Stdout          string `json:"stdout" jsonschema:"what the command wrote to standard output (invalid UTF-8 is replaced)"`
 	Stderr          string `json:"stderr" jsonschema:"what the command wrote to standard error (invalid UTF-8 is replaced)"`
-	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"true when stdout passed the output limit and only its beginning is kept"`
-	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"true when stderr passed the output limit and only its beginning is kept"`
+	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"true when stdout passed the output limit, or what this result holds, and only its beginning is kept"`
+	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"true when stderr passed the output limit, or what this result holds, and only its beginning is kept"`
 	DurationMS      int64  `json:"duration_ms" jsonschema:"how long the command ran, in milliseconds"`
+	StdoutFile      string `json:"stdout_file,omitempty" jsonschema:"when stdout was longer than this result holds: the file in the sandbox with all of it (read it with read_file, or grep/tail it with exec)"`
+	StderrFile      string `json:"stderr_file,omitempty" jsonschema:"when stderr was longer than this result holds: the file in the sandbox with all of it"`
 }
 
 // ReadFileInput is the read_file tool's input.
@@ -274,17 +277,34 @@ func (t *tools) exec(ctx context.Context, in ExecInput) (ExecOutput, error) {
 		return ExecOutput{}, err
 	}
 	req.RequestID = t.requestID
+	// The output streams into captures, never whole into the result: each keeps ResultLimit bytes and spills
+	// the whole stream into the workspace past them.
+	open := func() (*files.FS, error) { return t.b.Workspace(ctx, t.key, true) }
+	name := outputName()
+	stdout := newCapture(ctx, open, name+".stdout", t.opts.ResultLimit)
+	stderr := newCapture(ctx, open, name+".stderr", t.opts.ResultLimit)
+	req.Stdout, req.Stderr = stdout, stderr
 	res, err := t.b.Exec(ctx, t.key, req)
 	if err == nil && res == nil {
 		err = errors.New("backend returned neither a result nor an error")
 	}
+	if res != nil { // a backend that collected the output anyway goes through the same bound
+		_, _ = io.WriteString(stdout, res.Stdout)
+		_, _ = io.WriteString(stderr, res.Stderr)
+	}
+	out := ExecOutput{}
+	if res != nil {
+		out = ExecOutput{ExitCode: res.ExitCode, TimedOut: res.TimedOut, StdoutTruncated: res.StdoutTruncated,
+			StderrTruncated: res.StderrTruncated, DurationMS: res.DurationMS}
+	}
+	out.Stdout, out.StdoutFile = stdout.finish(out.StdoutTruncated)
+	out.Stderr, out.StderrFile = stderr.finish(out.StderrTruncated)
 	if err != nil {
 		return ExecOutput{}, err
 	}
-	return ExecOutput{
-		ExitCode: res.ExitCode, TimedOut: res.TimedOut, Stdout: res.Stdout, Stderr: res.Stderr,
-		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated, DurationMS: res.DurationMS,
-	}, nil
+	out.StdoutTruncated = out.StdoutTruncated || out.StdoutFile != "" || stdout.total > int64(stdout.limit)
+	out.StderrTruncated = out.StderrTruncated || out.StderrFile != "" || stderr.total > int64(stderr.limit)
+	return out, nil
 }
 
 // execRequest checks in against the limits and makes the library's request. The library checks the rest
