@@ -313,6 +313,11 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 			return err
 		}
 	}
+	if len(repo.features) > 0 && !onHost {
+		if image, err = m.installFeatures(ctx, r, lc, repo, m.featureBase(image, tpl, repo), rr.BuildOutput); err != nil {
+			return err
+		}
+	}
 	if tpl != nil || repo.shaped() || image != "" {
 		var applyErr error
 		r.shape, err = lc.NewShape(tpl.name(), func(c *lifecycle.Config) {

@@ -27,6 +27,10 @@ type repository struct {
 	root     string                   // the repository root (the spec's directory)
 	warnings []string                 // diagnostics that do not stop the run, one line each
 	denied   *events.SandboxEnvDenied // the repository's variables that were stripped (names only), if any
+
+	features []devcontainer.FeatureRequest // devcontainer.json's features, installed by installFeatures (features.go)
+	dcDir    string                        // devcontainer.json's folder relative to root: local features are in it
+	dcUser   string                        // devcontainer.json's user: _REMOTE_USER of install.sh
 }
 
 // loadRepository reads the spec at path ("" is no repository input), fuses devcontainer.json when the spec
@@ -54,6 +58,7 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 			r.sb, denied = devcontainer.Fuse(dc, &r.sb, nil)
 			src.Devcontainer = dc
 			r.denied = deniedEvent(denied)
+			r.takeFeatures(dc)
 		}
 	}
 	if list := tier.RepositoryFrom(&r.sb, r.root, m.cfg.Repository, src); list.HasErrors() {

@@ -26,6 +26,7 @@ func TestNewAndDecode(t *testing.T) {
 		{"build finished", NameSandboxBuildFinished, SandboxBuildFinished{Image: "sha256:ab", DurationMS: 3}},
 		{"build failed", NameSandboxBuildFailed, SandboxBuildFailed{Error: "boom", DurationMS: 3}},
 		{"env denied", NameSandboxEnvDenied, SandboxEnvDenied{Keys: []string{"LD_PRELOAD"}, Origin: "devcontainer.json"}},
+		{"features installed", NameSandboxFeatures, SandboxFeatures{Image: "sandkeep-build-ab:latest", Features: []Feature{{ID: "./hello", Version: "1.0.0", Digest: "sha256:cd"}}, Dropped: []string{"./hello privileged: a sandbox is never privileged"}, DurationMS: 9}},
 		{"post create", NameSandboxPostCreate, SandboxPostCreate{ExitCode: 2, DurationMS: 5}},
 		{"exec started", NameExecStarted, ExecStarted{Command: "make", Workdir: "/workspace", TimeoutMS: 1000, Transport: "agent"}},
 		{"exec finished", NameExecFinished, ExecFinished{ExitCode: 137, TimedOut: true, DurationMS: 1001, Transport: "exec"}},
@@ -66,8 +67,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 16 {
-		t.Errorf("Names() has %d names, want 16", len(Names()))
+	if len(Names()) != 17 {
+		t.Errorf("Names() has %d names, want 17", len(Names()))
 	}
 }
 
