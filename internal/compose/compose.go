@@ -153,7 +153,9 @@ func Load(ctx context.Context, repo *os.Root, files []string, service string, ru
 // take maps one service, dropping what is not applied.
 func (p *Project) take(svc types.ServiceConfig, dir string, sandbox bool) (Service, error) {
 	s := Service{Name: svc.Name, Image: svc.Image, User: svc.User}
-	drop := func(field, why string) { p.Dropped = append(p.Dropped, Dropped{Service: svc.Name, Field: field, Why: why}) }
+	drop := func(field, why string) {
+		p.Dropped = append(p.Dropped, Dropped{Service: svc.Name, Field: field, Why: why})
+	}
 	raw, err := json.Marshal(svc)
 	if err != nil {
 		return s, invalid("", "service %q: %v", svc.Name, err)
