@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sandkeep/sandkeep/internal/compose"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/diag"
 	"github.com/sandkeep/sandkeep/internal/events"
@@ -31,6 +32,8 @@ type repository struct {
 	features []devcontainer.FeatureRequest // devcontainer.json's features, installed by installFeatures (features.go)
 	dcDir    string                        // devcontainer.json's folder relative to root: local features are in it
 	dcUser   string                        // devcontainer.json's user: _REMOTE_USER of install.sh
+
+	companions []compose.Service // a compose-based devcontainer's runServices (compose.go)
 }
 
 // loadRepository reads the spec at path ("" is no repository input), fuses devcontainer.json when the spec
@@ -59,6 +62,9 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 			src.Devcontainer = dc
 			r.denied = deniedEvent(denied)
 			r.takeFeatures(dc)
+			if err := r.takeCompose(dc); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if list := tier.RepositoryFrom(&r.sb, r.root, m.cfg.Repository, src); list.HasErrors() {

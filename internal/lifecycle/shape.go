@@ -44,6 +44,7 @@ func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) 
 	own.PidsLimit, own.MemoryBytes, own.NanoCPUs, own.TmpBytes, own.HomeBytes = cfg.PidsLimit, cfg.MemoryBytes, cfg.NanoCPUs, cfg.TmpBytes, cfg.HomeBytes
 	own.Env, own.Mounts, own.Tmpfs, own.PostCreate = cfg.Env, cfg.Mounts, cfg.Tmpfs, cfg.PostCreate
 	own.DiskBytes, own.DiskInodes = cfg.DiskBytes, cfg.DiskInodes
+	own.Companions = cfg.Companions
 	own.setDefaults()
 	uid, gid, err := own.validate()
 	if err != nil {
