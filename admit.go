@@ -325,7 +325,18 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 			return err
 		}
 	}
-	if tpl != nil || repo.shaped() || image != "" {
+	if len(repo.features) > 0 && !onHost {
+		if image, err = m.installFeatures(ctx, r, lc, repo, m.featureBase(image, tpl, repo), rr.BuildOutput); err != nil {
+			return err
+		}
+	}
+	var companions []driver.Companion
+	if len(repo.companions) > 0 && !onHost {
+		if companions, err = m.companions(ctx, lc, repo, rr.BuildOutput); err != nil {
+			return err
+		}
+	}
+	if tpl != nil || repo.shaped() || image != "" || companions != nil {
 		var applyErr error
 		r.shape, err = lc.NewShape(tpl.name(), func(c *lifecycle.Config) {
 			tpl.apply(c)
@@ -333,6 +344,7 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 			if image != "" {
 				c.Image = image
 			}
+			c.Companions = companions
 		})
 		if err == nil {
 			err = applyErr

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sandkeep/sandkeep/internal/compose"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/diag"
 	"github.com/sandkeep/sandkeep/internal/events"
@@ -29,6 +30,12 @@ type repository struct {
 	warnings []string                    // diagnostics that do not stop the run, one line each
 	denied   *events.SandboxEnvDenied    // the repository's variables that were stripped (names only), if any
 	dropped  *events.DevcontainerDropped // what devcontainer.json asked that would weaken the posture, if any
+
+	features []devcontainer.FeatureRequest // devcontainer.json's features, installed by installFeatures (features.go)
+	dcDir    string                        // devcontainer.json's folder relative to root: local features are in it
+	dcUser   string                        // devcontainer.json's user: _REMOTE_USER of install.sh
+
+	companions []compose.Service // a compose-based devcontainer's runServices (compose.go)
 }
 
 // loadRepository reads the spec at path ("" is no repository input), fuses devcontainer.json when the spec
@@ -52,16 +59,16 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 			if err := r.take(list, "devcontainer.json"); err != nil {
 				return nil, err
 			}
-			if err := composeHook(dc); err != nil {
-				return nil, err
-			}
-			r.warnings = append(r.warnings, featuresHook(dc)...)
 			var denied []devcontainer.Event
 			r.sb, denied = devcontainer.Fuse(dc, &r.sb, nil)
 			src.Devcontainer = dc
 			r.denied = deniedEvent(denied)
 			r.dropped = droppedEvent(dc)
 			r.warnings = append(r.warnings, m.hostRequirements(dc)...)
+			r.takeFeatures(dc)
+			if err := r.takeCompose(dc); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if list := tier.RepositoryFrom(&r.sb, r.root, m.cfg.Repository, src); list.HasErrors() {
@@ -110,25 +117,6 @@ func unsupported(sb spec.Sandbox) error {
 	return fault.New(fault.SpecUnsupported, "remove them from the spec, or run a sandkeep that supports them",
 		"the spec uses %s, which this sandkeep cannot apply yet; refusing rather than running without them",
 		strings.Join(fields, ", "))
-}
-
-// composeHook refuses a compose-based devcontainer.json until the compose support resolves it (PART B,
-// internal/compose, replaces this): running it in the default image would silently run without its service.
-var composeHook = func(dc *devcontainer.Config) error {
-	if dc.Compose == nil {
-		return nil
-	}
-	return fault.New(fault.SpecUnsupported, "name an image or a build in devcontainer.json, or in sandkeep.yaml",
-		"%s is compose-based (dockerComposeFile, service %q), which this sandkeep cannot run yet", dc.Path, dc.Compose.Service)
-}
-
-// featuresHook says what happens to the file's features (PART B, internal/devcontainer/feature, installs them
-// and replaces this): without it they are not installed, one warning.
-var featuresHook = func(dc *devcontainer.Config) []string {
-	if len(dc.Features) == 0 {
-		return nil
-	}
-	return []string{fmt.Sprintf("%s: warning SK208: features are not installed by this sandkeep; the sandbox runs without them", dc.Path)}
 }
 
 // hostRequirements says, one warning each, where the file's hostRequirements ask for more than the operator

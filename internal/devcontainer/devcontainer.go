@@ -23,8 +23,10 @@
 //	mounts                         strings in --mount syntax or {source, target, type} objects; binds pass
 //	                               guard.ParseMount (SK205); volume and tmpfs mounts are ignored (SK208)
 //	workspaceFolder                Config.WorkspaceFolder; absolute and clean (SK211)
-//	dockerComposeFile              refused (SK206): sandkeep makes one container, not a compose project
-//	warned (SK208, ignored): features, build.target, initializeCommand, onCreateCommand,
+//	features                       Config.Features, as written (internal/devcontainer/feature installs them)
+//	dockerComposeFile, service, runServices   Config.Compose (internal/compose reads the files); the image or
+//	                               build is then the service's
+//	warned (SK208, ignored): build.target, initializeCommand, onCreateCommand,
 //	                               updateContentCommand, postStartCommand, postAttachCommand
 //
 // Variables, expanded once (a value substituted is not expanded again) in every string value read (not in
@@ -91,9 +93,8 @@ type Config struct {
 	ForwardPorts     []string          // recorded for port forwarding; nothing is published on the host
 	Dropped          []Drop            // what would weaken the posture, dropped and reported, in the file's order
 
-	// PART B hooks: recorded raw, resolved by internal/devcontainer/feature and internal/compose.
-	Features []byte   // the "features" object as standard JSON; nil when absent
-	Compose  *Compose // dockerComposeFile, service, runServices; nil when absent
+	Features []FeatureRequest // "features", in the file's order; installed by internal/devcontainer/feature
+	Compose  *Compose         // dockerComposeFile, service, runServices; read by internal/compose
 
 	pos map[string][2]int // line and column of the value each field was read from: "user" (and "remoteUser" or "containerUser", whichever gave it), "mounts[i]" (i indexes Mounts)
 }

@@ -382,7 +382,8 @@ func (p *parser) fileDir() (string, error) {
 // imageXorBuild applies SK201 and SK206.
 func (p *parser) imageXorBuild(fields map[string]member, cfg *Config) {
 	if _, ok := fields["dockerComposeFile"]; ok {
-		return // the compose file's service names the image or build (Config.Compose, resolved by internal/compose)
+		cfg.Compose = p.compose(fields) // the image or build is the service's (internal/compose)
+		return
 	}
 	_, hasImage := fields["image"]
 	_, hasBuild := fields["build"]

@@ -672,8 +672,8 @@ func TestLifecycleCommands(t *testing.T) {
 	if len(cfg.Dropped) != 1 || cfg.Dropped[0].Field != "initializeCommand" || cfg.Dropped[0].Line != 3 {
 		t.Errorf("dropped = %+v", cfg.Dropped)
 	}
-	if !strings.Contains(string(cfg.Features), "features/node:1") {
-		t.Errorf("features = %s", cfg.Features)
+	if len(cfg.Features) != 1 || !strings.Contains(cfg.Features[0].ID, "features/node:1") {
+		t.Errorf("features = %+v", cfg.Features)
 	}
 }
 

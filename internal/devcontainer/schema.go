@@ -47,14 +47,6 @@ type HostRequirements struct {
 	Storage string
 }
 
-// Compose is the raw compose part of a compose-based devcontainer.json, recorded for the compose support
-// (internal/compose) to resolve: Parse checks only the types. Files are relative to the file's directory.
-type Compose struct {
-	Files       []string
-	Service     string
-	RunServices []string
-}
-
 // silentFields are read by other tools only and ignored without a word: editor settings and labels.
 var silentFields = map[string]bool{
 	"name": true, "customizations": true, "extensions": true, "settings": true, "portsAttributes": true,
@@ -280,44 +272,14 @@ func (p *parser) schema(fields map[string]member, cfg *Config) {
 		p.forwardPorts(m, cfg)
 	}
 	if m, ok := fields["features"]; ok {
-		if obj := p.object(`"features"`, m.val); obj != nil {
-			cfg.Features = m.val.Clone().Pack() // PART B: internal/devcontainer/feature resolves these
-		}
+		cfg.Features = p.features(m) // installed by internal/devcontainer/feature
 	}
-	p.compose(fields, cfg)
 	for name, m := range fields {
 		if !knownFields[name] && !silentFields[name] {
 			p.warn(diag.DevcontainerUnsupported, m.key.StartOffset, "remove it, or check its spelling against https://containers.dev/implementors/json_reference/",
 				"field %q is not known to sandkeep; it is ignored", short(name))
 		}
 	}
-}
-
-// compose records dockerComposeFile, service and runServices for the compose support (PART B).
-func (p *parser) compose(fields map[string]member, cfg *Config) {
-	m, ok := fields["dockerComposeFile"]
-	if !ok {
-		return
-	}
-	c := &Compose{}
-	if _, isArr := m.val.Value.(*hujson.Array); isArr {
-		list, _ := p.strList(`"dockerComposeFile"`, m.val)
-		for _, a := range list {
-			c.Files = append(c.Files, a.s)
-		}
-	} else if s, ok := p.str(`"dockerComposeFile"`, m.val); ok {
-		c.Files = []string{s}
-	}
-	if sm, ok := fields["service"]; ok {
-		c.Service, _ = p.str(`"service"`, sm.val)
-	}
-	if rm, ok := fields["runServices"]; ok {
-		list, _ := p.strList(`"runServices"`, rm.val)
-		for _, a := range list {
-			c.RunServices = append(c.RunServices, a.s)
-		}
-	}
-	cfg.Compose = c
 }
 
 // hostRequirements reads cpus, memory and storage; a gpu request is dropped (GPUs are the operator's to offer).

@@ -26,6 +26,7 @@ const (
 	NameSandboxBuildStarted  = "sandbox_build_started"
 	NameSandboxBuildFinished = "sandbox_build_finished"
 	NameSandboxBuildFailed   = "sandbox_build_failed"
+	NameSandboxFeatures      = "sandbox_features_installed"
 	NameSandboxEnvDenied     = "sandbox_env_denied"
 	NameSandboxPostCreate    = "sandbox_post_create"
 	NameDevcontainerDropped  = "sandbox_devcontainer_dropped"
@@ -62,6 +63,7 @@ var payloadTypes = map[string]reflect.Type{
 	NameSandboxBuildStarted:  reflect.TypeFor[SandboxBuildStarted](),
 	NameSandboxBuildFinished: reflect.TypeFor[SandboxBuildFinished](),
 	NameSandboxBuildFailed:   reflect.TypeFor[SandboxBuildFailed](),
+	NameSandboxFeatures:      reflect.TypeFor[SandboxFeatures](),
 	NameSandboxEnvDenied:     reflect.TypeFor[SandboxEnvDenied](),
 	NameSandboxPostCreate:    reflect.TypeFor[SandboxPostCreate](),
 	NameDevcontainerDropped:  reflect.TypeFor[DevcontainerDropped](),

@@ -26,6 +26,7 @@ func TestNewAndDecode(t *testing.T) {
 		{"build finished", NameSandboxBuildFinished, SandboxBuildFinished{Image: "sha256:ab", DurationMS: 3}},
 		{"build failed", NameSandboxBuildFailed, SandboxBuildFailed{Error: "boom", DurationMS: 3}},
 		{"env denied", NameSandboxEnvDenied, SandboxEnvDenied{Keys: []string{"LD_PRELOAD"}, Origin: "devcontainer.json"}},
+		{"features installed", NameSandboxFeatures, SandboxFeatures{Image: "sandkeep-build-ab:latest", Features: []Feature{{ID: "./hello", Version: "1.0.0", Digest: "sha256:cd"}}, Dropped: []string{"./hello privileged: a sandbox is never privileged"}, DurationMS: 9}},
 		{"post create", NameSandboxPostCreate, SandboxPostCreate{ExitCode: 2, DurationMS: 5}},
 		{"post start", NameSandboxPostStart, SandboxPostStart{ExitCode: 1, DurationMS: 5, OutputTail: "boom"}},
 		{"devcontainer dropped", NameDevcontainerDropped, DevcontainerDropped{Origin: "devcontainer.json",
@@ -71,8 +72,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 18 {
-		t.Errorf("Names() has %d names, want 18", len(Names()))
+	if len(Names()) != 21 {
+		t.Errorf("Names() has %d names, want 21", len(Names()))
 	}
 }
 

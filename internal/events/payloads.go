@@ -71,6 +71,25 @@ type SandboxBuildFinished struct {
 	DurationMS int64  `json:"duration_ms"`
 }
 
+// SandboxFeatures (sandbox_features_installed): the devcontainer's features were installed into Image (a
+// derived image, reused when the same base, features and options were built before). Options are never
+// recorded: a feature's option may carry a token. Dropped lists what the features' metadata asked for that was
+// not done (privileged, capAdd, a refused mount, ...), one "feature field: why" line each.
+type SandboxFeatures struct {
+	Image      string    `json:"image"`
+	Features   []Feature `json:"features"`
+	Dropped    []string  `json:"dropped,omitempty"`
+	DurationMS int64     `json:"duration_ms"`
+}
+
+// Feature is one installed devcontainer feature: its name as devcontainer.json gives it, its metadata's
+// version and the digest of what was installed (an OCI manifest's, or the local files').
+type Feature struct {
+	ID      string `json:"id"`
+	Version string `json:"version"`
+	Digest  string `json:"digest"`
+}
+
 // SandboxBuildFailed (sandbox_build_failed): a build failed. Error is sandkeep's own error sentence, never the
 // build's output.
 type SandboxBuildFailed struct {

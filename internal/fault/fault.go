@@ -78,6 +78,12 @@ const (
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)
 	TemplateNotFound Code = "TEMPLATE_NOT_FOUND" // no operator template of that name for this tenant (missing and not allowed look alike)
 	NetworkWidened   Code = "NETWORK_WIDENED"    // a caller's network block asks for more than its template allows
+
+	// devcontainer features and compose files (internal/devcontainer/feature, internal/compose).
+	FeatureInvalid     Code = "FEATURE_INVALID"     // a feature's reference, options or devcontainer-feature.json cannot be used
+	FeatureUnavailable Code = "FEATURE_UNAVAILABLE" // an OCI feature could not be fetched from its registry (unreachable, missing, refused)
+	ComposeInvalid     Code = "COMPOSE_INVALID"     // a compose file, or a service in it, asks for what sandkeep does not run
+	CompanionFailed    Code = "COMPANION_FAILED"    // a compose companion service could not be created, started or became unhealthy
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.

@@ -59,6 +59,9 @@ type Config struct {
 	// mounted rw,nosuid,nodev, owned by the sandbox user (mode 0755) unless the options say otherwise, and
 	// 64 MiB unless they give a size.
 	Tmpfs map[string]string
+	// Companions are a compose-based devcontainer's runServices, run next to the sandbox by a driver with
+	// driver.CompanionRunner after every ensure (companions.go). Not part of the posture hash.
+	Companions []driver.Companion
 	// NofileLimit is every sandbox process's RLIMIT_NOFILE (soft and hard); default DefaultNofile. Core dumps are
 	// always off (RLIMIT_CORE 0): a crash would write up to the memory limit into the workspace.
 	NofileLimit int64

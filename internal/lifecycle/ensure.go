@@ -33,6 +33,9 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key, sh *Shape) (*dri
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.SetupTimeout)
 	defer cancel()
 	sb, d, err := m.provide(sctx, key, sh)
+	if err == nil && len(sh.cfg.Companions) > 0 {
+		err = m.ensureCompanions(sctx, key, sh, sb) // companions.go
+	}
 	if err != nil && ctx.Err() == nil && (sctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
 		return nil, "", fault.Wrap(err, fault.SandboxSetupTimeout,
 			"retry; if it keeps happening, pull or build the image ahead of time (or raise the setup bound)",

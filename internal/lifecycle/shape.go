@@ -45,6 +45,7 @@ func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) 
 	own.Env, own.Mounts, own.Tmpfs, own.PostCreate = cfg.Env, cfg.Mounts, cfg.Tmpfs, cfg.PostCreate
 	own.PostStart, own.WorkspaceFolder, own.Volumes = cfg.PostStart, cfg.WorkspaceFolder, cfg.Volumes
 	own.DiskBytes, own.DiskInodes = cfg.DiskBytes, cfg.DiskInodes
+	own.Companions = cfg.Companions
 	own.setDefaults()
 	uid, gid, err := own.validate()
 	if err != nil {

@@ -270,11 +270,14 @@ func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Durati
 	if err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("stop %s: %w", sb.Name, err)
 	}
-	return nil
+	return d.stopCompanions(ctx, sb, secs) // compose companions (companions.go) stop with their sandbox
 }
 
 // Remove force-removes the container; an absent container is not an error.
 func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
+	if err := d.removeCompanions(ctx, sb); err != nil { // compose companions (companions.go) go with their sandbox
+		return err
+	}
 	_, err := d.api.ContainerRemove(ctx, sb.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
 		return fmt.Errorf("remove %s: %w", sb.Name, err)

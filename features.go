@@ -1,0 +1,112 @@
+package sandkeep
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/devcontainer"
+	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
+)
+
+// featureRegistry fetches OCI features; a package variable so that one client (and its connection pool) serves
+// every run.
+var featureRegistry = &feature.Registry{}
+
+// takeFeatures records devcontainer.json's features on the repository, with the folder their local names are
+// relative to.
+func (r *repository) takeFeatures(dc *devcontainer.Config) {
+	if dc == nil || len(dc.Features) == 0 {
+		return
+	}
+	r.features = dc.Features
+	r.dcUser = cmp.Or(dc.RemoteUser, dc.ContainerUser, dc.User) // the name install.sh sees as _REMOTE_USER
+	if rel, err := filepath.Rel(r.root, filepath.Dir(dc.Path)); err == nil {
+		r.dcDir = filepath.ToSlash(rel)
+	}
+}
+
+// installFeatures builds the derived image with the repository's features installed on base, on the run's
+// driver (the same build path as a spec's build:, so install.sh has no network), and records
+// sandbox_features_installed. The features' screened containerEnv is baked into the image as ENV; their mounts
+// are not made yet; what their metadata asked that weakens the posture is dropped. Each of those is one
+// "dropped: ..." line on progress and one entry of the event's dropped list.
+func (m *Manager) installFeatures(ctx context.Context, r *Run, lc *lifecycle.Manager, repo *repository, base string, progress io.Writer) (string, error) {
+	bd, ok := lc.Driver().(imageBuilder)
+	if !ok || !lc.Driver().Capabilities().Build {
+		return "", fault.New(fault.SpecUnsupported, "build an image with the features installed and name it with image:",
+			"devcontainer.json's features need a driver that builds images, and %s does not", lc.Driver().Name())
+	}
+	root, err := os.OpenRoot(repo.root)
+	if err != nil {
+		return "", fault.Wrap(err, fault.FeatureInvalid, "run from the repository", "open the repository to read its features: %v", err)
+	}
+	defer root.Close()
+	req := make([]feature.Requested, len(repo.features))
+	for i, f := range repo.features {
+		req[i] = feature.Requested{ID: f.ID, Options: json.RawMessage(f.Options)}
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, buildBound)
+	defer cancel()
+	fs, err := feature.Resolve(ctx, feature.Source{Repo: root, DcDir: repo.dcDir, Fetcher: featureRegistry}, req)
+	if err != nil {
+		return "", err
+	}
+	plan := feature.Screen(fs)
+	var dropped []string
+	for _, d := range plan.Dropped {
+		dropped = append(dropped, fmt.Sprintf("feature %q %s: %s", d.Feature, d.Field, d.Why))
+	}
+	for _, mnt := range plan.Mounts {
+		dropped = append(dropped, fmt.Sprintf("feature mount %q: not made yet (a feature's mounts are not supported)", mnt))
+	}
+	if progress != nil {
+		for _, line := range dropped {
+			fmt.Fprintf(progress, "dropped: %s\n", line)
+		}
+	}
+	baseID, err := lc.Driver().ResolveImage(ctx, base)
+	if err != nil {
+		return "", err
+	}
+	ref, err := feature.Install(ctx, bd, feature.Request{Base: base, BaseID: baseID, User: repo.dcUser}, plan, progress)
+	took := time.Since(start).Milliseconds()
+	if err != nil {
+		code := fault.CodeOf(err)
+		if code == "" {
+			code = fault.BuildFailed
+		}
+		r.event(events.NameSandboxBuildFailed, events.SandboxBuildFailed{Error: string(code), DurationMS: took})
+		return "", err
+	}
+	ev := events.SandboxFeatures{Image: ref, Dropped: dropped, DurationMS: took}
+	for _, f := range fs {
+		ev.Features = append(ev.Features, events.Feature{ID: f.Ref.ID, Version: f.Meta.Version, Digest: f.Digest})
+	}
+	r.event(events.NameSandboxFeatures, ev)
+	return ref, nil
+}
+
+// featureBase is the image features are installed on: the built image, else the repository's, the template's,
+// or the operator's default.
+func (m *Manager) featureBase(built string, tpl *template, repo *repository) string {
+	for _, s := range []string{built, repo.sb.Image} {
+		if s != "" {
+			return s
+		}
+	}
+	if tpl != nil && tpl.Image != "" {
+		return tpl.Image
+	}
+	return strings.TrimSpace(m.cfg.Image)
+}

@@ -1,0 +1,260 @@
+package feature
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sandkeep/sandkeep/internal/build"
+	"github.com/sandkeep/sandkeep/internal/devcontainer"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
+)
+
+// Dropped is one thing a feature's metadata asked for that sandkeep does not do, and why. It never carries a
+// variable's value.
+type Dropped struct {
+	Feature string // the feature as devcontainer.json names it
+	Field   string // "privileged", "capAdd", "securityOpt", "entrypoint", "init", "mounts[1]", "containerEnv.LD_PRELOAD", "postCreateCommand"
+	Why     string
+}
+
+// Plan is what installing features adds to the sandbox: the environment and mounts their metadata ask for
+// (after screening), and what was dropped.
+type Plan struct {
+	Features []*Feature
+	Env      map[string]string // containerEnv of the features, later features winning; also ENV in the image
+	Mounts   []string          // --mount strings: binds that passed guard.ParseMount, volume and tmpfs mounts as asked
+	Dropped  []Dropped
+}
+
+// Screen applies the posture screening to the features' metadata, in install order.
+func Screen(fs []*Feature) *Plan {
+	p := &Plan{Features: fs, Env: map[string]string{}}
+	drop := func(f *Feature, field, why string) {
+		p.Dropped = append(p.Dropped, Dropped{Feature: f.Ref.ID, Field: field, Why: why})
+	}
+	for _, f := range fs {
+		m := f.Meta
+		if m.Privileged != nil && *m.Privileged {
+			drop(f, "privileged", "a sandbox is never privileged")
+		}
+		for _, c := range m.CapAdd {
+			drop(f, "capAdd", fmt.Sprintf("capability %s is not added: a sandbox drops every capability", short(c)))
+		}
+		for _, s := range m.SecurityOpt {
+			drop(f, "securityOpt", fmt.Sprintf("%s is not applied: the sandbox's seccomp and no-new-privileges are sandkeep's", short(s)))
+		}
+		if m.Entrypoint != "" {
+			drop(f, "entrypoint", "the sandbox's entrypoint is sandkeep's agent; a feature's daemon is not started")
+		}
+		if m.Init != nil && *m.Init {
+			drop(f, "init", "sandkeep's agent reaps the sandbox's processes")
+		}
+		for name, raw := range map[string]json.RawMessage{"onCreateCommand": m.OnCreateCommand, "updateContentCommand": m.UpdateContentCommand,
+			"postCreateCommand": m.PostCreateCommand, "postStartCommand": m.PostStartCommand, "postAttachCommand": m.PostAttachCommand} {
+			if len(raw) > 0 && string(raw) != "null" {
+				drop(f, name, "a feature's lifecycle commands are not run; put the command in devcontainer.json")
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(m.ContainerEnv)) {
+			v := m.ContainerEnv[k]
+			if class := devcontainer.DenyClass(k); class != "" {
+				drop(f, "containerEnv."+k, "the variable is in the "+class+" deny class")
+				continue
+			}
+			if err := guard.EnvVar(k, v); err != nil {
+				drop(f, "containerEnv."+k, message(err))
+				continue
+			}
+			p.Env[k] = v
+		}
+		for i, raw := range m.Mounts {
+			s, err := mountString(raw)
+			if err == nil {
+				s, err = screenMount(s)
+			}
+			if err != nil {
+				drop(f, fmt.Sprintf("mounts[%d]", i), message(err))
+				continue
+			}
+			p.Mounts = append(p.Mounts, s)
+		}
+	}
+	slices.SortStableFunc(p.Dropped, func(a, b Dropped) int { return strings.Compare(a.Feature, b.Feature) })
+	return p
+}
+
+// mountString turns a mount of the metadata ({type, source, target} or a --mount string) into --mount syntax.
+func mountString(raw json.RawMessage) (string, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var o struct{ Type, Source, Target string }
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return "", fmt.Errorf("the mount is neither a string nor {type, source, target}")
+	}
+	for _, v := range []string{o.Type, o.Source, o.Target} {
+		if strings.Contains(v, ",") {
+			return "", fmt.Errorf("the mount has a comma in a field")
+		}
+	}
+	parts := []string{"type=" + o.Type}
+	if o.Source != "" {
+		parts = append(parts, "source="+o.Source)
+	}
+	return strings.Join(append(parts, "target="+o.Target), ","), nil
+}
+
+// screenMount lets a bind through only when the guard accepts it; volume and tmpfs mounts (no host path) are
+// kept for the sandbox's own per-key volumes.
+func screenMount(s string) (string, error) {
+	typ := "bind"
+	for _, f := range strings.Split(s, ",") {
+		if k, v, _ := strings.Cut(f, "="); strings.EqualFold(k, "type") {
+			typ = strings.ToLower(v)
+		}
+	}
+	switch typ {
+	case "volume", "tmpfs":
+		return s, nil
+	case "bind":
+		m, err := guard.ParseMount(s)
+		if err != nil {
+			return "", err
+		}
+		c := "type=bind,source=" + m.Source + ",target=" + m.Target
+		if m.ReadOnly {
+			c += ",readonly"
+		}
+		return c, nil
+	}
+	return "", fmt.Errorf("a %s mount is not made", typ)
+}
+
+// Request is one derived-image build.
+type Request struct {
+	Base   string // the image the features are installed on (a ref the engine has, or can pull)
+	BaseID string // its image ID when known: part of the digest, so a moved tag builds again
+	User   string // the devcontainer's remoteUser/containerUser: _REMOTE_USER and _CONTAINER_USER ("root" when empty)
+}
+
+// stage is where a feature's files go in the image while its install.sh runs.
+const stage = "/tmp/sandkeep-features"
+
+// Dockerfile is the derived image's Dockerfile for p: the base, then per feature a COPY of its files, a RUN of
+// its install.sh as root with its options in the environment, and its (screened) containerEnv as ENV.
+func Dockerfile(req Request, p *Plan) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "FROM %s\n", req.Base)
+	if req.BaseID != "" {
+		fmt.Fprintf(&b, "LABEL io.sandkeep.feature-base=%s\n", strconv.Quote(req.BaseID))
+	}
+	b.WriteString("USER root\n")
+	for i, f := range p.Features {
+		dir := fmt.Sprintf("%s/%d", stage, i)
+		fmt.Fprintf(&b, "COPY features/%d/ %s/\n", i, dir)
+		fmt.Fprintf(&b, "RUN cd %s && chmod +x ./%s && set -a && . ./devcontainer-features-builtin.env && . ./devcontainer-features.env && set +a && ./%s && cd / && rm -rf %s\n",
+			dir, InstallScript, InstallScript, dir)
+		var env []string
+		for _, k := range slices.Sorted(maps.Keys(f.Meta.ContainerEnv)) {
+			if v, ok := p.Env[k]; ok && v == f.Meta.ContainerEnv[k] {
+				env = append(env, k+"="+dockerfileQuote(v))
+			}
+		}
+		if len(env) > 0 {
+			fmt.Fprintf(&b, "ENV %s\n", strings.Join(env, " "))
+		}
+	}
+	return b.String()
+}
+
+// dockerfileQuote double-quotes v for ENV: ${VAR} references are left for the builder to expand, as the
+// devcontainers CLI relies on (PATH="/usr/local/go/bin:${PATH}").
+func dockerfileQuote(v string) string {
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+	return `"` + r.Replace(v) + `"`
+}
+
+// envFile is a POSIX-shell file of assignments, each value single-quoted.
+func envFile(env map[string]string) []byte {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		fmt.Fprintf(&b, "%s=%s\n", k, shellQuote(env[k]))
+	}
+	return []byte(b.String())
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// Install builds the derived image: the features of p on req.Base, through b (the driver's build path, so RUN
+// has the build's network policy: none). It returns the image's ref. The build context is a temporary
+// directory removed before Install returns; the image is tagged by the digest of that context, so the same
+// base, features and options reuse the image.
+func Install(ctx context.Context, b build.Builder, req Request, p *Plan, progress io.Writer) (string, error) {
+	if len(p.Features) == 0 {
+		return req.Base, nil
+	}
+	dir, err := os.MkdirTemp("", "sandkeep-features-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	user := req.User
+	if user == "" {
+		user = "root"
+	}
+	builtin := envFile(map[string]string{"_REMOTE_USER": user, "_CONTAINER_USER": user})
+	for i, f := range p.Features {
+		root := filepath.Join(dir, "features", strconv.Itoa(i))
+		for _, fl := range f.Files {
+			if err := writeFile(root, fl.Path, fl.Data, fl.Mode); err != nil {
+				return "", err
+			}
+		}
+		if err := writeFile(root, "devcontainer-features.env", envFile(f.Options), 0o644); err != nil {
+			return "", err
+		}
+		if err := writeFile(root, "devcontainer-features-builtin.env", builtin, 0o644); err != nil {
+			return "", err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(Dockerfile(req, p)), 0o644); err != nil {
+		return "", err
+	}
+	ref, _, err := b.Build(ctx, build.Request{Root: dir, Dockerfile: "Dockerfile", Context: "."}, progress)
+	if err != nil {
+		names := make([]string, len(p.Features))
+		for i, f := range p.Features {
+			names[i] = f.Ref.ID
+		}
+		return "", fmt.Errorf("install features %s: %w", strings.Join(names, ", "), err)
+	}
+	return ref, nil
+}
+
+func writeFile(root, rel string, data []byte, mode os.FileMode) error {
+	p := filepath.Join(root, filepath.FromSlash(rel))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(p, data, mode|0o400)
+}
+
+// message is the sentence of a refusal, without its code and hint.
+func message(err error) string {
+	var fe *fault.Error
+	if errors.As(err, &fe) {
+		return fe.Message
+	}
+	return err.Error()
+}
