@@ -6,12 +6,14 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/sandkeep/sandkeep/internal/build"
 	"github.com/sandkeep/sandkeep/internal/compose"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
@@ -49,17 +51,27 @@ func (r *repository) takeCompose(dc *devcontainer.Config) error {
 		}
 		r.sb.Env[k] = sb.Env[k]
 	}
+	// What the files set that is not applied joins devcontainer.json's own drops: one sandbox_devcontainer_dropped
+	// event, the one printed line and doctor's warnings.
 	if sb.User != "" {
-		r.warnings = append(r.warnings, fmt.Sprintf("compose service %q user: dropped (the sandbox's uid is the operator's)", sb.Name))
+		r.drop(dc, "compose service "+sb.Name, "user", "the sandbox's uid is the operator's")
 	}
 	if sb.Command != nil {
-		r.warnings = append(r.warnings, fmt.Sprintf("compose service %q command: dropped (the sandbox runs sandkeep's agent)", sb.Name))
+		r.drop(dc, "compose service "+sb.Name, "command", "the sandbox runs sandkeep's agent")
 	}
 	for _, d := range p.Dropped {
-		r.warnings = append(r.warnings, fmt.Sprintf("compose service %q %s: dropped (%s)", d.Service, d.Field, d.Why))
+		r.drop(dc, "compose service "+d.Service, d.Field, d.Why)
 	}
 	r.companions = p.Companions
 	return nil
+}
+
+// drop records one item the repository asked for that is not applied, in the run's dropped event.
+func (r *repository) drop(dc *devcontainer.Config, field, item, why string) {
+	if r.dropped == nil {
+		r.dropped = &events.DevcontainerDropped{Origin: filepath.Base(dc.Path)}
+	}
+	r.dropped.Items = append(r.dropped.Items, events.DevcontainerItem{Field: field, Item: item, Why: why})
 }
 
 // companions makes the repository's compose companions ready to run: a companion with a build is built on the
