@@ -82,14 +82,27 @@ func newServe(g *globals) *cobra.Command {
 }
 
 func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) error {
+	// serve is its home's daemon too: it owns the home (a daemon the CLI started is replaced) and serves the
+	// CLI's calls on the home's socket with its own Manager, store, channels and proxies.
+	d, err := ownHome(g, true)
+	if err != nil {
+		return err
+	}
+	d.serve = true
 	svc, err := g.openService(ctx, sc, af, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
 		c.Retention = duration(sc.Sweep.Retention, 0)
 	})
 	if err != nil {
+		d.close(nil)
 		return err
 	}
 	defer svc.Close()
+	d.useStore(svc.st)
+	d.useManager(svc.m)
+	var calls sync.WaitGroup
+	calls.Go(d.serveCalls)
+	defer func() { d.requestStop(); calls.Wait(); d.close(svc.m) }()
 	access := slog.New(slog.NewJSONHandler(g.stderr, nil))
 	var metricsToken string
 	if sc.MetricsTokenEnv != "" {

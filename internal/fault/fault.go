@@ -72,6 +72,12 @@ const (
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)
 	TemplateNotFound Code = "TEMPLATE_NOT_FOUND" // no operator template of that name for this tenant (missing and not allowed look alike)
 	NetworkWidened   Code = "NETWORK_WIDENED"    // a caller's network block asks for more than its template allows
+
+	// The local daemon (sandkeep daemon, SANDKEEP_DAEMON).
+	DaemonUnavailable Code = "DAEMON_UNAVAILABLE" // SANDKEEP_DAEMON=on, but the home's daemon cannot be reached or started
+	DaemonMismatch    Code = "DAEMON_MISMATCH"    // SANDKEEP_DAEMON=on, but the daemon runs with another operator environment
+	DaemonLost        Code = "DAEMON_LOST"        // the daemon went away while it ran this call
+	HomeOwned         Code = "HOME_OWNED"         // another daemon or server already owns this state home
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.
