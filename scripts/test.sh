@@ -139,6 +139,15 @@ for transport in "${passes[@]}"; do
 		go test -race -count=1 -timeout 45m "${flags[@]}" "${run_pkgs[@]}" || fail "go test (transport $transport)"
 done
 
+# The CLI suite once more through the local daemon (issue 14): every sandkeep process of cmd/sandkeep's tests runs
+# with SANDKEEP_DAEMON=auto, so the first call of each test's home starts that home's daemon and later calls go
+# through it (the passes above run in-process, SANDKEEP_DAEMON=off). Full runs, or when cmd/sandkeep is named.
+if [ "${pkgs[*]}" = "./..." ] || [[ " ${pkgs[*]} " == *" ./cmd/sandkeep "* ]]; then
+	phase "go test -race (through the daemon) ./cmd/sandkeep"
+	SANDKEEP_TEST_DAEMON=auto SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
+		go test -race -count=1 -timeout 45m "${flags[@]}" ./cmd/sandkeep || fail "go test (through the daemon)"
+fi
+
 # The Docker driver's conformance suite and the hardening tests that hold under gVisor, once more with sandboxes
 # under runsc (an operator's `runtime: runsc`). Left out: the seccomp, process-status and PID 1 probes, whose
 # answers are gVisor's own there (docs/SECURITY.md, "gVisor"), and the builds, which runsc does not run.
