@@ -186,6 +186,8 @@ Environment:
   SANDKEEP_SANDBOX_DEFAULT  the sandbox mode when neither --sandbox nor the spec says (default auto)
   SANDKEEP_HOST_KIND  local or cloud (default: cloud when KUBERNETES_SERVICE_HOST is set)
   SANDKEEP_STORE      where runs and events are recorded (default <home>/sandkeep.db)
+  SANDKEEP_DAEMON     auto (default: go through the home's daemon, starting one), on (require it) or off
+  SANDKEEP_DAEMON_IDLE  how long a daemon the CLI started waits idle before it exits (default 10m)
   DOCKER_HOST         the Docker engine to use`
 
 func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *globals) {
