@@ -2,12 +2,18 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
 // daemonStatusOf reads `sandkeep daemon status --json`.
@@ -209,5 +215,46 @@ func (r result) wantFailureAnyStdout(t *testing.T, code string) {
 	r.want(t, exitFailure)
 	if !strings.Contains(r.stderr, "sandkeep: "+code+": ") || !strings.Contains(r.stderr, "hint: ") {
 		t.Fatalf("sandkeep %q: stderr does not say %s with a hint:\n%s", r.args, code, r.stderr)
+	}
+}
+
+// TestDaemonNetwork: networked commands of one user from two CLI processes at once both reach their allowed
+// loopback host through the one egress proxy the daemon serves, each under its own policy (--allow).
+func TestDaemonNetwork(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	env := []string{"SANDKEEP_DAEMON=on", "SANDKEEP_IMAGE=" + testutil.ProbeImage(t)}
+	var hosts [2]string
+	for i, body := range []string{"one-7d1", "two-7d2"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(srv.Close)
+		hosts[i] = strings.TrimPrefix(srv.URL, "http://")
+	}
+	c.runWith(t, nil, env, "daemon", "start").want(t, 0)
+	tenant := c.ten("n")
+	c.runWith(t, nil, env, "exec", "--tenant", tenant, "--user", "u", "--", "true").want(t, 0) // warm
+	var wg sync.WaitGroup
+	var res [2]result
+	var errs [2]error
+	for i := range 2 {
+		own, other := hosts[i], hosts[1-i]
+		wg.Go(func() {
+			res[i], errs[i] = c.exec(t.Context(), nil, env, "exec", "--tenant", tenant, "--user", "u", "--allow", own, "--",
+				"sh", "-c", testutil.ProbePath+" proxied http://"+own+"/; "+testutil.ProbePath+" proxied http://"+other+"/; true")
+		})
+	}
+	wg.Wait()
+	for i, want := range []string{"one-7d1", "two-7d2"} {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		r := res[i]
+		notWant := []string{"two-7d2", "one-7d1"}[i]
+		if r.code != 0 || !strings.Contains(r.stdout, "status 200") || !strings.Contains(r.stdout, want) || strings.Contains(r.stdout, notWant) {
+			t.Errorf("process %d (allows %s): exit %d\nstdout %s\nstderr %s", i, hosts[i], r.code, r.stdout, r.stderr)
+		}
+		if strings.Contains(r.stderr, "EGRESS_UNAVAILABLE") {
+			t.Errorf("process %d: %s", i, r.stderr)
+		}
 	}
 }
