@@ -115,9 +115,12 @@ func (f *frameConn) writeData(typ byte, p []byte) error {
 	return nil
 }
 
-func (f *frameConn) read() (byte, []byte, error) {
+func (f *frameConn) read() (byte, []byte, error) { return readFrame(f.c) }
+
+// readFrame reads one frame: a type byte, a big-endian uint32 length of at most maxFrame, the payload.
+func readFrame(r io.Reader) (byte, []byte, error) {
 	var h [5]byte
-	if _, err := io.ReadFull(f.c, h[:]); err != nil {
+	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.BigEndian.Uint32(h[1:])
@@ -125,7 +128,7 @@ func (f *frameConn) read() (byte, []byte, error) {
 		return 0, nil, fmt.Errorf("frame of %d bytes", n)
 	}
 	p := make([]byte, n)
-	if _, err := io.ReadFull(f.c, p); err != nil {
+	if _, err := io.ReadFull(r, p); err != nil {
 		return 0, nil, err
 	}
 	return h[0], p, nil
