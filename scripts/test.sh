@@ -139,6 +139,15 @@ for transport in "${passes[@]}"; do
 		go test -race -count=1 -timeout 45m "${flags[@]}" "${run_pkgs[@]}" || fail "go test (transport $transport)"
 done
 
+# The CLI suite once more through the local daemon (issue 14): every sandkeep process of cmd/sandkeep's tests runs
+# with SANDKEEP_DAEMON=auto, so the first call of each test's home starts that home's daemon and later calls go
+# through it (the passes above run in-process, SANDKEEP_DAEMON=off). Full runs, or when cmd/sandkeep is named.
+if [ "${pkgs[*]}" = "./..." ] || [[ " ${pkgs[*]} " == *" ./cmd/sandkeep "* ]]; then
+	phase "go test -race (through the daemon) ./cmd/sandkeep"
+	SANDKEEP_TEST_DAEMON=auto SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
+		go test -race -count=1 -timeout 45m "${flags[@]}" ./cmd/sandkeep || fail "go test (through the daemon)"
+fi
+
 # The Docker suites once more with sandboxes under gVisor (an operator's `runtime: runsc`), over the engine's exec
 # (runsc has no agent channel): the whole Docker driver package (conformance, hardening probes with gVisor's
 # answers, uids, quota, /tmp), the lifecycle's Docker test (secret files) and the library's lifecycle guarantees

@@ -24,11 +24,11 @@ func newPs(g *globals) *cobra.Command {
 			"when it was created, when it last ran a command and how long it has been idle.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := g.open(cmd.Context())
+			m, closeM, err := g.open(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer m.Close()
+			defer closeM()
 			list, err := m.List(cmd.Context())
 			if err != nil {
 				return err
@@ -93,11 +93,11 @@ func newStop(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			m, err := g.open(cmd.Context())
+			m, closeM, err := g.open(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer m.Close()
+			defer closeM()
 			if err := m.Stop(cmd.Context(), key); err != nil {
 				return err
 			}
@@ -127,11 +127,11 @@ func newRm(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			m, err := g.open(cmd.Context())
+			m, closeM, err := g.open(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer m.Close()
+			defer closeM()
 			if err := m.Remove(cmd.Context(), key, keep); err != nil {
 				return err
 			}
@@ -168,13 +168,13 @@ func newSweep(g *globals) *cobra.Command {
 						"--%s %s is not positive", d.flag, d.v)
 				}
 			}
-			m, err := g.open(cmd.Context(), func(c *sandkeep.Config) {
+			m, closeM, err := g.open(cmd.Context(), func(c *sandkeep.Config) {
 				c.IdleTimeout, c.Retention, c.RemoveWorkspaceOnRetention = idle, ret, rmWs
 			})
 			if err != nil {
 				return err
 			}
-			defer m.Close()
+			defer closeM()
 			if !once {
 				err := m.RunSweeper(cmd.Context(), interval)
 				if _, ok := interruptedBy(cmd.Context()); ok {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,6 +34,8 @@ ratio of medians. Scenarios (in run order):
   footprint   --footprint idle sandboxes: agent RSS inside each, host memory per sandbox, engine overhead
   api         warm exec through the HTTP API (Go SDK, loopback TCP) vs the library, side by side; then
               --requests execs by 50 clients over 20 users: execs/s, errors, lost results, Go heap growth
+  cli         warm one-shot 'sandkeep exec -- true' as whole CLI processes: through the home's daemon vs
+              'docker exec' of the same command in the same container, and vs in-process (opt in: --scenario cli)
   admission   what admission adds to a warm 'true': Manager.Exec (admitted per command) vs Run.Exec on a run
               admitted once; without a store, then with an SQLite run record
 
@@ -69,7 +72,18 @@ func newBench(g *globals) *cobra.Command {
 			if err != nil {
 				return fail(err)
 			}
-			rep, err := runBench(cmd.Context(), g, opts)
+			cli := slices.Contains(opts.Scenarios, scenarioCLI)
+			opts.Scenarios = slices.DeleteFunc(opts.Scenarios, func(s string) bool { return s == scenarioCLI })
+			var rep bench.Report
+			if len(opts.Scenarios) > 0 {
+				rep, err = runBench(cmd.Context(), g, opts)
+			}
+			if err == nil && cli {
+				var rs []bench.Result
+				if rs, err = benchCLI(cmd.Context(), g, opts.N, g.stderr); err == nil {
+					rep.Results = append(rep.Results, rs...)
+				}
+			}
 			if err != nil {
 				if _, ok := interruptedBy(cmd.Context()); ok {
 					return err // run reports the signal
@@ -123,7 +137,7 @@ func benchOptions(cmd *cobra.Command, scenarios string, n, keys, footprint, requ
 		return bench.Options{}, fault.New(fault.InvalidArgument, "name at least one of "+strings.Join(bench.Scenarios, ","),
 			"--scenario is empty")
 	}
-	if err := bench.CheckScenarios(names); err != nil {
+	if err := bench.CheckScenarios(slices.DeleteFunc(slices.Clone(names), func(s string) bool { return s == scenarioCLI })); err != nil {
 		return bench.Options{}, fault.Wrap(err, fault.InvalidArgument, help, "%v", err)
 	}
 	switch {

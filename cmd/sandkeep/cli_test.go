@@ -58,7 +58,19 @@ func newCLI(t *testing.T) *cli {
 	if os.Getenv("SANDKEEP_TRANSPORT") == "exec" {
 		env = append(env, "SANDKEEP_TRANSPORT=exec")
 	}
+	// scripts/test.sh runs this suite in-process (SANDKEEP_TEST_DAEMON unset: SANDKEEP_DAEMON=off) and once more
+	// through the home's daemon (SANDKEEP_TEST_DAEMON=auto: the first call starts it, later ones go through it).
+	daemonMode := os.Getenv("SANDKEEP_TEST_DAEMON")
+	if daemonMode == "" {
+		daemonMode = "off"
+	}
+	env = append(env, "SANDKEEP_DAEMON="+daemonMode, "SANDKEEP_DAEMON_IDLE=5m")
 	c := &cli{bin: bin, home: home, env: cleanEnv(env...)}
+	t.Cleanup(func() { // the home's daemon, if a call started one, ends with the test
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
+		defer cancel()
+		_, _ = c.exec(ctx, nil, nil, "daemon", "stop")
+	})
 	// Any command that opens the home creates its installation id; ps touches no container.
 	c.run(t, "ps").want(t, 0)
 	id, err := os.ReadFile(filepath.Join(home, "installation-id"))

@@ -79,7 +79,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 	st := &doctorState{}
 	checks := []doctor.Check{
 		{Name: "host kind", Run: func(ctx context.Context) doctor.Result {
-			m, err := g.open(ctx)
+			m, _, err := g.open(ctx) // left open: doctor's process ends, and a daemon's is shared
 			if err != nil {
 				return fail(err)
 			}

@@ -102,15 +102,27 @@ func watchSignals(sigs <-chan os.Signal, done <-chan struct{}, cancel context.Ca
 
 // run executes the CLI and returns the process exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return runWith(ctx, args, stdin, stdout, stderr, nil)
+}
+
+// runWith is run inside the home's daemon d (nil: this process's own command line, which may go through d).
+func runWith(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, d *daemon) int {
 	root, g := newRoot(stdin, stdout, stderr)
+	g.daemon, g.args = d, args
+	if args == nil {
+		g.args = []string{}
+	}
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	var ee exitError
+	var fw forwarded
 	switch {
 	case err == nil:
 		return 0
 	case errors.As(err, &ee):
 		return ee.code
+	case errors.As(err, &fw):
+		return fw.code // the daemon ran the command and wrote its output and errors
 	}
 	if in, ok := interruptedBy(ctx); ok {
 		// Whatever failed after the signal failed because of it: report the interruption, not the symptom.
@@ -152,6 +164,9 @@ type globals struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	started        bool // cobra accepted the command line and a subcommand began to run
+
+	daemon *daemon  // the home's daemon this call runs in; nil in-process
+	args   []string // the command line, for the daemon to run it
 }
 
 const rootLong = `sandkeep keeps one warm, hardened sandbox per (tenant, user) and runs each command in it with an exact
@@ -171,6 +186,8 @@ Environment:
   SANDKEEP_SANDBOX_DEFAULT  the sandbox mode when neither --sandbox nor the spec says (default auto)
   SANDKEEP_HOST_KIND  local or cloud (default: cloud when KUBERNETES_SERVICE_HOST is set)
   SANDKEEP_STORE      where runs and events are recorded (default <home>/sandkeep.db)
+  SANDKEEP_DAEMON     auto (default: go through the home's daemon, starting one), on (require it) or off
+  SANDKEEP_DAEMON_IDLE  how long a daemon the CLI started waits idle before it exits (default 10m)
   DOCKER_HOST         the Docker engine to use`
 
 func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *globals) {
@@ -185,8 +202,12 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 			"  sandkeep rm --tenant acme --user alice --keep-workspace",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(*cobra.Command, []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			g.started = true
+			if handled, err := g.viaDaemon(cmd); handled {
+				return err
+			}
+			return nil
 		},
 	}
 	root.SetIn(stdin)
@@ -201,7 +222,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 	pf.StringVar(&g.store, "store", "", "where runs and events are recorded: an SQLite file or a postgres:// URL (default $SANDKEEP_STORE, else <home>/sandkeep.db)")
 	root.AddCommand(newExec(g), newRuns(g), newEvents(g), newDoctor(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
 	root.AddCommand(newToken(g), newMCP(g), newServe(g))
-	root.AddCommand(newAgent(g), newPortForward(g))
+	root.AddCommand(newAgent(g), newPortForward(g), newDaemon(g))
 	return root, g
 }
 
@@ -229,7 +250,20 @@ func (g *globals) config() (sandkeep.Config, error) {
 }
 
 // open opens a Manager on the operator's Config without a store, for what records no run (ps, stop, rm, sweep).
-func (g *globals) open(ctx context.Context, mutate ...func(*sandkeep.Config)) (*sandkeep.Manager, error) {
+// Inside the daemon it is the daemon's shared one (unless mutated). The close function releases it.
+func (g *globals) open(ctx context.Context, mutate ...func(*sandkeep.Config)) (*sandkeep.Manager, func() error, error) {
+	if g.daemon != nil && len(mutate) == 0 {
+		m, err := g.daemon.manager(ctx, managerKey{withStore: true}) // one Manager owns the channels
+		return m, func() error { return nil }, err
+	}
+	m, err := g.openOwn(ctx, mutate...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, m.Close, nil
+}
+
+func (g *globals) openOwn(ctx context.Context, mutate ...func(*sandkeep.Config)) (*sandkeep.Manager, error) {
 	sc, err := loadServerConfig(os.Getenv(envConfig))
 	if err != nil {
 		return nil, err

@@ -342,6 +342,10 @@ func TestSpecSecretFiles(t *testing.T) {
 func TestExecNetwork(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
+	// Its calls vary the operator environment (SANDKEEP_CONFIG) per call, which the daemon does not take from a
+	// caller (docs/DAEMON.md): they run in-process, and so do the others, so that one process serves a sandbox's
+	// network at a time.
+	c.env = append(c.env, "SANDKEEP_DAEMON=off")
 	repo := t.TempDir()
 	specFile := filepath.Join(repo, "sandkeep.yaml")
 	spec := "sandbox:\n  mode: inline\n  image: " + testutil.TestImage(t) + "\n  network:\n    mode: allowlist\n    preset: default\n" +

@@ -14,6 +14,13 @@ import (
 // openStore opens the store named by --store or $SANDKEEP_STORE: a postgres:// URL, or an SQLite file; by
 // default <home>/sandkeep.db.
 func (g *globals) openStore(ctx context.Context) (store.Store, error) {
+	if g.daemon != nil {
+		st, err := g.daemon.store(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return sharedStore{st}, nil
+	}
 	dsn, err := g.storeDSN()
 	if err != nil {
 		return nil, err
@@ -47,6 +54,14 @@ func (g *globals) storeDSN() (string, error) {
 // manager opens this process's Manager on the operator tier's Config (flags, environment, $SANDKEEP_CONFIG)
 // with the run store, mutate applied last. closeAll closes both.
 func (g *globals) manager(ctx context.Context, mutate func(*sandkeep.Config)) (m *sandkeep.Manager, closeAll func(), err error) {
+	if g.daemon != nil {
+		var c sandkeep.Config
+		if mutate != nil {
+			mutate(&c) // exec's --gate-wait
+		}
+		m, err := g.daemon.manager(ctx, managerKey{withStore: true, gateWait: c.GateWait})
+		return m, func() {}, err
+	}
 	sc, err := loadServerConfig(os.Getenv(envConfig))
 	if err != nil {
 		return nil, nil, err
@@ -86,3 +101,8 @@ func (g *globals) operator(sc serverConfig) (sandkeep.Config, error) {
 	c.DefaultTemplate, c.TenantTemplates = sc.DefaultTemplate, sc.TenantTemplates
 	return c, err
 }
+
+// sharedStore is the daemon's store as one call sees it: closing it is the daemon's business.
+type sharedStore struct{ store.Store }
+
+func (sharedStore) Close() error { return nil }

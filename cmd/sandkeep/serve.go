@@ -82,14 +82,38 @@ func newServe(g *globals) *cobra.Command {
 }
 
 func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) error {
+	// serve is its home's daemon too: it owns the home (a daemon the CLI started is replaced) and serves the
+	// CLI's calls on the home's socket with its own Manager, store, channels and proxies.
+	// Another owner (a second serve on the home, or a daemon started by 'sandkeep daemon'): this server still
+	// serves its API, as before the daemon, but not the home's socket.
+	d, err := ownHome(g, true)
+	switch {
+	case fault.CodeOf(err) == fault.HomeOwned:
+		fmt.Fprintf(g.stderr, "sandkeep: warning: %v; serving the API without the home's socket\n", oneLine(err.Error()))
+		d = nil
+	case err != nil:
+		return err
+	default:
+		d.serve = true
+	}
 	svc, err := g.openService(ctx, sc, af, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
 		c.Retention = duration(sc.Sweep.Retention, 0)
 	})
 	if err != nil {
+		if d != nil {
+			d.close(nil)
+		}
 		return err
 	}
 	defer svc.Close()
+	if d != nil {
+		d.useStore(svc.st)
+		d.useManager(svc.m)
+		var calls sync.WaitGroup
+		calls.Go(d.serveCalls)
+		defer func() { d.requestStop(); calls.Wait(); d.close(svc.m) }()
+	}
 	access := slog.New(slog.NewJSONHandler(g.stderr, nil))
 	var metricsToken string
 	if sc.MetricsTokenEnv != "" {

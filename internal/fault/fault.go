@@ -84,6 +84,11 @@ const (
 	FeatureUnavailable Code = "FEATURE_UNAVAILABLE" // an OCI feature could not be fetched from its registry (unreachable, missing, refused)
 	ComposeInvalid     Code = "COMPOSE_INVALID"     // a compose file, or a service in it, asks for what sandkeep does not run
 	CompanionFailed    Code = "COMPANION_FAILED"    // a compose companion service could not be created, started or became unhealthy
+	// The local daemon (sandkeep daemon, SANDKEEP_DAEMON).
+	DaemonUnavailable Code = "DAEMON_UNAVAILABLE" // SANDKEEP_DAEMON=on, but the home's daemon cannot be reached or started
+	DaemonMismatch    Code = "DAEMON_MISMATCH"    // SANDKEEP_DAEMON=on, but the daemon runs with another operator environment
+	DaemonLost        Code = "DAEMON_LOST"        // the daemon went away while it ran this call
+	HomeOwned         Code = "HOME_OWNED"         // another daemon or server already owns this state home
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.
