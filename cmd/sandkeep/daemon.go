@@ -48,6 +48,12 @@ const (
 	daemonDrainWait   = 30 * time.Second // how long a stopping daemon lets running calls finish
 )
 
+// interactive reports whether cmd asks for a terminal (exec -t).
+func interactive(cmd *cobra.Command) bool {
+	f := cmd.Flags().Lookup("tty")
+	return f != nil && f.Changed && f.Value.String() == "true"
+}
+
 // routedCommands are the CLI commands that go through the daemon when one runs.
 var routedCommands = map[string]bool{"exec": true, "ps": true, "stop": true, "rm": true, "runs": true, "events": true, "doctor": true}
 
@@ -232,8 +238,9 @@ func (g *globals) viaDaemon(cmd *cobra.Command) (handled bool, err error) {
 	if err != nil {
 		return true, err
 	}
-	if mode == "off" || cmd.Flags().Changed("log-level") {
-		// --log-level: the Manager's log goes to this process's stderr only in-process.
+	if mode == "off" || cmd.Flags().Changed("log-level") || interactive(cmd) {
+		// --log-level: the Manager's log goes to this process's stderr only in-process. A terminal (exec -t) is
+		// this process's: raw mode and window sizes cannot cross the socket's byte streams, so -t runs here.
 		return false, nil
 	}
 	home := g.resolvedHome()

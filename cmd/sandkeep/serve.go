@@ -47,6 +47,10 @@ func newServe(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configPath == "" {
 				configPath = os.Getenv(envConfig)
+			} else if err := os.Setenv(envConfig, configPath); err != nil {
+				// --config is operator input like $SANDKEEP_CONFIG: as the environment it enters the home
+				// socket's fingerprint, so a CLI call without it is not served by this server's config.
+				return err
 			}
 			sc, err := loadServerConfig(configPath)
 			if err != nil {
@@ -95,6 +99,11 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		return err
 	default:
 		d.serve = true
+		if af != (admissionFlags{}) {
+			// serve's Manager follows these flags; a CLI call without them would get other results here than
+			// in-process, so it must not match (auto: it works in-process; on: DAEMON_MISMATCH).
+			d.fp += fmt.Sprintf("\nserve %+v", af)
+		}
 	}
 	svc, err := g.openService(ctx, sc, af, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
