@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"path/filepath"
 	"slices"
@@ -130,13 +131,11 @@ func (p *parser) parse() *Config {
 	remote := p.envMap(fields["remoteEnv"])
 	container := p.envMap(fields["containerEnv"])
 	if len(remote)+len(container) > 0 {
-		cfg.Env = remote
-		if cfg.Env == nil {
-			cfg.Env = map[string]string{}
-		}
-		for k, v := range container {
-			cfg.Env[k] = v // containerEnv wins on the same key
-		}
+		// The sandbox has one environment for the container and its commands, and the commands are what remoteEnv
+		// is for (the tools a user runs): on the same key remoteEnv wins, as the devcontainers CLI gives it to them.
+		cfg.Env = map[string]string{}
+		maps.Copy(cfg.Env, container)
+		maps.Copy(cfg.Env, remote)
 	}
 	cfg.ContainerEnv, cfg.RemoteEnv = container, remote
 	p.users(fields, cfg)

@@ -95,9 +95,9 @@ func TestRealWorld(t *testing.T) {
 			}
 		}},
 		{"python", []string{"SK204"}, func(t *testing.T, root string, c *Config, l diag.List) {
-			want := map[string]string{"PYTHONUNBUFFERED": "1", "PIP_INDEX_URL": "https://pypi.org/simple", "PROJECT": "python"}
+			want := map[string]string{"PYTHONUNBUFFERED": "0", "PIP_INDEX_URL": "https://pypi.org/simple", "PROJECT": "python"}
 			if fmt.Sprint(c.Env) != fmt.Sprint(want) {
-				t.Errorf("env = %v, want %v (containerEnv wins, PATH left unset)", c.Env, want)
+				t.Errorf("env = %v, want %v (remoteEnv wins, PATH left unset)", c.Env, want)
 			}
 			if c.ContainerUser != "vscode" || c.User != "" || c.WorkspaceFolder != "/workspace/python" {
 				t.Errorf("config = %+v", *c)
@@ -466,9 +466,9 @@ func TestEnvAndUser(t *testing.T) {
 		user  string
 		codes []string
 	}{
-		{name: "containerEnv over remoteEnv",
+		{name: "remoteEnv over containerEnv",
 			src: `"containerEnv": {"A": "c", "B": "c"}, "remoteEnv": {"B": "r", "C": "r"}`,
-			env: map[string]string{"A": "c", "B": "c", "C": "r"}},
+			env: map[string]string{"A": "c", "B": "r", "C": "r"}},
 		{name: "null unsets", src: `"remoteEnv": {"A": null, "B": "r"}`, env: map[string]string{"B": "r"}},
 		{name: "null in containerEnv does not hide remoteEnv", src: `"containerEnv": {"A": null}, "remoteEnv": {"A": "r"}`, env: map[string]string{"A": "r"}},
 		{name: "containerEnv ref left unset", src: `"remoteEnv": {"PATH": "${containerEnv:PATH}:/x", "B": "b"}`, env: map[string]string{"B": "b"}, codes: []string{"SK204"}},
