@@ -23,6 +23,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
 
@@ -30,6 +32,10 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
+
+// compose-go reports what it ignores (an obsolete "version:", ...) through logrus's global logger, which would
+// print on the stderr of whoever runs sandkeep; what matters to us comes back as errors or as Dropped.
+func init() { logrus.SetLevel(logrus.ErrorLevel) }
 
 // MaxFileBytes bounds one compose file.
 const MaxFileBytes = 1 << 20
