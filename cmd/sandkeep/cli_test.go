@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"bufio"
 	"bytes"
 	"context"
@@ -173,6 +174,17 @@ func keyOf(t *testing.T, tenant, user string) sandkeep.Key {
 }
 
 // workspace is the host directory of (tenant, user)'s /workspace.
+// sandboxUID is the uid a sandbox's commands run as, read from the first line of out (a command's `id -u`): a
+// number and never root. With per-key uids (the default when the tests run as root) it is the key's own.
+func sandboxUID(t *testing.T, out string) string {
+	t.Helper()
+	line, _, _ := strings.Cut(out, "\n")
+	if n, err := strconv.Atoi(line); err != nil || n <= 0 {
+		t.Fatalf("id -u in the sandbox printed %q: want a uid other than root", line)
+	}
+	return line
+}
+
 func (c *cli) workspace(t *testing.T, tenant, user string) string {
 	return filepath.Join(c.home, "workspaces", keyOf(t, tenant, user).Hex())
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"bufio"
 	"bytes"
 	"context"
@@ -23,8 +24,9 @@ func TestExec(t *testing.T) {
 	t.Run("first command", func(t *testing.T) {
 		r := c.run(t, "exec", "--tenant", c.ten("acme"), "--user", "alice", "--",
 			"sh", "-c", "echo hi > /workspace/f; id -u").want(t, 0)
-		if r.stdout != "1000\n" {
-			t.Errorf("stdout %q, want 1000", r.stdout)
+		uid := sandboxUID(t, r.stdout)
+		if st, err := os.Stat(c.workspace(t, c.ten("acme"), "alice")); err != nil || fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid) != uid {
+			t.Errorf("the command runs as %s; the workspace on the host: %v, %v", uid, st, err)
 		}
 		got, err := os.ReadFile(filepath.Join(c.workspace(t, c.ten("acme"), "alice"), "f"))
 		if err != nil || string(got) != "hi\n" {

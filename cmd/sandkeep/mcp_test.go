@@ -128,7 +128,8 @@ func mcpExercise(t *testing.T, cs *mcp.ClientSession, tenant, user string) int {
 	// A failing command is a result, not a tool error.
 	out = mcpOut[mcpserver.ExecOutput](t, mcpCall(t, cs, mcpserver.ToolExec, map[string]any{
 		"argv": []string{"sh", "-c", "echo no >&2; id -u; pwd; exit 7"}, "workdir": "sub/dir"}))
-	if out.ExitCode != 7 || out.Stdout != "1000\n/workspace/sub/dir\n" || out.Stderr != "no\n" {
+	uid := sandboxUID(t, out.Stdout)
+	if out.ExitCode != 7 || out.Stdout != uid+"\n/workspace/sub/dir\n" || out.Stderr != "no\n" {
 		t.Errorf("exec exit 7: %+v", out)
 	}
 
@@ -151,7 +152,7 @@ func mcpExercise(t *testing.T, cs *mcp.ClientSession, tenant, user string) int {
 	// The command sees what write_file wrote, owned by the sandbox user.
 	out = mcpOut[mcpserver.ExecOutput](t, mcpCall(t, cs, mcpserver.ToolExec, map[string]any{
 		"command": "cat notes/todo.txt; stat -c '%u %a' notes/todo.txt notes/blob.bin notes; od -An -tx1 notes/blob.bin"}))
-	if want := "héllo\n1000 644\n1000 755\n1000 755\n 00 01 02 ff fe 0a\n"; out.ExitCode != 0 || out.Stdout != want {
+	if want := "héllo\n" + uid + " 644\n" + uid + " 755\n" + uid + " 755\n 00 01 02 ff fe 0a\n"; out.ExitCode != 0 || out.Stdout != want {
 		t.Errorf("the written files seen by a command: %+v, want stdout %q", out, want)
 	}
 

@@ -334,6 +334,7 @@ func TestServeSDK(t *testing.T) {
 	cl := s.client(t, tok.Token)
 	var sandboxName, madeID string // the sandbox alice's commands run in; a request id the server made
 
+	uid := "" // the sandbox user's uid, as the exec subtest reads it
 	t.Run("exec", func(t *testing.T) {
 		res, err := cl.Exec(bounded(t), "alice", client.ExecRequest{
 			Command: `echo "hi $FOO"; echo oops >&2; cat; pwd; id -u; exit 3`, Env: map[string]string{"FOO": "bar"},
@@ -342,7 +343,11 @@ func TestServeSDK(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.ExitCode != 3 || res.TimedOut || res.Stdout != "hi bar\nfrom stdin\n/workspace/src\n1000\n" || res.Stderr != "oops\n" {
+		lines := strings.Split(res.Stdout, "\n")
+		if len(lines) > 3 {
+			uid = sandboxUID(t, lines[3])
+		}
+		if res.ExitCode != 3 || res.TimedOut || res.Stdout != "hi bar\nfrom stdin\n/workspace/src\n"+uid+"\n" || res.Stderr != "oops\n" {
 			t.Errorf("result %+v", res)
 		}
 		if res.RequestID != "sdk-req-1" || res.Sandbox.Tenant != tenant || res.Sandbox.User != "alice" ||
@@ -433,7 +438,7 @@ func TestServeSDK(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantOut := "1000 1000 640 3145728\n1000\n1000\n 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f\n"
+		wantOut := uid + " " + uid + " 640 3145728\n" + uid + "\n" + uid + "\n 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f\n"
 		if res.ExitCode != 0 || res.Stdout != wantOut {
 			t.Errorf("the uploaded file seen from the sandbox: %+v\nwant stdout %q", res, wantOut)
 		}
@@ -477,7 +482,7 @@ func TestServeSDK(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantFind := ".\n./a\n./a/b\n./a/b/c\n./a/b/c/d\n./a/b/c/d/e\n./a/b/c/d/e/leaf.txt\n./a/b/c/deep.bin\n./a/b/mid.txt\n./a/empty-dir\n./a/top.txt\nleaf\n1000\n1000\n"
+		wantFind := ".\n./a\n./a/b\n./a/b/c\n./a/b/c/d\n./a/b/c/d/e\n./a/b/c/d/e/leaf.txt\n./a/b/c/deep.bin\n./a/b/mid.txt\n./a/empty-dir\n./a/top.txt\nleaf\n" + uid + "\n" + uid + "\n"
 		if res.ExitCode != 0 || res.Stdout != wantFind {
 			t.Errorf("the extracted tree seen from the sandbox: %+v\nwant stdout %q", res, wantFind)
 		}

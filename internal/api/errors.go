@@ -54,6 +54,8 @@ var statusOf = map[fault.Code]int{
 	fault.PreflightFailed:         http.StatusUnprocessableEntity,
 	fault.TierRefused:             http.StatusUnprocessableEntity,
 	fault.PortForwardUnavailable:  http.StatusUnprocessableEntity,
+	fault.FeatureInvalid:          http.StatusUnprocessableEntity,
+	fault.ComposeInvalid:          http.StatusUnprocessableEntity,
 	fault.NetworkWidened:          http.StatusForbidden,
 	fault.TemplateNotFound:        http.StatusNotFound,
 
@@ -70,6 +72,12 @@ var statusOf = map[fault.Code]int{
 	fault.EgressUnavailable:        http.StatusServiceUnavailable,
 	fault.SandboxCapacity:          http.StatusServiceUnavailable,
 	fault.SandboxSetupTimeout:      http.StatusServiceUnavailable,
+	fault.FeatureUnavailable:       http.StatusServiceUnavailable, // its registry cannot be reached now
+	// The local daemon's codes are the CLI's; a server that meets one (it never should) says so as unavailable.
+	fault.DaemonUnavailable: http.StatusServiceUnavailable,
+	fault.DaemonMismatch:    http.StatusServiceUnavailable,
+	fault.DaemonLost:        http.StatusServiceUnavailable,
+	fault.HomeOwned:         http.StatusServiceUnavailable,
 
 	// The server, the engine or the sandbox failed.
 	fault.Internal:             http.StatusInternalServerError,
@@ -81,6 +89,7 @@ var statusOf = map[fault.Code]int{
 	fault.BuildFailed:          http.StatusInternalServerError,
 	fault.PostCreateFailed:     http.StatusInternalServerError,
 	fault.SecretDeliveryFailed: http.StatusInternalServerError,
+	fault.CompanionFailed:      http.StatusInternalServerError,
 	fault.PortUnreachable:      http.StatusBadGateway,
 }
 
