@@ -1,7 +1,6 @@
 package main
 
 import (
-	"strconv"
 	"bufio"
 	"bytes"
 	"context"
@@ -13,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"fmt"
 	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"

@@ -176,7 +176,9 @@ func TestSpecAndDevcontainer(t *testing.T) {
 }
 
 // squash collapses runs of spaces: doctor pads its columns to its longest check name, which new checks change.
-func squash(s string) string { return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == ' ' }), " ") }
+func squash(s string) string {
+	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == ' ' }), " ")
+}
 
 // TestDoctor: exit 0 when everything passes, 1 with a fix line for a broken spec, 2 for bad usage.
 func TestDoctor(t *testing.T) {
