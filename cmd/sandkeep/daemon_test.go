@@ -224,6 +224,11 @@ func TestDaemonNetwork(t *testing.T) {
 		t.Cleanup(srv.Close)
 		hosts[i] = strings.TrimPrefix(srv.URL, "http://")
 	}
+	// In the suite's daemon pass, newCLI's first call already started the home's daemon with the suite's image;
+	// this test's daemon runs the probe image, so that one goes first.
+	if _, err := c.exec(t.Context(), nil, nil, "daemon", "stop"); err != nil {
+		t.Fatal(err)
+	}
 	c.runWith(t, nil, env, "daemon", "start").want(t, 0)
 	tenant := c.ten("n")
 	c.runWith(t, nil, env, "exec", "--tenant", tenant, "--user", "u", "--", "true").want(t, 0) // warm
