@@ -23,31 +23,44 @@ func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.S
 	if sh.cfg.PostCreate == "" {
 		return nil
 	}
-	var out tail
-	req := agentproto.Request{
-		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", sh.cfg.PostCreate},
-		Workdir: sh.workdir(), TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
-		GraceMS: m.cfg.Grace.Milliseconds(), StdoutLimit: agentproto.DefaultLimit, StderrLimit: agentproto.DefaultLimit,
-	}
-	start := time.Now()
-	res, err := m.drv.Exec(ctx, sb, req, driver.Output{Stdout: &out, Stderr: &out})
+	res, out, took, err := m.setupCommand(ctx, sb, sh, sh.cfg.PostCreate)
 	m.emit(ctx, events.NameSandboxPostCreate, events.SandboxPostCreate{ExitCode: res.ExitCode, TimedOut: res.TimedOut,
-		DurationMS: time.Since(start).Milliseconds()})
+		DurationMS: took.Milliseconds()})
 	if err == nil && res.ExitCode == 0 && !res.TimedOut {
 		return nil
 	}
 	m.recycle(ctx, key, sb, fmt.Errorf("post_create failed"))
-	why := fmt.Sprintf("exited %d", res.ExitCode)
-	switch {
-	case err != nil:
-		why = err.Error()
-	case res.TimedOut:
-		why = "timed out after " + sh.cfg.PostCreateTimeout.String()
-	case res.ExitCode == 127:
+	why := failure(res, err, sh.cfg.PostCreateTimeout)
+	if err == nil && !res.TimedOut && res.ExitCode == 127 {
 		why += " (is there a sh in the image?)"
 	}
 	return fault.New(fault.PostCreateFailed, "fix post_create in the spec; the sandbox was removed and the next run tries again",
 		"post_create %s in the new sandbox %s; its output ended with: %q", why, sb.Name, strings.TrimSpace(out.String()))
+}
+
+// setupCommand runs one of the sandbox's own setup command lines (post_create, postStart) through the engine's
+// exec with the setup deadline, keeping the tail of its output.
+func (m *Manager) setupCommand(ctx context.Context, sb *driver.Sandbox, sh *Shape, line string) (agentproto.Result, *tail, time.Duration, error) {
+	out := &tail{}
+	req := agentproto.Request{
+		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", line},
+		Workdir: sh.workdir(), TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
+		GraceMS: m.cfg.Grace.Milliseconds(), StdoutLimit: agentproto.DefaultLimit, StderrLimit: agentproto.DefaultLimit,
+	}
+	start := time.Now()
+	res, err := m.drv.Exec(ctx, sb, req, driver.Output{Stdout: out, Stderr: out})
+	return res, out, time.Since(start), err
+}
+
+// failure says in a few words how a setup command failed.
+func failure(res agentproto.Result, err error, timeout time.Duration) string {
+	switch {
+	case err != nil:
+		return err.Error()
+	case res.TimedOut:
+		return "timed out after " + timeout.String()
+	}
+	return fmt.Sprintf("exited %d", res.ExitCode)
 }
 
 // workdir is where the shape's commands start: its workspace folder, else /workspace.
@@ -65,26 +78,13 @@ func (m *Manager) postStart(ctx context.Context, sb *driver.Sandbox, sh *Shape) 
 	if sh.cfg.PostStart == "" {
 		return nil
 	}
-	var out tail
-	req := agentproto.Request{
-		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", sh.cfg.PostStart},
-		Workdir: sh.workdir(), TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
-		GraceMS: m.cfg.Grace.Milliseconds(), StdoutLimit: agentproto.DefaultLimit, StderrLimit: agentproto.DefaultLimit,
-	}
-	start := time.Now()
-	res, err := m.drv.Exec(ctx, sb, req, driver.Output{Stdout: &out, Stderr: &out})
+	res, out, took, err := m.setupCommand(ctx, sb, sh, sh.cfg.PostStart)
 	m.emit(ctx, events.NameSandboxPostStart, events.SandboxPostStart{ExitCode: res.ExitCode, TimedOut: res.TimedOut,
-		DurationMS: time.Since(start).Milliseconds(), OutputTail: tailOf(out.String(), eventTail)})
+		DurationMS: took.Milliseconds(), OutputTail: tailOf(out.String(), eventTail)})
 	if err == nil && res.ExitCode == 0 && !res.TimedOut {
 		return nil
 	}
-	why := fmt.Sprintf("exited %d", res.ExitCode)
-	switch {
-	case err != nil:
-		why = err.Error()
-	case res.TimedOut:
-		why = "timed out after " + sh.cfg.PostCreateTimeout.String()
-	}
+	why := failure(res, err, sh.cfg.PostCreateTimeout)
 	return fault.New(fault.PostCreateFailed, "fix postStartCommand in devcontainer.json; the sandbox is kept and its next start runs it again",
 		"postStartCommand %s in sandbox %s; its output ended with: %q", why, sb.Name, strings.TrimSpace(out.String()))
 }
