@@ -7,6 +7,8 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -17,6 +19,12 @@ import (
 // It adds nothing and reads nothing: the host proxy authenticates (the token in HTTP_PROXY) and decides. Init
 // dials the socket itself, so the host's SO_PEERCRED check sees PID 1, and a command that dials the socket
 // directly is turned away.
+//
+// Init does not copy the bytes itself when it can help it: it passes the accepted socket to the host over its
+// connection to e.sock (SCM_RIGHTS, one descriptor after a handoffMarker byte), and the host serves the command's
+// socket directly, one socket hop fewer for every byte (internal/channel/handoff.go). Where the host answers
+// that it could not use it (a runtime such as gVisor that does not pass descriptors to the host), or sending it
+// fails, init copies both ways as before and stops trying to hand sockets off.
 const (
 	// egressSocketName is the host proxy's socket in the channel directory (lifecycle names the same).
 	egressSocketName = "e.sock"
@@ -27,7 +35,18 @@ const (
 	egressDialTimeout = 5 * time.Second
 	// spliceBuffer is each direction's copy buffer.
 	spliceBuffer = 32 << 10
+	// The handoff's first byte and the host's answer (internal/channel/handoff.go names the same values).
+	handoffMarker = 0x00
+	streamMarker  = 0x01
+	handoffTaken  = 'k'
+	handoffStream = 's'
+	// handoffTimeout bounds waiting for the host's answer to a handoff.
+	handoffTimeout = 5 * time.Second
 )
+
+// noHandoff is set once a handoff has failed: this sandbox's runtime or host does not take sockets, so every
+// later connection is copied.
+var noHandoff atomic.Bool
 
 // startEgress listens on addr (the sandbox's loopback) and forwards to e.sock next to the channel socket. A
 // failure to listen is logged and not fatal: commands then simply have no way out.
@@ -67,8 +86,8 @@ func forwardEgress(ln net.Listener, sock string, logger *log.Logger) {
 	}
 }
 
-// splice copies both ways between the sandbox's connection and a new connection to the host proxy, passing each
-// side's end of stream on to the other, and closes both once both directions are done.
+// splice hands c to the host proxy, or copies both ways between c and a new connection to the host proxy, passing
+// each side's end of stream on to the other, and closes both once both directions are done.
 func splice(c net.Conn, sock string, bufs *sync.Pool) {
 	defer c.Close()
 	u, err := net.DialTimeout("unix", sock, egressDialTimeout)
@@ -76,6 +95,28 @@ func splice(c net.Conn, sock string, bufs *sync.Pool) {
 		return // no proxy for this sandbox (network mode none, or its host process is gone)
 	}
 	defer u.Close()
+	if !noHandoff.Load() {
+		switch answer, sent := handOff(c, u.(*net.UnixConn)); {
+		case answer == handoffTaken:
+			return // the host serves c now; closing init's copy leaves the host's open
+		case answer == handoffStream:
+			noHandoff.Store(true) // the host is reading the stream already, on u
+		case sent:
+			return // no answer: the host may hold c, so init must not read it too; the command sees it end
+		default:
+			noHandoff.Store(true)
+			u.Close()
+			if u, err = net.DialTimeout("unix", sock, egressDialTimeout); err != nil {
+				return
+			}
+			defer u.Close()
+			if _, err := u.Write([]byte{streamMarker}); err != nil {
+				return
+			}
+		}
+	} else if _, err := u.Write([]byte{streamMarker}); err != nil {
+		return
+	}
 	done := make(chan struct{})
 	go func() {
 		copyHalf(u, c, bufs)
@@ -83,6 +124,37 @@ func splice(c net.Conn, sock string, bufs *sync.Pool) {
 	}()
 	copyHalf(c, u, bufs)
 	<-done
+}
+
+// handOff sends c's socket to the host over u and returns the host's answer: handoffTaken (the host serves c),
+// handoffStream (it did not get a usable socket and reads the bytes from u instead), or 0 when the handoff
+// could not be sent (sent false: nothing reached u) or was not answered (u is then of no further use).
+func handOff(c net.Conn, u *net.UnixConn) (answer byte, sent bool) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return 0, false
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var werr error
+	if err := raw.Control(func(fd uintptr) {
+		_, _, werr = u.WriteMsgUnix([]byte{handoffMarker}, syscall.UnixRights(int(fd)), nil)
+	}); err != nil || werr != nil {
+		return 0, false
+	}
+	_ = u.SetReadDeadline(time.Now().Add(handoffTimeout))
+	var b [1]byte
+	if _, err := io.ReadFull(u, b[:]); err != nil {
+		return 0, true
+	}
+	_ = u.SetReadDeadline(time.Time{})
+	switch b[0] {
+	case handoffTaken, handoffStream:
+		return b[0], true
+	}
+	return 0, true
 }
 
 type closeWriter interface{ CloseWrite() error }
