@@ -27,10 +27,11 @@ const (
 	ScenarioFootprint  = "footprint"
 	ScenarioAdmission  = "admission"
 	ScenarioAPI        = "api"
+	ScenarioTunnel     = "tunnel"
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel}
 
 // Defaults of Options' zero fields.
 const (
@@ -177,6 +178,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 		{ScenarioAPI, func() ([]Result, error) {
 			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests)})
 		}},
+		{ScenarioTunnel, func() ([]Result, error) { return Tunnel(ctx, n(DefaultTunnelN)) }},
 	}
 	begin := time.Now()
 	for _, s := range steps {

@@ -204,3 +204,32 @@ func checkTCPSocket(fd int) error {
 	}
 	return nil
 }
+
+// HandOff passes c's socket to the host over u, as a sandbox's init does, and returns the host's answer
+// (HandoffTaken or HandoffStream). The sandbox's own init (cmd/sandkeep-agent, stdlib only) has its copy of this;
+// this one is for what stands in for init outside a sandbox (benchmarks, tests).
+func HandOff(u *net.UnixConn, c *net.TCPConn) (byte, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var werr error
+	if err := raw.Control(func(fd uintptr) {
+		_, _, werr = u.WriteMsgUnix([]byte{HandoffMarker}, unix.UnixRights(int(fd)), nil)
+	}); err != nil {
+		return 0, err
+	}
+	if werr != nil {
+		return 0, werr
+	}
+	_ = u.SetReadDeadline(time.Now().Add(handoffTimeout))
+	defer u.SetReadDeadline(time.Time{})
+	var b [1]byte
+	if _, err := u.Read(b[:]); err != nil {
+		return 0, err
+	}
+	if b[0] != HandoffTaken && b[0] != HandoffStream {
+		return 0, errors.New("egress handoff: unknown answer")
+	}
+	return b[0], nil
+}

@@ -1,0 +1,295 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sandkeep/sandkeep/internal/channel"
+	"github.com/sandkeep/sandkeep/internal/egress"
+)
+
+// Sizes of the tunnel scenario.
+const (
+	DefaultTunnelN = 15       // blocks; each moves TunnelBytes up and down over both paths
+	TunnelBytes    = 64 << 20 // one transfer
+	tunnelChunk    = 256 << 10
+)
+
+// Tunnel: the egress proxy's throughput (issue 12's bar: at least 60% of a direct loopback copy), side by side.
+// The path is the host's half of a sandbox's, in production code: the proxy (egress.Proxy, plain tunnel, the
+// ClientHello check on as for every tunnel) serves a channel.SideListener on an e.sock in a temporary directory,
+// and what stands in for the sandbox's init accepts the client's connection on a loopback address and hands the
+// socket itself to e.sock, as init does (channel.HandOff). The client then CONNECTs to a loopback server and
+// moves TunnelBytes up (the server reads them all and answers one byte) and down (the server writes them on a
+// one-byte request). The baseline is the same client and the same server over one direct loopback connection.
+// Each of n blocks times one upload and one download over both paths, the order rotating every block; the rows
+// report the transfer times (ratio: proxy over direct, lower is better) and, in the notes, the throughputs, the
+// throughput ratio of the medians (direct time / proxy time: the bar) and the median of the per-block ratios.
+// What is not in it: the sandbox's network namespace (the same kernel's loopback) and the command's exec.
+func Tunnel(ctx context.Context, n int) ([]Result, error) { return tunnel(ctx, n, TunnelBytes) }
+
+func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	// The server, the same for both paths.
+	srv, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+	var connsMu sync.Mutex
+	var conns []net.Conn
+	defer func() {
+		connsMu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		connsMu.Unlock()
+	}()
+	wg.Go(func() {
+		for {
+			c, err := srv.Accept()
+			if err != nil {
+				return
+			}
+			connsMu.Lock()
+			conns = append(conns, c)
+			connsMu.Unlock()
+			wg.Go(func() { serveTunnel(c, size) })
+		}
+	})
+
+	// The proxy on its side listener, as lifecycle serves a key's.
+	dir, err := os.MkdirTemp("", "skbt") // short: a Unix socket's path holds 107 bytes
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var tok [16]byte
+	_, _ = rand.Read(tok[:])
+	token := hex.EncodeToString(tok[:])
+	rules, rerrs := egress.ParseRules([]string{"bench.test", "127.0.0.1"})
+	if rerrs != nil {
+		return nil, rerrs[0]
+	}
+	p, err := egress.New(egress.Config{Policy: egress.Policy{Mode: egress.ModeAllowlist, Rules: rules, Inspect: egress.InspectOff},
+		Token: token, Resolver: loopbackResolver{}})
+	if err != nil {
+		return nil, err
+	}
+	side, err := channel.ListenSide(dir, channel.EgressSocketName, func(pid int) bool { return pid == os.Getpid() }, nil)
+	if err != nil {
+		return nil, err
+	}
+	wg.Go(func() { _ = p.Serve(side) })
+	defer p.Close()
+
+	// Init's part: the sandbox's proxy address, each connection handed to e.sock.
+	initLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer initLn.Close()
+	handed := make(chan error, 1)
+	wg.Go(func() {
+		c, err := initLn.Accept()
+		if err != nil {
+			handed <- err
+			return
+		}
+		defer c.Close()
+		u, err := channel.Dial(filepath.Join(dir, channel.EgressSocketName), 5*time.Second)
+		if err != nil {
+			handed <- err
+			return
+		}
+		defer u.Close()
+		answer, err := channel.HandOff(u.(*net.UnixConn), c.(*net.TCPConn))
+		if err == nil && answer != channel.HandoffTaken {
+			err = errors.New("the host did not take the socket")
+		}
+		handed <- err
+	})
+
+	direct, err := net.Dial("tcp", srv.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	defer direct.Close()
+	proxied, err := net.Dial("tcp", initLn.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	defer proxied.Close()
+	if err := <-handed; err != nil {
+		return nil, fmt.Errorf("tunnel: handoff: %w", err)
+	}
+	_, port, _ := net.SplitHostPort(srv.Addr().String())
+	if err := connect(proxied, "bench.test:"+port, token); err != nil {
+		return nil, err
+	}
+
+	// times[dir][via]: dir 0 upload, 1 download; via 0 proxy, 1 direct. ratio[dir]: proxy/direct throughput.
+	via := [2]net.Conn{proxied, direct}
+	var times [2][2][]time.Duration
+	var ratio [2][]float64
+	buf := make([]byte, tunnelChunk)
+	for block := range blocks {
+		for dir := range 2 {
+			var got [2]time.Duration
+			for i := range 2 {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				v := (i + block) % 2 // even blocks proxy first, odd blocks direct first
+				start := time.Now()
+				if err := moveTunnel(via[v], buf, size, dir == 0); err != nil {
+					return nil, fmt.Errorf("tunnel: %w", err)
+				}
+				got[v] = time.Since(start)
+			}
+			times[dir][0] = append(times[dir][0], got[0])
+			times[dir][1] = append(times[dir][1], got[1])
+			ratio[dir] = append(ratio[dir], float64(got[1])/float64(got[0]))
+		}
+	}
+	mbps := func(d time.Duration) string { return fmt.Sprintf("%.0f", float64(size)/1e6/d.Seconds()) }
+	out := make([]Result, 0, 2)
+	for dir, name := range []string{"upload", "download"} {
+		r := newResult(fmt.Sprintf("egress tunnel %s, %d MiB (CONNECT, hello checked, socket handed off)", name, size>>20),
+			"direct loopback copy, same client and server", times[dir][0], times[dir][1])
+		r.Extra = map[string]string{
+			"proxy_MBps":         mbps(r.Sandkeep.Median),
+			"direct_MBps":        mbps(r.Base.Median),
+			"throughput_ratio":   fmt.Sprintf("%.2f", float64(r.Base.Median)/float64(r.Sandkeep.Median)),
+			"median_block_ratio": fmt.Sprintf("%.2f", medianFloat(ratio[dir])),
+			"bar":                ">=0.60",
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// serveTunnel is the server both paths reach: 'u' reads size bytes and answers one; 'd' writes size bytes.
+func serveTunnel(c net.Conn, size int) {
+	defer c.Close()
+	buf := make([]byte, tunnelChunk)
+	cmd := make([]byte, 1)
+	for {
+		if _, err := io.ReadFull(c, cmd); err != nil {
+			return
+		}
+		switch cmd[0] {
+		case 'u':
+			if err := readN(c, buf, size); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte{'k'}); err != nil {
+				return
+			}
+		case 'd':
+			if err := writeN(c, buf, size); err != nil {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// moveTunnel is the client: one upload or one download of size bytes over c.
+func moveTunnel(c net.Conn, buf []byte, size int, upload bool) error {
+	if upload {
+		if _, err := c.Write([]byte{'u'}); err != nil {
+			return err
+		}
+		if err := writeN(c, buf, size); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(c, buf[:1])
+		return err
+	}
+	if _, err := c.Write([]byte{'d'}); err != nil {
+		return err
+	}
+	return readN(c, buf, size)
+}
+
+// readN and writeN move n bytes in buf-sized calls (io.Copy with io.Discard would read 8 KiB at a time and
+// measure the endpoints rather than the path).
+func readN(r io.Reader, buf []byte, n int) error {
+	for n > 0 {
+		m, err := r.Read(buf[:min(n, len(buf))])
+		n -= m
+		if err != nil && n > 0 {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeN(w io.Writer, buf []byte, n int) error {
+	for n > 0 {
+		m, err := w.Write(buf[:min(n, len(buf))])
+		n -= m
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// connect sends a CONNECT for target with the proxy token over c and reads the 200; the server sends nothing
+// before it is asked, so nothing of the tunnel is left in the reader.
+func connect(c net.Conn, target, token string) error {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if _, err := io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\nProxy-Authorization: Bearer "+token+"\r\n\r\n"); err != nil {
+		return err
+	}
+	br := bufio.NewReader(c)
+	res, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("tunnel: CONNECT %s: %s", target, res.Status)
+	}
+	if br.Buffered() != 0 {
+		return errors.New("tunnel: bytes after the CONNECT answer")
+	}
+	return nil
+}
+
+// loopbackResolver answers every name with 127.0.0.1 (the policy's IP rule lets the proxy dial it).
+type loopbackResolver struct{}
+
+func (loopbackResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+}
+
+func medianFloat(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
