@@ -9,8 +9,8 @@ func TestTunnel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 {
-		t.Fatalf("%d rows, want upload and download", len(rows))
+	if len(rows) != 4 {
+		t.Fatalf("%d rows, want upload and download, handed off and copied", len(rows))
 	}
 	for _, r := range rows {
 		if r.Sandkeep.N != 2 || r.Base.N != 2 || r.Sandkeep.Median <= 0 || r.Base.Median <= 0 || r.Extra["throughput_ratio"] == "" {
@@ -28,7 +28,7 @@ func BenchmarkTunnelSideBySide(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.SetBytes(4 * TunnelBytes)
-	for i, name := range []string{"up", "down"} {
+	for i, name := range []string{"up", "down", "copied-up", "copied-down"} {
 		r := rows[i]
 		b.ReportMetric(float64(TunnelBytes)/1e6/r.Sandkeep.Median.Seconds(), name+"-proxy-MB/s")
 		b.ReportMetric(float64(TunnelBytes)/1e6/r.Base.Median.Seconds(), name+"-direct-MB/s")
