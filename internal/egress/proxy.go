@@ -244,6 +244,7 @@ func New(cfg Config) (*Proxy, error) {
 		ErrorLog:       quiet,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   upstreamFailed,
+		BufferPool:     copyBuffers,
 	}
 	p.inspect = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
@@ -251,6 +252,7 @@ func New(cfg Config) (*Proxy, error) {
 		ErrorLog:       quiet,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   upstreamFailed,
+		BufferPool:     copyBuffers,
 	}
 	p.srv = &http.Server{
 		Handler:           p,
@@ -893,6 +895,34 @@ func (c *upstreamConn) Close() error {
 		c.p.mu.Unlock()
 	})
 	return c.Conn.Close()
+}
+
+// copyBuffers are the forwarding proxies' body buffers, shared by every Proxy of the process. A body cannot be
+// spliced (it is framed, and may be scrubbed), so it is copied; ReverseProxy's default is a fresh 32 KiB buffer per
+// body, and a body of unknown length (chunked, scrubbed) is flushed after every read, so a buffer four times
+// larger is a quarter of the read, write and flush calls. The pool holds only buffers not in use.
+var copyBuffers httputil.BufferPool = &bufferPool{size: copyBufferSize}
+
+// copyBufferSize is the size of one forwarding body buffer.
+const copyBufferSize = 128 << 10
+
+type bufferPool struct {
+	size int
+	pool sync.Pool
+}
+
+func (bp *bufferPool) Get() []byte {
+	if b, ok := bp.pool.Get().(*[]byte); ok {
+		return *b
+	}
+	return make([]byte, bp.size)
+}
+
+func (bp *bufferPool) Put(b []byte) {
+	if cap(b) == bp.size {
+		b = b[:bp.size]
+		bp.pool.Put(&b)
+	}
 }
 
 // hostPort is the host[:port] authority of an upstream URL: an IPv6 host in brackets, the port only when withPort.
