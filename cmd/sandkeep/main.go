@@ -183,6 +183,7 @@ Environment:
   SANDKEEP_STORE      where runs and events are recorded (default <home>/sandkeep.db)
   SANDKEEP_DAEMON     auto (default: go through the home's daemon, starting one), on (require it) or off
   SANDKEEP_DAEMON_IDLE  how long a daemon the CLI started waits idle before it exits (default 10m)
+  SANDKEEP_DAEMON_FASTPATH  off: calls through the daemon start the whole CLI first (default: served early)
   DOCKER_HOST         the Docker engine to use`
 
 func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *globals) {
