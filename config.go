@@ -9,13 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/homedir"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -165,19 +165,8 @@ func ConfigFromEnv() Config {
 	return c
 }
 
-// DefaultHome is where state lives when nothing says otherwise.
-func DefaultHome() string {
-	if os.Geteuid() == 0 {
-		return "/var/lib/sandkeep"
-	}
-	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
-		return filepath.Join(d, "sandkeep")
-	}
-	if h, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(h, ".local", "state", "sandkeep")
-	}
-	return filepath.Join(os.TempDir(), "sandkeep-"+strconv.Itoa(os.Geteuid()))
-}
+// DefaultHome is where state lives when nothing says otherwise (internal/homedir: the CLI's fast path shares it).
+func DefaultHome() string { return homedir.Default() }
 
 func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if c.envErr != nil {

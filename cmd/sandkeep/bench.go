@@ -82,7 +82,7 @@ func newBench(g *globals) *cobra.Command {
 			}
 			if err == nil && cli {
 				var rs []bench.Result
-				if rs, err = benchCLI(cmd.Context(), g, opts.N, g.stderr); err == nil {
+				if rs, err = benchCLI(cmd.Context(), g, opts.N, &rep.Machine, g.stderr); err == nil {
 					rep.Results = append(rep.Results, rs...)
 				}
 			}

@@ -27,8 +27,9 @@ const scenarioCLI = "cli"
 const defaultCLIN = 30
 
 // benchCLI runs the cli scenario on a fresh temporary home of its own (the daemon owns its home), with this
-// process's binary, image and agent, and removes what it created.
-func benchCLI(ctx context.Context, g *globals, n int, progress io.Writer) (_ []bench.Result, err error) {
+// process's binary, image and agent, and removes what it created. m is the report's machine: described here
+// when no other scenario ran (its load at the start and at the end of this scenario).
+func benchCLI(ctx context.Context, g *globals, n int, m *bench.Machine, progress io.Writer) (_ []bench.Result, err error) {
 	if n <= 0 {
 		n = defaultCLIN
 	}
@@ -70,6 +71,14 @@ func benchCLI(ctx context.Context, g *globals, n int, progress io.Writer) (_ []b
 	if err != nil {
 		_ = os.RemoveAll(home)
 		return nil, fault.Wrap(err, fault.DriverUnavailable, "check DOCKER_HOST", "cannot set up the Docker client")
+	}
+	began := time.Now()
+	if m.Started.IsZero() {
+		*m = bench.Describe(ctx, docker)
+		defer func() {
+			m.LoadEnd = bench.Describe(context.WithoutCancel(ctx), docker).LoadStart // the load now
+			m.Duration = time.Since(began).Round(time.Millisecond).String()
+		}()
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,8 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/cmd/sandkeep/internal/fastpath"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
@@ -36,12 +33,12 @@ import (
 // differs (a SANDKEEP_* variable, DOCKER_HOST, KUBECONFIG, PATH, a global flag, the config file's content) is
 // not served: with SANDKEEP_DAEMON=auto it works in-process, with on it is refused (DAEMON_MISMATCH).
 const (
-	envDaemon     = "SANDKEEP_DAEMON"      // auto (default), on, off
-	envDaemonIdle = "SANDKEEP_DAEMON_IDLE" // how long an auto-started daemon waits idle before it exits (default 10m)
+	envDaemon     = fastpath.EnvDaemon     // auto (default), on, off
+	envDaemonIdle = fastpath.EnvDaemonIdle // how long an auto-started daemon waits idle before it exits (default 10m)
 
-	daemonSocketName = "daemon.sock"
-	daemonLockName   = "daemon.lock"
-	daemonLogName    = "daemon.log"
+	daemonSocketName = fastpath.SocketName
+	daemonLockName   = fastpath.LockName
+	daemonLogName    = fastpath.LogName
 
 	defaultDaemonIdle = 10 * time.Minute
 	daemonStartWait   = 15 * time.Second // how long a CLI call waits for the daemon it started to answer
@@ -57,27 +54,23 @@ func interactive(cmd *cobra.Command) bool {
 // routedCommands are the CLI commands that go through the daemon when one runs.
 var routedCommands = map[string]bool{"exec": true, "ps": true, "stop": true, "rm": true, "runs": true, "events": true, "doctor": true}
 
-// Frame types of the socket protocol: a type byte, a big-endian uint32 length, the payload.
+// The socket protocol's frames (cmd/sandkeep/internal/fastpath, shared with the start-up fast path).
 const (
-	frameHello    = 'H' // client: JSON daemonHello
-	frameStdin    = 'I' // client: stdin bytes
-	frameStdinEOF = 'E' // client: stdin ended
-	frameSignal   = 'S' // client: one byte, the signal that interrupted the caller
-	frameAccept   = 'A' // daemon: the call is served (for a control call: JSON daemonStatus)
-	frameRefuse   = 'M' // daemon: JSON {code, message, hint}: not served (another environment, not the owner)
-	frameStdout   = 'O' // daemon: stdout bytes
-	frameStderr   = 'R' // daemon: stderr bytes
-	frameWant     = 'W' // daemon: the command reads its stdin: start sending it
-	frameExit     = 'X' // daemon: four bytes, the exit status
+	frameHello    = fastpath.FrameHello
+	frameStdin    = fastpath.FrameStdin
+	frameStdinEOF = fastpath.FrameStdinEOF
+	frameSignal   = fastpath.FrameSignal
+	frameAccept   = fastpath.FrameAccept
+	frameRefuse   = fastpath.FrameRefuse
+	frameStdout   = fastpath.FrameStdout
+	frameStderr   = fastpath.FrameStderr
+	frameWant     = fastpath.FrameWant
+	frameExit     = fastpath.FrameExit
+
+	maxFrame = fastpath.MaxFrame
 )
 
-const maxFrame = 1 << 20
-
-type daemonHello struct {
-	Control     string   `json:"control,omitempty"` // "", "status" or "stop"
-	Args        []string `json:"args,omitempty"`
-	Fingerprint string   `json:"fingerprint,omitempty"`
-}
+type daemonHello = fastpath.Hello
 
 type daemonStatus struct {
 	PID     int       `json:"pid"`
@@ -90,55 +83,9 @@ type daemonStatus struct {
 	Version string    `json:"version"`
 }
 
-// frameConn reads and writes frames; writes are serialised.
-type frameConn struct {
-	c  net.Conn
-	mu sync.Mutex
-}
+type frameConn = fastpath.Conn
 
-func (f *frameConn) write(typ byte, p []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var h [5]byte
-	h[0] = typ
-	binary.BigEndian.PutUint32(h[1:], uint32(len(p)))
-	if _, err := f.c.Write(h[:]); err != nil {
-		return err
-	}
-	_, err := f.c.Write(p)
-	return err
-}
-
-// writeData splits p into frames of at most maxFrame bytes.
-func (f *frameConn) writeData(typ byte, p []byte) error {
-	for len(p) > 0 {
-		n := min(len(p), maxFrame)
-		if err := f.write(typ, p[:n]); err != nil {
-			return err
-		}
-		p = p[n:]
-	}
-	return nil
-}
-
-func (f *frameConn) read() (byte, []byte, error) { return readFrame(f.c) }
-
-// readFrame reads one frame: a type byte, a big-endian uint32 length of at most maxFrame, the payload.
-func readFrame(r io.Reader) (byte, []byte, error) {
-	var h [5]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, nil, err
-	}
-	n := binary.BigEndian.Uint32(h[1:])
-	if n > maxFrame {
-		return 0, nil, fmt.Errorf("frame of %d bytes", n)
-	}
-	p := make([]byte, n)
-	if _, err := io.ReadFull(r, p); err != nil {
-		return 0, nil, err
-	}
-	return h[0], p, nil
-}
+var readFrame = fastpath.ReadFrame
 
 // daemonMode reads SANDKEEP_DAEMON.
 func daemonMode() (string, error) {
@@ -153,67 +100,12 @@ func daemonMode() (string, error) {
 }
 
 // resolvedHome is the state home these flags and the environment name.
-func (g *globals) resolvedHome() string {
-	home := g.home
-	if home == "" {
-		home = os.Getenv("SANDKEEP_HOME")
-	}
-	if home == "" {
-		home = sandkeep.DefaultHome()
-	}
-	if abs, err := filepath.Abs(home); err == nil {
-		home = abs
-	}
-	return home
-}
+func (g *globals) resolvedHome() string { return fastpath.ResolveHome(g.home) }
 
-// pathEnv are the operator variables that name files: relative values are taken against the working directory.
-var pathEnv = map[string]bool{"SANDKEEP_HOME": true, "SANDKEEP_SPEC": true, "SANDKEEP_CONFIG": true, "SANDKEEP_STORE": true,
-	"SANDKEEP_AGENT": true, "KUBECONFIG": true}
-
-// operatorInput is everything the in-process path reads from the operator besides the command line of the
-// call itself: the operator's variables, the global flags and the config file's content. Two processes with the
-// same operator input get the same results in-process; the daemon serves only callers whose input is its own.
+// operatorInput is the fingerprint of everything the in-process path reads from the operator besides the
+// command line of the call itself (fastpath.Fingerprint): the daemon serves only callers whose input is its own.
 func (g *globals) operatorInput() string {
-	var lines []string
-	for _, kv := range os.Environ() {
-		k, v, _ := strings.Cut(kv, "=")
-		if k == envDaemon || k == envDaemonIdle {
-			continue
-		}
-		if !strings.HasPrefix(k, "SANDKEEP_") && !strings.HasPrefix(k, "DOCKER_") && !strings.HasPrefix(k, "KUBERNETES_") &&
-			!strings.HasPrefix(k, "XDG_") && k != "KUBECONFIG" && k != "HOME" && k != "PATH" && k != "CONTAINER_HOST" {
-			continue
-		}
-		if pathEnv[k] && v != "" && !strings.HasPrefix(v, "postgres") {
-			if abs, err := filepath.Abs(v); err == nil {
-				v = abs
-			}
-		}
-		lines = append(lines, k+"="+v)
-	}
-	slices.Sort(lines)
-	abs := func(p string) string {
-		if p == "" || strings.HasPrefix(p, "postgres") {
-			return p
-		}
-		if a, err := filepath.Abs(p); err == nil {
-			return a
-		}
-		return p
-	}
-	lines = append(lines, "--home="+g.resolvedHome(), "--image="+g.image, "--agent="+abs(g.agent),
-		"--transport="+g.transport, "--store="+abs(g.store))
-	if p := os.Getenv(envConfig); p != "" {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			b = []byte("unreadable: " + err.Error())
-		}
-		sum := sha256.Sum256(b)
-		lines = append(lines, "config="+hex.EncodeToString(sum[:]))
-	}
-	sum := sha256.Sum256([]byte(strings.Join(lines, "\x00")))
-	return hex.EncodeToString(sum[:])
+	return fastpath.Fingerprint(fastpath.Globals{Home: g.home, Image: g.image, Agent: g.agent, Transport: g.transport, Store: g.store})
 }
 
 // forwarded is the result of a call the daemon ran: its exit status, already reported.
@@ -257,12 +149,12 @@ func (g *globals) viaDaemon(cmd *cobra.Command) (handled bool, err error) {
 		}
 		return false, nil
 	}
-	defer fc.c.Close()
+	defer fc.C.Close()
 	hello, _ := json.Marshal(daemonHello{Args: absoluteFlags(cmd, g.args), Fingerprint: g.operatorInput()})
-	if err := fc.write(frameHello, hello); err != nil {
+	if err := fc.Write(frameHello, hello); err != nil {
 		return g.lost(mode, err, false)
 	}
-	typ, p, err := fc.read()
+	typ, p, err := fc.Read()
 	if err != nil {
 		return g.lost(mode, err, false)
 	}
@@ -282,96 +174,36 @@ func (g *globals) lost(mode string, err error, accepted bool) (bool, error) {
 	if !accepted && mode == "auto" {
 		return false, nil
 	}
-	return true, fault.Wrap(err, fault.DaemonLost, "run the command again: a new daemon adopts the sandboxes ('sandkeep daemon status')",
-		"the daemon went away during the call: %v", err)
+	return true, fastpath.Lost(err)
 }
 
 // absoluteFlags rewrites a relative --spec in args to an absolute path: the daemon resolves it elsewhere.
 func absoluteFlags(cmd *cobra.Command, args []string) []string {
 	f := cmd.Flags().Lookup("spec")
-	if f == nil || !f.Changed || f.Value.String() == "" || filepath.IsAbs(f.Value.String()) {
+	if f == nil || !f.Changed {
 		return args
 	}
-	abs, err := filepath.Abs(f.Value.String())
-	if err != nil {
-		return args
-	}
-	out := slices.Clone(args)
-	for i, a := range out {
-		if a == "--" {
-			break
-		}
-		if a == "--spec" && i+1 < len(out) && out[i+1] == f.Value.String() {
-			out[i+1] = abs
-			break
-		}
-		if a == "--spec="+f.Value.String() {
-			out[i] = "--spec=" + abs
-			break
-		}
-	}
-	return out
+	return fastpath.AbsoluteSpec(args, f.Value.String())
 }
 
 // relay passes the daemon's output to this process's streams, stdin when the command reads it, and an
-// interruption of this process to the command, until the daemon sends the exit status.
+// interruption of this process to the command, until the daemon sends the exit status (fastpath.Relay).
 func (g *globals) relay(ctx context.Context, fc *frameConn) error {
+	interrupts := make(chan syscall.Signal, 1)
 	stop := context.AfterFunc(ctx, func() {
 		if in, ok := interruptedBy(ctx); ok {
-			_ = fc.write(frameSignal, []byte{byte(in.sig)})
+			interrupts <- in.sig
 		}
 	})
 	defer stop()
-	var stdinOnce sync.Once
-	piped := false // this side's stdout or stderr is gone: the command was told (SIGPIPE)
-	for {
-		typ, p, err := fc.read()
-		if err != nil {
-			_, lerr := g.lost("on", err, true)
-			return lerr
-		}
-		switch typ {
-		case frameStdout, frameStderr:
-			w := g.stdout
-			if typ == frameStderr {
-				w = g.stderr
-			}
-			if _, err := w.Write(p); err != nil && !piped {
-				piped = true
-				_ = fc.write(frameSignal, []byte{byte(syscall.SIGPIPE)})
-			}
-		case frameWant:
-			stdinOnce.Do(func() {
-				go func() { // ends with the process: a stdin that never ends is this process's to abandon
-					buf := make([]byte, 32<<10)
-					for {
-						n, err := g.stdin.Read(buf)
-						if n > 0 && fc.writeData(frameStdin, buf[:n]) != nil {
-							return
-						}
-						if err != nil {
-							_ = fc.write(frameStdinEOF, nil)
-							return
-						}
-					}
-				}()
-			})
-		case frameExit:
-			if len(p) != 4 {
-				return fault.New(fault.DaemonLost, "", "the daemon sent a malformed exit status")
-			}
-			return forwarded{int(int32(binary.BigEndian.Uint32(p)))}
-		}
+	code, err := fastpath.Relay(fc, g.stdin, g.stdout, g.stderr, interrupts)
+	if err != nil {
+		return err
 	}
+	return forwarded{code}
 }
 
-func dialDaemon(home string) (*frameConn, error) {
-	c, err := net.DialTimeout("unix", filepath.Join(home, daemonSocketName), 2*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	return &frameConn{c: c}, nil
-}
+var dialDaemon = fastpath.Dial
 
 func waitDaemon(home string, bound time.Duration) (*frameConn, error) {
 	deadline := time.Now().Add(bound)
@@ -507,12 +339,12 @@ func daemonControl(home, control string) (daemonStatus, error) {
 	if err != nil {
 		return daemonStatus{}, err
 	}
-	defer fc.c.Close()
+	defer fc.C.Close()
 	hello, _ := json.Marshal(daemonHello{Control: control})
-	if err := fc.write(frameHello, hello); err != nil {
+	if err := fc.Write(frameHello, hello); err != nil {
 		return daemonStatus{}, err
 	}
-	typ, p, err := fc.read()
+	typ, p, err := fc.Read()
 	if err != nil {
 		return daemonStatus{}, err
 	}
@@ -662,20 +494,20 @@ func peerAllowed(c *net.UnixConn) (uint32, bool) {
 
 func refuse(fc *frameConn, code fault.Code, hint, msg string) {
 	b, _ := json.Marshal(map[string]string{"code": string(code), "message": msg, "hint": hint})
-	_ = fc.write(frameRefuse, b)
+	_ = fc.Write(frameRefuse, b)
 }
 
 // serveConn runs one call.
 func (d *daemon) serveConn(c *net.UnixConn) {
 	defer c.Close()
-	fc := &frameConn{c: c}
+	fc := &frameConn{C: c}
 	if uid, ok := peerAllowed(c); !ok {
 		refuse(fc, fault.Forbidden, "run sandkeep as the daemon's owner or root, or use your own --home",
 			fmt.Sprintf("uid %d is not the operator of this daemon", uid))
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	typ, p, err := fc.read()
+	typ, p, err := fc.Read()
 	_ = c.SetReadDeadline(time.Time{})
 	var hello daemonHello
 	if err != nil || typ != frameHello || json.Unmarshal(p, &hello) != nil {
@@ -689,7 +521,7 @@ func (d *daemon) serveConn(c *net.UnixConn) {
 			st.Idle = d.idle.String()
 		}
 		b, _ := json.Marshal(st)
-		_ = fc.write(frameAccept, b)
+		_ = fc.Write(frameAccept, b)
 		if hello.Control == "stop" {
 			d.requestStop()
 		}
@@ -706,7 +538,7 @@ func (d *daemon) serveConn(c *net.UnixConn) {
 	}
 	d.active.Add(1)
 	defer func() { d.last.Store(time.Now().UnixNano()); d.active.Add(-1) }()
-	if err := fc.write(frameAccept, nil); err != nil {
+	if err := fc.Write(frameAccept, nil); err != nil {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(d.ctx)
@@ -715,7 +547,7 @@ func (d *daemon) serveConn(c *net.UnixConn) {
 	var reading sync.WaitGroup
 	reading.Go(func() {
 		for {
-			typ, p, err := fc.read()
+			typ, p, err := fc.Read()
 			if err != nil { // the caller went away: stop its command as a hangup would
 				cancel(interrupted{syscall.SIGHUP})
 				stdin.fail(io.ErrUnexpectedEOF)
@@ -738,7 +570,7 @@ func (d *daemon) serveConn(c *net.UnixConn) {
 	code := runWith(ctx, hello.Args, stdin, frameWriter{fc, frameStdout}, frameWriter{fc, frameStderr}, d)
 	var b [4]byte
 	binary.BigEndian.PutUint32(b[:], uint32(int32(code)))
-	_ = fc.write(frameExit, b[:])
+	_ = fc.Write(frameExit, b[:])
 	c.CloseRead()
 	reading.Wait()
 }
@@ -749,7 +581,7 @@ type frameWriter struct {
 }
 
 func (w frameWriter) Write(p []byte) (int, error) {
-	if err := w.fc.writeData(w.typ, p); err != nil {
+	if err := w.fc.WriteData(w.typ, p); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -792,7 +624,7 @@ func (r *wantReader) fail(err error) {
 }
 
 func (r *wantReader) Read(p []byte) (int, error) {
-	r.once.Do(func() { _ = r.fc.write(frameWant, nil) })
+	r.once.Do(func() { _ = r.fc.Write(frameWant, nil) })
 	if len(r.cur) == 0 {
 		select {
 		case r.cur = <-r.chunks:
@@ -841,7 +673,7 @@ func newDaemon(g *globals) *cobra.Command {
 			if err != nil {
 				return fault.Wrap(err, fault.DaemonUnavailable, "see "+filepath.Join(home, daemonLogName), "the daemon did not answer: %v", err)
 			}
-			fc.c.Close()
+			fc.C.Close()
 			st, err := daemonControl(home, "status")
 			if err != nil {
 				return fault.Wrap(err, fault.DaemonUnavailable, "see "+filepath.Join(home, daemonLogName), "the daemon did not answer: %v", err)

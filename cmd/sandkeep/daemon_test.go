@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandkeep/sandkeep/cmd/sandkeep/internal/fastpath"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
@@ -61,7 +62,9 @@ func TestDaemon(t *testing.T) {
 		t.Fatalf("the socket: %v %v", sock.Mode(), err)
 	}
 
-	// The same calls, in-process and through the daemon: the same output, exit statuses and errors.
+	// The same calls, in-process, through the daemon on the start-up fast path (cmd/sandkeep/internal/fastpath)
+	// and through the daemon on main's path: the same output, exit statuses and errors.
+	slow := append(on, fastpath.EnvFastPath+"=off")
 	calls := [][]string{
 		{"exec", "--tenant", tenant, "--user", "u", "--", "sh", "-c", "echo out; echo err >&2; exit 7"},
 		{"exec", "--tenant", tenant, "--user", "u", "--", "sh", "-c", "kill -KILL $$"},
@@ -79,16 +82,35 @@ func TestDaemon(t *testing.T) {
 	}
 	for _, args := range calls {
 		in := c.runWith(t, nil, off, args...)
-		via := c.runWith(t, nil, on, args...)
-		if in.code != via.code || in.stdout != via.stdout || in.stderr != via.stderr {
-			t.Errorf("sandkeep %q:\nin-process: exit %d\nstdout %q\nstderr %q\ndaemon: exit %d\nstdout %q\nstderr %q",
-				args, in.code, in.stdout, in.stderr, via.code, via.stdout, via.stderr)
+		for _, env := range [][]string{on, slow} {
+			via := c.runWith(t, nil, env, args...)
+			if in.code != via.code || in.stdout != via.stdout || in.stderr != via.stderr {
+				t.Errorf("sandkeep %q:\nin-process: exit %d\nstdout %q\nstderr %q\ndaemon (%s): exit %d\nstdout %q\nstderr %q",
+					args, in.code, in.stdout, in.stderr, env, via.code, via.stdout, via.stderr)
+			}
 		}
 	}
+	// The fast path serves the call before the heavy packages initialise: main's init never runs, nor
+	// compose-go's JSON schema or client-go's scheme (GODEBUG=inittrace=1 lists each package's init on stderr
+	// once it has finished: the fast path's own init ends the process, so its line is never written).
+	r = c.runWith(t, nil, append(on, "GODEBUG=inittrace=1"), "exec", "--tenant", tenant, "--user", "u", "--", "sh", "-c", "echo out; exit 4").want(t, 4)
+	inits := 0
+	for _, line := range strings.Split(r.stderr, "\n") {
+		if strings.HasPrefix(line, "init ") {
+			inits++
+		}
+	}
+	if r.stdout != "out\n" || inits == 0 || strings.Contains(r.stderr, "init github.com/sandkeep/sandkeep/cmd/sandkeep/internal/fastpath ") ||
+		strings.Contains(r.stderr, "init main ") || strings.Contains(r.stderr, "santhosh-tekuri") || strings.Contains(r.stderr, "k8s.io/client-go") {
+		t.Errorf("the fast path did not serve the call early:\nstdout %q\nstderr %s", r.stdout, r.stderr)
+	}
+	t.Logf("the fast path served the call after %d package inits had finished", inits)
 	// stdin is sent only to a command that reads it (-i).
-	r = c.runWith(t, strings.NewReader("data\nmore\n"), on, "exec", "-i", "--tenant", tenant, "--user", "u", "--", "cat").want(t, 0)
-	if r.stdout != "data\nmore\n" {
-		t.Errorf("stdin through the daemon: %q", r.stdout)
+	for _, env := range [][]string{on, slow} {
+		r = c.runWith(t, strings.NewReader("data\nmore\n"), env, "exec", "-i", "--tenant", tenant, "--user", "u", "--", "cat").want(t, 0)
+		if r.stdout != "data\nmore\n" {
+			t.Errorf("stdin through the daemon (%s): %q", env, r.stdout)
+		}
 	}
 	// --json
 	r = c.runWith(t, nil, on, "exec", "--json", "--tenant", tenant, "--user", "u", "--", "sh", "-c", "echo hi; exit 3").want(t, 3)

@@ -1,5 +1,10 @@
 // Command sandkeep runs commands in persistent per-user sandboxes: `sandkeep exec`, `ps`, `stop`, `rm`,
 // `sweep`. It is a thin layer over package sandkeep and the only place that wires concrete drivers.
+//
+// Start-up has a fast path: package cmd/sandkeep/internal/fastpath (imported below) has an init that runs
+// before the heavy packages' inits and, when the home's daemon runs and may serve this command line, relays the
+// whole call through it and exits with the command's status; main below never runs then. Anything it does not
+// handle falls through to main unchanged. See that package's doc and docs/DAEMON.md ("The fast path").
 package main
 
 import (
@@ -11,13 +16,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/cmd/sandkeep/internal/fastpath" // its init is the fast path through the daemon
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
@@ -37,17 +42,7 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 // killed, the gate held until it is gone) and sandkeep exits 128+signal, as a shell would.
 type interrupted struct{ sig syscall.Signal }
 
-func (e interrupted) Error() string {
-	switch e.sig {
-	case syscall.SIGINT:
-		return "interrupted (SIGINT)"
-	case syscall.SIGTERM:
-		return "interrupted (SIGTERM)"
-	case syscall.SIGPIPE:
-		return "output pipe closed (SIGPIPE)"
-	}
-	return "interrupted (" + e.sig.String() + ")"
-}
+func (e interrupted) Error() string { return fastpath.InterruptMessage(e.sig) }
 
 func (e interrupted) exitCode() int { return 128 + int(e.sig) }
 
@@ -93,7 +88,7 @@ func watchSignals(sigs <-chan os.Signal, done <-chan struct{}, cancel context.Ca
 				cancel(interrupted{sig})
 				continue
 			}
-			fmt.Fprintln(stderr, "sandkeep: already stopping the command; waiting for its process tree to be gone")
+			fmt.Fprintln(stderr, fastpath.AlreadyStopping)
 		case <-done:
 			return
 		}
@@ -188,6 +183,7 @@ Environment:
   SANDKEEP_STORE      where runs and events are recorded (default <home>/sandkeep.db)
   SANDKEEP_DAEMON     auto (default: go through the home's daemon, starting one), on (require it) or off
   SANDKEEP_DAEMON_IDLE  how long a daemon the CLI started waits idle before it exits (default 10m)
+  SANDKEEP_DAEMON_FASTPATH  off: calls through the daemon start the whole CLI first (default: served early)
   DOCKER_HOST         the Docker engine to use`
 
 func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *globals) {
@@ -301,11 +297,7 @@ func (w *who) key(cmd *cobra.Command) (sandkeep.Key, error) {
 // printError writes "sandkeep: CODE: message" and the hint on its own line. An error without a code is a
 // failure sandkeep did not classify: it is reported as INTERNAL with its whole chain.
 func printError(w io.Writer, err error) {
-	fe := asFault(err)
-	fmt.Fprintf(w, "sandkeep: %s: %s\n", fe.Code, oneLine(fe.Message))
-	if fe.Hint != "" {
-		fmt.Fprintf(w, "hint: %s\n", oneLine(fe.Hint))
-	}
+	fastpath.PrintError(w, asFault(err))
 }
 
 // jsonError is how --json reports sandkeep's own failures on stdout.
@@ -328,9 +320,7 @@ func asFault(err error) *fault.Error {
 }
 
 // oneLine keeps a message on one line so that "sandkeep: CODE: message" stays greppable.
-func oneLine(s string) string {
-	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
-}
+func oneLine(s string) string { return fastpath.OneLine(s) }
 
 func newVersion(g *globals) *cobra.Command {
 	return &cobra.Command{
