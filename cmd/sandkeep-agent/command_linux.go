@@ -262,7 +262,7 @@ func (c *command) supervise(p *proc) agentproto.Result {
 		res.Cancelled = true
 	}
 	// Always: after a normal exit this ends the background processes, so none outlives its command.
-	killTree(c.req.Grace(), c.reaped)
+	c.srv.tree.kill(c.req.Grace(), c.reaped)
 	if !exited {
 		ws = <-fgStatus // sent before reaped was closed: the foreground was a child until reaped
 	}
