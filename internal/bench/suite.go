@@ -27,10 +27,11 @@ const (
 	ScenarioFootprint  = "footprint"
 	ScenarioAdmission  = "admission"
 	ScenarioAPI        = "api"
+	ScenarioHardening  = "hardening"
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioHardening}
 
 // Defaults of Options' zero fields.
 const (
@@ -176,6 +177,9 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 		{ScenarioAdmission, func() ([]Result, error) { return Admission(ctx, e, n(DefaultAdmissionN)) }},
 		{ScenarioAPI, func() ([]Result, error) {
 			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests)})
+		}},
+		{ScenarioHardening, func() ([]Result, error) {
+			return Hardening(ctx, e, n(DefaultHardeningWarmN), n(DefaultHardeningFirstN))
 		}},
 	}
 	begin := time.Now()
