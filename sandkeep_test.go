@@ -1019,7 +1019,13 @@ func TestOutputFloodIsBounded(t *testing.T) {
 	key := s.key("acme", "alice")
 	s.sh(key, "true")
 	const limit = 64 << 10
-	const flood = 1_000_000_000
+	flood := 1_000_000_000
+	if os.Getenv("SANDKEEP_TEST_RUNTIME") == "runsc" {
+		// Under gVisor's ptrace platform every system call of the writer is a round trip to the Sentry: busybox's
+		// head moves about 5-10 MB/s through a pipe on the loaded CI machine, so 1.1 GB would not end within
+		// execReq's 3 minutes whatever the agent does. 200 MB is still 3000 times the limit.
+		flood = 200_000_000
+	}
 
 	var before runtime.MemStats
 	runtime.GC()
