@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep"
@@ -123,6 +124,12 @@ func Hardening(ctx context.Context, e *Env, warmN, firstN int) (_ []Result, err 
 			return nil, fmt.Errorf("hardening warm setup (%s): %w", s.name, err)
 		}
 	}
+	// A series labelled "on" that silently ran without the quota would measure the wrong thing.
+	if onCfg.DiskBytes > 0 {
+		if err := checkQuota(ctx, e, on, "hard-on-warm"); err != nil {
+			return nil, err
+		}
+	}
 	warm, err := rotate(ctx, warmN,
 		func(ctx context.Context) error { return exec(ctx, sides[0], "hard-on-warm") },
 		func(ctx context.Context) error { return exec(ctx, sides[1], "hard-off-warm") })
@@ -162,4 +169,21 @@ func removeAll(ctx context.Context, e *Env, m *sandkeep.Manager, users []string)
 		}
 		return m.Remove(ctx, key, false)
 	})
+}
+
+// checkQuota makes sure user's workspace is a file system of at most HardeningQuota, as df sees it inside.
+func checkQuota(ctx context.Context, e *Env, m *sandkeep.Manager, user string) error {
+	res, err := e.run(ctx, m, user, transportAgent, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "df -k /workspace | tail -n 1"}})
+	if err != nil {
+		return fmt.Errorf("hardening quota check: %w", err)
+	}
+	f := strings.Fields(res.Stdout)
+	kb := int64(0)
+	if len(f) > 1 {
+		kb, _ = strconv.ParseInt(f[1], 10, 64)
+	}
+	if kb <= 0 || kb*1024 > HardeningQuota {
+		return fmt.Errorf("hardening: the \"on\" workspace is not under its %d-byte quota: df says %q", HardeningQuota, strings.TrimSpace(res.Stdout))
+	}
+	return nil
 }
