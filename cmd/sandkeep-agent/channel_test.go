@@ -229,7 +229,7 @@ func (sb *sandbox) serveChild(t *testing.T) int {
 	t.Helper()
 	for range 500 {
 		for _, pid := range childrenOf(sb.init) {
-			if _, live := readStat(pid); live {
+			if st, ok := readStat(pid); ok && st.live {
 				return pid
 			}
 		}

@@ -262,7 +262,7 @@ func (c *command) supervise(p *proc) agentproto.Result {
 		res.Cancelled = true
 	}
 	// Always: after a normal exit this ends the background processes, so none outlives its command.
-	killTree(c.req.Grace(), c.reaped)
+	c.srv.tree.kill(c.req.Grace(), c.reaped)
 	if !exited {
 		ws = <-fgStatus // sent before reaped was closed: the foreground was a child until reaped
 	}
@@ -304,19 +304,53 @@ func (c *command) drain(p *proc, pumps *sync.WaitGroup) {
 
 // pump streams one output pipe (or a terminal's master, which reads EIO once no process holds the terminal):
 // each chunk goes out as soon as it is read, within the limit; past the limit
-// the pipe is still read to EOF and discarded, so the command never blocks on a full pipe.
+// the pipe is still read to EOF and discarded (discard), so the command never blocks on a full pipe.
 func (c *command) pump(r *os.File, t agentproto.FrameType, lim *agentproto.Limiter) {
 	buf := make([]byte, outputChunk)
-	for {
+	for !lim.Truncated() {
 		n, err := r.Read(buf)
 		if n > 0 {
 			c.send(t, lim.Write(buf[:n]))
 		}
 		if err != nil {
-			break
+			c.send(t, lim.Flush())
+			return
 		}
 	}
-	c.send(t, lim.Flush())
+	discard(r)
+}
+
+// Past the output limit, discard reads in batches: discardPipe is the size the pipe is grown to (the kernel's
+// default pipe-max-size), discardChunk the read size, and discardPause how long discard waits after a read that
+// emptied the pipe, so the writer's small writes pile up for the next read instead of waking the agent one by one.
+const (
+	fSetPipeSz   = 1031 // F_SETPIPE_SZ from <linux/fcntl.h>
+	discardPipe  = 1 << 20
+	discardChunk = 256 << 10
+	discardPause = time.Millisecond
+)
+
+// discard reads r to its end (EOF, EIO, or the read deadline drain sets) and drops the bytes. A flood past the
+// limit then costs the agent one read per batch instead of one per write of the command: under gVisor's
+// ptrace platform, where every system call is a round trip to the Sentry, waking per 4 KiB write made a 1 GB
+// flood take minutes.
+func discard(r *os.File) {
+	if rc, err := r.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			// Best effort: a terminal has no pipe size, and a user over its pipe quota keeps the default.
+			_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSz, discardPipe)
+		})
+	}
+	buf := make([]byte, discardChunk)
+	for {
+		n, err := r.Read(buf)
+		if err != nil {
+			return
+		}
+		if n < len(buf) {
+			time.Sleep(discardPause)
+		}
+	}
 }
 
 // send writes an output frame. A failure means the host is gone; the agent learns it from stdin EOF and

@@ -114,22 +114,24 @@ func cpuTicks(t *testing.T, pid int) int {
 
 func TestParseStat(t *testing.T) {
 	tests := []struct {
-		name string
-		stat string
-		ppid int
-		live bool
+		name  string
+		stat  string
+		ppid  int
+		live  bool
+		start uint64
 	}{
-		{"plain", "42 (sleep) S 7 42 42 0", 7, true},
-		{"spaces and parens in name", "42 (a) b (c) R 9 1 1", 9, true},
-		{"zombie", "42 (sh) Z 7 42 42", 7, false},
-		{"dead", "42 (sh) X 7", 7, false},
-		{"garbage", "nonsense", 0, false},
+		{"plain", "42 (sleep) S 7 42 42 0", 7, true, 0},
+		{"spaces and parens in name", "42 (a) b (c) R 9 1 1", 9, true, 0},
+		{"zombie", "42 (sh) Z 7 42 42", 7, false, 0},
+		{"dead", "42 (sh) X 7", 7, false, 0},
+		{"garbage", "nonsense", 0, false, 0},
+		{"start time", "42 (sle ep) S 1 42 42 0 -1 4194304 90 0 0 0 0 0 0 0 20 0 1 0 12345 10555392 794", 1, true, 12345},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ppid, live := parseStat([]byte(tt.stat))
-			if ppid != tt.ppid || live != tt.live {
-				t.Fatalf("got (%d, %v), want (%d, %v)", ppid, live, tt.ppid, tt.live)
+			st, _ := parseStat([]byte(tt.stat))
+			if st.ppid != tt.ppid || st.live != tt.live || st.start != tt.start {
+				t.Fatalf("got (%d, %v, %d), want (%d, %v, %d)", st.ppid, st.live, st.start, tt.ppid, tt.live, tt.start)
 			}
 		})
 	}

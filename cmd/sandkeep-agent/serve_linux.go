@@ -17,18 +17,19 @@ import (
 
 // server reads the host's frames and runs one command at a time.
 type server struct {
-	fw  *agentproto.FrameWriter // stdout; shared by the running command's output pumps and its report
-	log *log.Logger             // stderr
-	cur *command                // the last command started; nil before the first
+	fw   *agentproto.FrameWriter // stdout; shared by the running command's output pumps and its report
+	log  *log.Logger             // stderr
+	cur  *command                // the last command started; nil before the first
+	tree tree                    // the processes a command may leave behind (tree_linux.go)
 }
 
 // serve speaks the wire on in/out until in ends. It returns the process exit code: 0 on a clean end of stream
 // while idle (a command still running is killed first), 1 on a broken stream.
 func serve(in io.Reader, out io.Writer) int {
 	s := &server{fw: agentproto.NewFrameWriter(out), log: log.New(os.Stderr, "sandkeep-agent: ", 0)}
-	if err := setSubreaper(); err != nil {
-		s.log.Printf("set child subreaper: %v (orphans will escape the deadline)", err)
-	}
+	// gVisor refuses a subreaper (EINVAL): its commands' orphans go to PID 1, and the tree then finds them
+	// there (tree_linux.go).
+	s.tree = newTree(setSubreaper() == nil)
 	// A host that went away must give a write error, not kill the agent (and orphan the tree) with SIGPIPE.
 	// Notify rather than Ignore: an ignored signal would stay ignored in the commands.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)

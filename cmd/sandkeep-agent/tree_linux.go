@@ -11,6 +11,10 @@ import (
 // reapSettle is how long killTree lets the reaper prove that no descendant is left before it walks /proc.
 const reapSettle = 2 * time.Millisecond
 
+// adoptedPoll is how often killTree looks again, once the agent has no child left, for adopted orphans that are
+// still alive (tree.adopted: no subreaper).
+const adoptedPoll = 5 * time.Millisecond
+
 // prSetChildSubreaper is PR_SET_CHILD_SUBREAPER from <linux/prctl.h>.
 const prSetChildSubreaper = 36
 
@@ -24,105 +28,178 @@ func setSubreaper() error {
 	return nil
 }
 
-// descendants returns the live (not zombie) processes below pid, found through the ppid links in /proc. Because
-// the agent is a subreaper, every process a command left behind is still linked to it.
-func descendants(root int) []int {
+// tree is the set of processes a command of this agent may have left: its descendants through the ppid links
+// in /proc, and, when the agent could not become a subreaper (adopted), the orphans PID 1 adopted since the agent
+// started and their descendants.
+//
+// gVisor's Sentry (runsc 20221219) answers PR_SET_CHILD_SUBREAPER with EINVAL, so there a command's setsid,
+// nohup or double-forked child reparents to PID 1 as soon as its parent exits, and wait4 in the agent no longer
+// sees it. Every such process is still one of ours: the host runs one command at a time in a sandbox (the key's
+// gate), the processes the engine execs (the agent itself, its put-file, rm-file and dial) have no parent in
+// the namespace (ppid 0), and PID 1 forks nothing but the channel's serve, which started before this agent's
+// command. So a process whose parent is PID 1 and that started no earlier than this agent is an orphan of one
+// of this agent's commands.
+type tree struct {
+	self    int
+	adopted bool   // no subreaper: orphans reparent to PID 1
+	start   uint64 // the agent's start time (clock ticks since boot, /proc/self/stat field 22)
+}
+
+// newTree is the tree of this process; subreaper says whether setSubreaper succeeded.
+func newTree(subreaper bool) tree {
+	t := tree{self: os.Getpid(), adopted: !subreaper}
+	if t.adopted {
+		if st, ok := readStat(t.self); ok {
+			t.start = st.start
+		}
+	}
+	return t
+}
+
+// procStat is what the tree needs of /proc/<pid>/stat.
+type procStat struct {
+	ppid  int
+	live  bool   // neither a zombie nor dead
+	start uint64 // start time in clock ticks since boot
+}
+
+// members returns the live (not zombie) processes of the tree, found through the ppid links in /proc.
+func (t tree) members() []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
 	children := make(map[int][]int)
+	queue := []int{t.self}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
+		if err != nil || pid == t.self {
 			continue
 		}
-		if ppid, live := readStat(pid); live {
-			children[ppid] = append(children[ppid], pid)
+		st, ok := readStat(pid)
+		if !ok || !st.live {
+			continue
+		}
+		children[st.ppid] = append(children[st.ppid], pid)
+		if t.adopted && st.ppid == 1 && st.start >= t.start {
+			queue = append(queue, pid) // an orphan of one of our commands (see tree)
 		}
 	}
 	var out []int
-	queue := []int{root}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out = append(out, c)
-			queue = append(queue, c)
+	for i := 0; i < len(queue); i++ {
+		p := queue[i]
+		if i > 0 {
+			out = append(out, p)
 		}
+		queue = append(queue, children[p]...)
 	}
 	return out
 }
 
-// readStat returns the parent of pid and whether it is alive (neither a zombie nor dead).
-func readStat(pid int) (ppid int, live bool) {
+// readStat reads pid's /proc/<pid>/stat; ok is false when it is gone or unreadable.
+func readStat(pid int) (procStat, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, false
+		return procStat{}, false
 	}
 	return parseStat(b)
 }
 
-// parseStat reads the state and ppid fields of /proc/<pid>/stat. The command name (field 2) may hold spaces
-// and parentheses, so fields are counted from the last ')'.
-func parseStat(b []byte) (ppid int, live bool) {
+// parseStat reads the state (3), ppid (4) and starttime (22) fields of /proc/<pid>/stat. The command name
+// (field 2) may hold spaces and parentheses, so fields are counted from the last ')'.
+func parseStat(b []byte) (st procStat, ok bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, false
+		return procStat{}, false
 	}
 	f := bytes.Fields(b[i+1:])
 	if len(f) < 2 {
-		return 0, false
+		return procStat{}, false
 	}
 	ppid, err := strconv.Atoi(string(f[1]))
 	if err != nil {
-		return 0, false
+		return procStat{}, false
 	}
 	state := f[0]
-	return ppid, !(len(state) == 1 && (state[0] == 'Z' || state[0] == 'X'))
+	st = procStat{ppid: ppid, live: !(len(state) == 1 && (state[0] == 'Z' || state[0] == 'X'))}
+	if len(f) > 19 {
+		st.start, _ = strconv.ParseUint(string(f[19]), 10, 64)
+	}
+	return st, true
 }
 
-// signalTree sends sig to every live descendant of the agent and reports how many it found.
-func signalTree(sig syscall.Signal) int {
-	pids := descendants(os.Getpid())
+// signal sends sig to every live process of the tree and reports how many it found.
+func (t tree) signal(sig syscall.Signal) int {
+	pids := t.members()
 	for _, p := range pids {
 		_ = syscall.Kill(p, sig) // ESRCH: it just exited, which is what we want
 	}
 	return len(pids)
 }
 
-// killTree ends every descendant of the agent: SIGTERM (and SIGCONT, so stopped processes see it), up to grace
-// for them to exit, then SIGKILL until none is left. It returns when reaped is closed, that is when the agent
-// has no child left: wait4 then found nothing, so no descendant exists (orphans reparent to the agent).
-func killTree(grace time.Duration, reaped <-chan struct{}) {
+// gone reports whether the whole tree is gone: the agent has no child left (reaped is closed: wait4 found
+// nothing) and, when orphans reparent to PID 1 instead of the agent, no adopted orphan is alive either.
+func (t tree) gone(reaped <-chan struct{}) bool {
+	select {
+	case <-reaped:
+	default:
+		return false
+	}
+	return !t.adopted || len(t.members()) == 0
+}
+
+// wait returns true once the tree is gone, or false when the timer fires first.
+func (t tree) wait(reaped <-chan struct{}, timer <-chan time.Time) bool {
+	select {
+	case <-reaped:
+	case <-timer:
+		return t.gone(reaped)
+	}
+	if !t.adopted {
+		return true
+	}
+	poll := time.NewTicker(adoptedPoll)
+	defer poll.Stop()
+	for {
+		if len(t.members()) == 0 {
+			return true
+		}
+		select {
+		case <-poll.C:
+		case <-timer:
+			return t.gone(reaped)
+		}
+	}
+}
+
+// kill ends every process of the tree: SIGTERM (and SIGCONT, so stopped processes see it), up to grace for
+// them to exit, then SIGKILL until none is left. It returns when the tree is gone (tree.gone): with a subreaper,
+// when reaped is closed, that is when the agent has no child left: wait4 then found nothing, so no descendant
+// exists (orphans reparent to the agent).
+func (t tree) kill(grace time.Duration, reaped <-chan struct{}) {
 	// Most commands leave nothing behind: the reaper then finds no child right after the foreground one, which
 	// proves there is no descendant, and the /proc walk (its cost grows with every process visible) is skipped.
+	// Without a subreaper the walk is the only proof, so it is always made.
 	settle := time.NewTimer(reapSettle)
-	select {
-	case <-reaped:
+	if t.wait(reaped, settle.C) {
 		settle.Stop()
 		return
-	case <-settle.C:
 	}
-	if signalTree(syscall.SIGTERM) > 0 {
-		signalTree(syscall.SIGCONT)
+	if t.signal(syscall.SIGTERM) > 0 {
+		t.signal(syscall.SIGCONT)
 	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-reaped:
+	g := time.NewTimer(grace)
+	defer g.Stop()
+	if t.wait(reaped, g.C) {
 		return
-	case <-t.C:
 	}
 	// Repeat: a process may fork between the scan and the kill.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		signalTree(syscall.SIGKILL)
-		select {
-		case <-reaped:
+		t.signal(syscall.SIGKILL)
+		if t.wait(reaped, tick.C) {
 			return
-		case <-tick.C:
 		}
 	}
 }

@@ -40,6 +40,9 @@ ratio of medians. Scenarios (in run order):
               admitted once; without a store, then with an SQLite run record
   tunnel      the egress proxy's plain tunnel (side listener, socket handoff, hello check) moving 64 MiB up
               and down vs a direct loopback copy with the same client and server, in rotating blocks
+  hardening   what the hardening costs: first command for a new key and warm 'true' with sandkeep's seccomp
+              profile, ulimits, per-key uid and a 1 GiB workspace quota on vs all of them off (the engine's
+              defaults), side by side over the agent channel; targets 1.15x and 1.05x
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created
@@ -104,8 +107,9 @@ func newBench(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, `print one JSON document {"machine": ..., "results": [...], "footprint": ...}`)
 	f.StringVar(&scenarios, "scenario", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
-	f.IntVar(&n, "n", 0, fmt.Sprintf("samples per series of every timed scenario, and commands per key of throughput (default: warm %d, output %d, first %d, throughput %d, api %d, tunnel %d blocks)",
-		bench.DefaultWarmN, bench.DefaultOutputN, bench.DefaultFirstN, bench.DefaultThroughputN, bench.DefaultAPIN, bench.DefaultTunnelN))
+	f.IntVar(&n, "n", 0, fmt.Sprintf("samples per series of every timed scenario, and commands per key of throughput (default: warm %d, output %d, first %d, throughput %d, api %d, tunnel %d blocks, hardening %d warm and %d first)",
+		bench.DefaultWarmN, bench.DefaultOutputN, bench.DefaultFirstN, bench.DefaultThroughputN, bench.DefaultAPIN, bench.DefaultTunnelN,
+		bench.DefaultHardeningWarmN, bench.DefaultHardeningFirstN))
 	f.IntVar(&keys, "keys", bench.DefaultKeys, "keys running in parallel in the throughput scenario")
 	f.IntVar(&footprint, "footprint", bench.DefaultFootprint, "idle sandboxes in the footprint scenario")
 	f.IntVar(&requests, "requests", bench.DefaultAPIRequests, "requests of the api scenario's sustained load (and as many through the library)")

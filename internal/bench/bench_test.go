@@ -69,6 +69,7 @@ func TestScenariosRun(t *testing.T) {
 		{"concurrent", func() ([]bench.Result, error) { return rows(bench.ConcurrentFirst(ctx, e, 10)) }, 1, nil},
 		{"throughput", func() ([]bench.Result, error) { return rows(bench.Throughput(ctx, e, 3, 2)) }, 1, []string{"agent"}},
 		{"admission", func() ([]bench.Result, error) { return bench.Admission(ctx, e, 3) }, 2, nil},
+		{"hardening", func() ([]bench.Result, error) { return bench.Hardening(ctx, e, 3, 2) }, 2, []string{"agent", "agent"}},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			rs, err := sc.run()
@@ -95,6 +96,9 @@ func TestScenariosRun(t *testing.T) {
 			}
 			if sc.name == "admission" && (rs[0].Extra["added_median_ms"] == "" || rs[1].Extra["added_median_ms"] == "") {
 				t.Fatalf("no added latency in %v, %v", rs[0].Extra, rs[1].Extra)
+			}
+			if sc.name == "hardening" && (rs[0].Extra["target"] != "1.15x" || rs[1].Extra["target"] != "1.05x" || rs[0].Extra["quota"] != "1GiB") {
+				t.Fatalf("hardening rows lack their targets or the quota: %v, %v", rs[0].Extra, rs[1].Extra)
 			}
 			if sc.name == "throughput" && rs[0].Extra["sandkeep_execs_per_s"] == "" {
 				t.Fatalf("no throughput in %v", rs[0].Extra)

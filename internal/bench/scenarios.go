@@ -131,18 +131,10 @@ func (e *Env) rawRun(ctx context.Context) error {
 	}
 }
 
-// removeUsers removes the sandboxes (and workspaces) of users, eight at a time. It runs under its own timeout
+// removeUsers removes the sandboxes (and workspaces) of users through M, eight at a time, under its own timeout
 // even when ctx is cancelled: a scenario leaves nothing running behind it.
 func (e *Env) removeUsers(ctx context.Context, users []string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer cancel()
-	return forEach(ctx, len(users), 8, func(ctx context.Context, i int) error {
-		key, err := e.key(users[i])
-		if err != nil {
-			return err
-		}
-		return e.M.Remove(ctx, key, false)
-	})
+	return removeAll(ctx, e, e.M, users)
 }
 
 // forEach calls f for 0..n-1 with at most limit calls at once, and returns the first error; after an error

@@ -28,10 +28,11 @@ const (
 	ScenarioAdmission  = "admission"
 	ScenarioAPI        = "api"
 	ScenarioTunnel     = "tunnel"
+	ScenarioHardening  = "hardening"
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening}
 
 // Defaults of Options' zero fields.
 const (
@@ -179,6 +180,9 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests)})
 		}},
 		{ScenarioTunnel, func() ([]Result, error) { return Tunnel(ctx, n(DefaultTunnelN)) }},
+		{ScenarioHardening, func() ([]Result, error) {
+			return Hardening(ctx, e, n(DefaultHardeningWarmN), n(DefaultHardeningFirstN))
+		}},
 	}
 	begin := time.Now()
 	for _, s := range steps {

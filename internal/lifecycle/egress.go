@@ -60,6 +60,11 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		m.endEgress(key)
 		return nil, release, nil
 	}
+	if m.cfg.Runtime == RuntimeGVisor {
+		return nil, release, fault.New(fault.EgressUnavailable,
+			"give commands of sandboxes under runsc network mode none, or run networked sandboxes under runc (docs/SECURITY.md, \"gVisor\")",
+			"a sandbox under gVisor (runsc) has no way to the egress proxy: its socket is a host Unix socket, which runsc refuses without --host-uds, and with it every process of the sandbox would reach the host as the same gofer process")
+	}
 	dir := m.channelDir(key)
 	if dir == "" {
 		// The driver cannot confine a network (the host passthrough): there is nothing to enforce, and the run's

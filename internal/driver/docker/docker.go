@@ -278,11 +278,30 @@ func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
 	if err := d.removeCompanions(ctx, sb); err != nil { // compose companions (companions.go) go with their sandbox
 		return err
 	}
-	_, err := d.api.ContainerRemove(ctx, sb.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
-		return fmt.Errorf("remove %s: %w", sb.Name, err)
+	for attempt := 1; ; attempt++ {
+		_, err := d.api.ContainerRemove(ctx, sb.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		if err == nil || cerrdefs.IsNotFound(err) || isRemovalInProgress(err) {
+			return nil
+		}
+		if attempt >= slowKillAttempts || !isSlowKill(err) {
+			return fmt.Errorf("remove %s: %w", sb.Name, err)
+		}
+		select { // the kill went out; the runtime is slow to report the exit
+		case <-ctx.Done():
+			return fmt.Errorf("remove %s: %w", sb.Name, err)
+		case <-time.After(time.Duration(attempt) * time.Second):
+		}
 	}
-	return nil
+}
+
+// slowKillAttempts bounds the removals tried when the engine killed the container but saw no exit in time.
+const slowKillAttempts = 4
+
+// isSlowKill: the engine sent SIGKILL but the runtime did not report the exit within its wait ("tried to kill
+// container, but did not receive an exit event"). Seen with runsc on a loaded host, a paused sandbox above all;
+// the container exits a moment later, so the removal is tried again.
+func isSlowKill(err error) bool {
+	return strings.Contains(err.Error(), "did not receive an exit event")
 }
 
 // isRemovalInProgress: a concurrent remove already owns it. Docker reports this as a conflict.
