@@ -192,6 +192,9 @@ type Plan struct {
 	Root                   string         // the repository root; "" without a spec
 	Warnings               []string
 	Dropped                []string // what devcontainer.json asked that would weaken the posture, dropped: one line each with why
+	// NetworkPolicy is what the driver's network confinement probe found (driver.NetworkPolicyProber: the
+	// kubernetes driver's probe pod); "" for a driver that needs none (Docker confines by itself).
+	NetworkPolicy string
 }
 
 // Plan decides as Admit would for rr, and records, creates and runs nothing. An input that is not understood,
@@ -209,6 +212,9 @@ func (m *Manager) Plan(ctx context.Context, rr RunRequest) (*Plan, error) {
 		return p, nil
 	}
 	if d, err := m.drivers.get(a.d.Driver); err == nil {
+		if np, ok := d.(driver.NetworkPolicyProber); ok {
+			_, p.NetworkPolicy = np.ProbeNetworkPolicy(ctx) // before Capabilities, which reports what it proved
+		}
 		p.Capabilities = d.Capabilities()
 	}
 	return p, nil

@@ -134,7 +134,13 @@ type Driver struct {
 	nsOK  bool
 	execs *executors
 	ch    *chanServer // nil: no channel
+
+	probeMu sync.Mutex // held by the one NetworkPolicy probe running (egress.go)
+	npMu    sync.Mutex // guards np
+	np      npVerdict  // the probe's last verdict
 }
+
+var _ driver.EgressListener = (*Driver)(nil)
 
 var _ driver.Driver = (*Driver)(nil)
 
@@ -261,10 +267,12 @@ func (d *Driver) Name() string { return "kubernetes" }
 // Namespace is the namespace sandboxes live in.
 func (d *Driver) Namespace() string { return d.opts.Namespace }
 
-// Capabilities of the kubernetes driver: sandboxes persist (the claim), nothing else yet. NetworkPolicy is
-// false until the driver probes that the cluster enforces it; the isolation policy is applied regardless.
+// Capabilities of the kubernetes driver: sandboxes persist (the claim). NetworkPolicy is true only once the
+// probe (ProbeNetworkPolicy: run before the first command with a network, and by doctor) proved that the
+// cluster enforces it; the isolation policy is applied regardless.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Persistent: true}
+	enforced, _ := d.NetworkPolicy()
+	return driver.Capabilities{Persistent: true, NetworkPolicy: enforced}
 }
 
 // Ping asks the API server for its version and ensures the namespace.
