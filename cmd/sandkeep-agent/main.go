@@ -16,8 +16,8 @@
 //	                        server and opens each connection with a hello naming the pod and the token; with
 //	                        --egress, forwards that address to the server's egress endpoint (the same address)
 //	sandkeep-agent probe-net SECONDS ADDR...
-//	                        dials each ADDR (IP:port) over and over for SECONDS, sending nothing: the kubernetes
-//	                        driver's NetworkPolicy enforcement probe, whose server side watches what arrives
+//	                        dials each ADDR (IP:port) over and over for SECONDS (0: once), sending nothing: the
+//	                        kubernetes driver's NetworkPolicy probes, whose server side watches what arrives
 //	sandkeep-agent serve    speaks the agentproto wire on stdin/stdout, one command after another
 //	sandkeep-agent install DIR  copies itself to DIR/sandkeep-agent (the kubernetes init container)
 //	sandkeep-agent version  prints the agent and protocol versions

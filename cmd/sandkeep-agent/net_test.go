@@ -42,7 +42,7 @@ func TestParseNetInitFlags(t *testing.T) {
 	}
 }
 
-// TestParseProbeNet: seconds in 1..300 and IP:port addresses only (the probe pod needs no DNS, and the driver
+// TestParseProbeNet: seconds in 0..300 (0: once) and IP:port addresses only (the probe pod needs no DNS, and the driver
 // names the addresses it listens on).
 func TestParseProbeNet(t *testing.T) {
 	if secs, addrs, err := parseProbeNet([]string{"20", "10.0.0.1:7071", "[fd00::1]:7072"}); err != nil || secs != 20 || len(addrs) != 2 {
@@ -51,7 +51,7 @@ func TestParseProbeNet(t *testing.T) {
 	for name, args := range map[string][]string{
 		"nothing":   nil,
 		"no addr":   {"20"},
-		"zero":      {"0", "10.0.0.1:1"},
+		"negative":  {"-1", "10.0.0.1:1"},
 		"too long":  {"301", "10.0.0.1:1"},
 		"host name": {"5", "sandkeep.svc:7071"},
 		"no port":   {"5", "10.0.0.1"},

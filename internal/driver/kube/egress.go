@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
@@ -364,4 +365,120 @@ func hostCIDR(ip net.IP) string {
 		return ip.String() + "/32"
 	}
 	return ip.String() + "/128"
+}
+
+// A new pod's NetworkPolicy may take hold only after the pod runs: the plugin programs it when it sees the pod
+// (kube-router within a second or two; the probe above sees it as connections to the denied port before the
+// policy took hold). A command in that window would have the pod network. So before Start returns a pod it made,
+// where enforcement is proven, the driver has the pod's agent dial the canary (a port of this process on the
+// channel's IP that no policy allows) once, and again, until a round reaches nothing; a pod that is still open
+// after isolationWait is removed and Start fails with NETWORK_UNENFORCED.
+const (
+	isolationWait  = 30 * time.Second
+	isolationRetry = 200 * time.Millisecond
+)
+
+// canary counts, by peer IP, the connections that reach a port no policy allows.
+type canary struct {
+	ln   net.Listener
+	mu   sync.Mutex
+	hits map[string]int
+	wg   sync.WaitGroup
+}
+
+func listenCanary(host string) (*canary, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, err
+	}
+	k := &canary{ln: ln, hits: map[string]int{}}
+	k.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+				k.mu.Lock()
+				k.hits[a.IP.String()]++
+				k.mu.Unlock()
+			}
+			c.Close()
+		}
+	})
+	return k, nil
+}
+
+func (k *canary) count(ip string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.hits[ip]
+}
+
+func (k *canary) close() {
+	k.ln.Close()
+	k.wg.Wait()
+}
+
+// canaryOf returns the driver's canary, listening from the first call on.
+func (d *Driver) canaryOf() (*canary, error) {
+	d.npMu.Lock()
+	defer d.npMu.Unlock()
+	if d.canary != nil {
+		return d.canary, nil
+	}
+	host, _, err := net.SplitHostPort(d.ch.addr)
+	if err != nil {
+		return nil, err
+	}
+	k, err := listenCanary(host)
+	if err != nil {
+		return nil, err
+	}
+	d.canary = k
+	return k, nil
+}
+
+// awaitIsolated returns once pod name (of sandbox sb, at ip) reaches nothing its policy denies, as seen by the
+// canary; it does nothing where enforcement is not proven (commands with a network are refused there, and doctor
+// says network none is not isolated).
+func (d *Driver) awaitIsolated(ctx context.Context, sb *driver.Sandbox, ip string) error {
+	if d.ch == nil {
+		return nil
+	}
+	if enforced, _ := d.NetworkPolicy(); !enforced {
+		return nil
+	}
+	k, err := d.canaryOf()
+	if err != nil {
+		return fault.Wrap(err, fault.NetworkUnenforced, "check that sandkeep may listen on the channel's IP",
+			"cannot check that the NetworkPolicy of sandbox %s took hold", sb.Name)
+	}
+	req := agentproto.Request{Version: agentproto.Version, ID: 1, Argv: []string{driver.AgentPath, "probe-net", "0", k.ln.Addr().String()},
+		Workdir: driver.WorkspaceDir, TimeoutMS: 10_000, GraceMS: 100, StdoutLimit: 4096, StderrLimit: 4096}
+	deadline := time.Now().Add(isolationWait)
+	for round := 1; ; round++ {
+		before := k.count(ip)
+		res, err := d.Exec(ctx, sb, req, driver.Output{})
+		if err != nil {
+			return fmt.Errorf("check the isolation of %s: %w", sb.Name, err)
+		}
+		if res.ExitCode != 0 {
+			return fault.New(fault.SandboxFailed, "check the agent image matches this sandkeep",
+				"the agent of sandbox %s could not run the isolation check (exit %d)", sb.Name, res.ExitCode)
+		}
+		time.Sleep(20 * time.Millisecond) // an accepted connection is counted by now: the host is the peer
+		if k.count(ip) == before {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fault.New(fault.NetworkUnenforced, "check the network plugin's health (its pods and logs); sandkeep runs nothing in a pod it cannot isolate",
+				"the NetworkPolicy of sandbox %s did not take hold within %s (%d checks reached a denied port)", sb.Name, isolationWait, round)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("check the isolation of %s: %w", sb.Name, ctx.Err())
+		case <-time.After(isolationRetry):
+		}
+	}
 }

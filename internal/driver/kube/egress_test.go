@@ -141,6 +141,7 @@ func newEgressWorld(t *testing.T, c *cluster, ns string, d *kube.Driver) *egress
 	lo := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	m, err := lifecycle.New(home, d, lifecycle.Config{
 		Image: testImage, AgentPath: c.agent, User: "1000:1000",
+		NanoCPUs: 250_000_000, MemoryBytes: 256 << 20, // the test node has 2 CPUs, shared with the other tests' pods
 		EgressResolver: staticResolver{"allowed.test": lo, "denied.test": lo},
 	})
 	if err != nil {
@@ -316,6 +317,16 @@ func TestEgress(t *testing.T) {
 	}
 	if n := other.hits.Load(); n != 1 {
 		t.Errorf("the server's other port got %d connections, want only the host's own 1", n)
+	}
+
+	// The first command of a new pod already runs under its policy: Start waited until the pod's agent reached
+	// nothing the policy denies (kube-router programs a new pod's rules a moment after it runs).
+	if err := w.m.Stop(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	o = w.must(t, ctx, a, pol, driver.AgentPath, "probe-net", "0", other.addr())
+	if o.exit != 0 || other.hits.Load() != 1 {
+		t.Errorf("the first command of a new pod reached the server's other port: %+v, hits %d", o, other.hits.Load())
 	}
 
 	// Another sandbox pod: b serves on its pod IP and reaches itself there (a pod's own address is not

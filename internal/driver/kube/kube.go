@@ -136,8 +136,9 @@ type Driver struct {
 	ch    *chanServer // nil: no channel
 
 	probeMu sync.Mutex // held by the one NetworkPolicy probe running (egress.go)
-	npMu    sync.Mutex // guards np
+	npMu    sync.Mutex // guards np and canary
 	np      npVerdict  // the probe's last verdict
+	canary  *canary    // nil until the first isolation check (egress.go)
 }
 
 var _ driver.EgressListener = (*Driver)(nil)
@@ -236,6 +237,13 @@ func (d *Driver) ChannelStats() ChannelStats {
 // Close stops the agent channel's listener and closes its connections (the pods keep running; their agents dial
 // the next process that serves them). The driver must not be used after.
 func (d *Driver) Close() error {
+	d.npMu.Lock()
+	k := d.canary
+	d.canary = nil
+	d.npMu.Unlock()
+	if k != nil {
+		k.close()
+	}
 	if d.ch == nil {
 		return nil
 	}
@@ -707,8 +715,26 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 	}
 	if d.ch != nil {
 		d.ch.noteStarted(sb.Name)
+		if err := d.startIsolated(ctx, sb, created.UID); err != nil {
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer ccancel()
+			_ = d.deletePod(cctx, created, 0)
+			return err
+		}
 	}
 	return nil
+}
+
+// startIsolated waits until the new pod's NetworkPolicy holds (awaitIsolated) before the pod is handed out.
+func (d *Driver) startIsolated(ctx context.Context, sb *driver.Sandbox, uid types.UID) error {
+	if enforced, _ := d.NetworkPolicy(); !enforced {
+		return nil
+	}
+	pod, err := d.api.CoreV1().Pods(d.opts.Namespace).Get(ctx, sb.Name, metav1.GetOptions{})
+	if err != nil || pod.UID != uid || pod.Status.PodIP == "" {
+		return fault.New(fault.SandboxFailed, "retry; check the cluster's events for the pod", "the pod of sandbox %s has no IP or was replaced (%v)", sb.Name, err)
+	}
+	return d.awaitIsolated(ctx, sb, pod.Status.PodIP)
 }
 
 // waitRunning polls the pod until its sandbox container runs, it fails, or ctx (bounded by StartTimeout) ends.
