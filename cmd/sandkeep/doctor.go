@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
@@ -101,7 +102,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 		{Name: "docker", Run: func(ctx context.Context) doctor.Result { return st.probeDocker(ctx, g) }},
 		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.listDrivers(ctx) }},
 		{Name: "driver", Needs: []string{"mode"}, Run: func(context.Context) doctor.Result { return st.chooseDriver() }},
-		{Name: "network policy", Needs: []string{"driver"}, Run: func(context.Context) doctor.Result { return st.networkPolicy() }},
+		{Name: "network policy", Needs: []string{"driver"}, Timeout: 2 * time.Minute, Run: st.networkPolicy},
 	}
 	// The engine's version, runtimes and user namespaces against the sandboxes' runtime and identity (SK4xx).
 	checks = append(checks, doctor.HardeningChecks([]string{"docker"}, func(ctx context.Context) (doctor.Engine, doctor.Sandboxes, error) {
@@ -132,7 +133,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 		doctor.Check{Name: "image present without pulling", Needs: []string{"docker", "spec resolves"}, Run: func(ctx context.Context) doctor.Result {
 			return st.checkImage(ctx, g)
 		}},
-		doctor.Check{Name: "capabilities cover the spec", Needs: []string{"driver", "spec resolves"}, Run: func(context.Context) doctor.Result {
+		doctor.Check{Name: "capabilities cover the spec", Needs: []string{"network policy", "spec resolves"}, Run: func(context.Context) doctor.Result {
 			return st.checkCapabilities()
 		}},
 	)
@@ -219,19 +220,22 @@ func (st *doctorState) chooseDriver() doctor.Result {
 // it is not enforced, a sandbox's network none is not what it says (the pod has the cluster's pod network) and
 // every command with a network block is refused (NETWORK_UNENFORCED): a warning, which --strict's capability
 // check turns into a failure for a spec that asks for a network.
-func (st *doctorState) networkPolicy() doctor.Result {
+func (st *doctorState) networkPolicy(ctx context.Context) doctor.Result {
 	p := st.plan
 	switch {
 	case !p.Sandboxed:
 		return doctor.Result{Status: doctor.Pass, Detail: "no sandboxing driver: nothing to confine"}
-	case p.NetworkPolicy == "":
+	case !p.NetworkProbe:
 		return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("the %s driver confines each sandbox's network itself", p.Driver)}
-	case p.Capabilities.NetworkPolicy:
-		return doctor.Result{Status: doctor.Pass, Detail: p.NetworkPolicy}
+	}
+	enforced, detail, _ := st.m.ProbeNetworkPolicy(ctx, p.Driver)
+	p.Capabilities.NetworkPolicy = enforced // what the capability check below reads
+	if enforced {
+		return doctor.Result{Status: doctor.Pass, Detail: detail}
 	}
 	return doctor.Result{Status: doctor.Warn,
 		Detail: fmt.Sprintf("%s: sandboxes of the %s driver are NOT network-isolated (network none is not enforced; they have the cluster's pod network), and commands with a network block are refused (%s)",
-			p.NetworkPolicy, p.Driver, fault.NetworkUnenforced),
+			detail, p.Driver, fault.NetworkUnenforced),
 		Fix: "use a network plugin that enforces NetworkPolicy (Calico, Cilium, kube-router) and set SANDKEEP_KUBE_CHANNEL_LISTEN; see docs/KUBERNETES.md"}
 }
 
