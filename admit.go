@@ -192,6 +192,9 @@ type Plan struct {
 	Root                   string         // the repository root; "" without a spec
 	Warnings               []string
 	Dropped                []string // what devcontainer.json asked that would weaken the posture, dropped: one line each with why
+	// NetworkProbe: the driver's network confinement rests on a probe (driver.NetworkPolicyProber: the kubernetes
+	// driver's probe pod, see Manager.ProbeNetworkPolicy); false for a driver that confines by itself (Docker).
+	NetworkProbe bool
 }
 
 // Plan decides as Admit would for rr, and records, creates and runs nothing. An input that is not understood,
@@ -210,8 +213,25 @@ func (m *Manager) Plan(ctx context.Context, rr RunRequest) (*Plan, error) {
 	}
 	if d, err := m.drivers.get(a.d.Driver); err == nil {
 		p.Capabilities = d.Capabilities()
+		_, p.NetworkProbe = d.(driver.NetworkPolicyProber)
 	}
 	return p, nil
+}
+
+// ProbeNetworkPolicy runs the network confinement probe of the driver named drv (driver.NetworkPolicyProber:
+// the kubernetes driver's probe pod, which takes seconds) and returns its verdict and what it found; ok is false
+// for a driver that needs none or is not offered.
+func (m *Manager) ProbeNetworkPolicy(ctx context.Context, drv string) (enforced bool, detail string, ok bool) {
+	d, err := m.drivers.get(drv)
+	if err != nil {
+		return false, "", false
+	}
+	np, ok := d.(driver.NetworkPolicyProber)
+	if !ok {
+		return false, "", false
+	}
+	enforced, detail = np.ProbeNetworkPolicy(ctx)
+	return enforced, detail, true
 }
 
 // DriverStatus is one offered driver and whether it is usable here.

@@ -5,13 +5,13 @@
 #
 #   SANDKEEP_K8S_VERSION   Kubernetes version (default v1.37.2; the staging modules are v0.<minor>.<patch>)
 #   SANDKEEP_K8S_CACHE     cache root (default /var/cache/sandkeep-k8s); binaries land in $CACHE/$VERSION/bin
-#   SANDKEEP_K8S_ROUTER    1: build kube-router too (default 0: nothing tests NetworkPolicy enforcement yet)
+#   SANDKEEP_K8S_ROUTER    1 (default): build kube-router too, the NetworkPolicy enforcer the kube egress tests need; 0: skip it
 #   KUBE_ROUTER_VERSION    default v2.1.0
 set -euo pipefail
 
 VERSION="${SANDKEEP_K8S_VERSION:-v1.37.2}"
 CACHE="${SANDKEEP_K8S_CACHE:-/var/cache/sandkeep-k8s}"
-ROUTER="${SANDKEEP_K8S_ROUTER:-0}"
+ROUTER="${SANDKEEP_K8S_ROUTER:-1}"
 ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 BIN="$CACHE/$VERSION/bin"
 WORK="$CACHE/$VERSION/build"

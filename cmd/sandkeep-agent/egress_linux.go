@@ -57,11 +57,39 @@ func startEgress(addr, channel string, logger *log.Logger) {
 		return
 	}
 	sock := filepath.Join(filepath.Dir(channel), egressSocketName)
-	go forwardEgress(ln, sock, logger)
+	go forwardEgress(ln, func() (net.Conn, error) { return net.DialTimeout("unix", sock, egressDialTimeout) })
 }
 
-// forwardEgress accepts until the listener fails; init never closes it, so it lives as long as PID 1.
-func forwardEgress(ln net.Listener, sock string, logger *log.Logger) {
+// startNetEgress is startEgress for a pod (the kubernetes driver): each connection goes to the server's channel
+// address over TCP, opened with the pod's egress hello (the same name and token as the channel's), and the
+// server hands what follows to the pod's egress proxy. The pod's NetworkPolicy allows that address only.
+func startNetEgress(addr, server string, hello []byte, logger *log.Logger) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		logger.Printf("egress forwarder: %v (commands in this sandbox have no network)", err)
+		return
+	}
+	go forwardEgress(ln, func() (net.Conn, error) { return dialEgressNet(server, hello) })
+}
+
+// dialEgressNet connects to the server and writes the egress hello.
+func dialEgressNet(server string, hello []byte) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", server, egressDialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(egressDialTimeout))
+	if _, err := c.Write(hello); err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = c.SetWriteDeadline(time.Time{})
+	return c, nil
+}
+
+// forwardEgress accepts until the listener fails; init never closes it, so it lives as long as PID 1. dial
+// connects to the host's proxy.
+func forwardEgress(ln net.Listener, dial func() (net.Conn, error)) {
 	slots := make(chan struct{}, maxEgressConns)
 	bufs := sync.Pool{New: func() any { b := make([]byte, spliceBuffer); return &b }}
 	for {
@@ -81,22 +109,29 @@ func forwardEgress(ln net.Listener, sock string, logger *log.Logger) {
 		}
 		go func() {
 			defer func() { <-slots }()
-			splice(c, sock, &bufs)
+			splice(c, dial, &bufs)
 		}()
 	}
 }
 
 // splice hands c to the host proxy, or copies both ways between c and a new connection to the host proxy, passing
-// each side's end of stream on to the other, and closes both once both directions are done.
-func splice(c net.Conn, sock string, bufs *sync.Pool) {
+// each side's end of stream on to the other, and closes both once both directions are done. Only the Docker path
+// (a Unix connection to e.sock) speaks the handoff; a pod's TCP connection to the server carries the bytes after
+// its hello as they are.
+func splice(c net.Conn, dial func() (net.Conn, error), bufs *sync.Pool) {
 	defer c.Close()
-	u, err := net.DialTimeout("unix", sock, egressDialTimeout)
+	u, err := dial()
 	if err != nil {
 		return // no proxy for this sandbox (network mode none, or its host process is gone)
 	}
 	defer u.Close()
+	uc, unix := u.(*net.UnixConn)
+	if !unix {
+		copyBoth(c, u, bufs)
+		return
+	}
 	if !noHandoff.Load() {
-		switch answer, sent := handOff(c, u.(*net.UnixConn)); {
+		switch answer, sent := handOff(c, uc); {
 		case answer == handoffTaken:
 			return // the host serves c now; closing init's copy leaves the host's open
 		case answer == handoffStream:
@@ -106,7 +141,7 @@ func splice(c net.Conn, sock string, bufs *sync.Pool) {
 		default:
 			noHandoff.Store(true)
 			u.Close()
-			if u, err = net.DialTimeout("unix", sock, egressDialTimeout); err != nil {
+			if u, err = dial(); err != nil {
 				return
 			}
 			defer u.Close()
@@ -117,6 +152,11 @@ func splice(c net.Conn, sock string, bufs *sync.Pool) {
 	} else if _, err := u.Write([]byte{streamMarker}); err != nil {
 		return
 	}
+	copyBoth(c, u, bufs)
+}
+
+// copyBoth copies c to u and u to c at once and returns when both directions are done.
+func copyBoth(c, u net.Conn, bufs *sync.Pool) {
 	done := make(chan struct{})
 	go func() {
 		copyHalf(u, c, bufs)

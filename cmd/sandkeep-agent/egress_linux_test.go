@@ -2,7 +2,6 @@ package main
 
 import (
 	"io"
-	"log"
 	"net"
 	"os"
 	"path/filepath"
@@ -33,7 +32,8 @@ func TestEgressForwarder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go forwardEgress(ln, filepath.Join(dir, egressSocketName), log.New(io.Discard, "", 0))
+	sock := filepath.Join(dir, egressSocketName)
+	go forwardEgress(ln, func() (net.Conn, error) { return net.DialTimeout("unix", sock, egressDialTimeout) })
 	t.Cleanup(func() { noHandoff.Store(false) })
 
 	for _, tc := range []struct {

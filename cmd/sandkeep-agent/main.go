@@ -11,9 +11,13 @@
 //	sandkeep-agent init --channel PATH
 //	                        the same, and keeps the persistent channel up: dials the host's Unix socket at PATH
 //	                        and serves commands on it (one `serve` child per connection)
-//	sandkeep-agent init --net-channel HOST:PORT --pod NAME --token-file PATH
+//	sandkeep-agent init --net-channel HOST:PORT --pod NAME --token-file PATH [--egress 127.0.0.1:PORT]
 //	                        the same over TCP (the kubernetes driver): reads and removes the token, dials the
-//	                        server and opens each connection with a hello naming the pod and the token
+//	                        server and opens each connection with a hello naming the pod and the token; with
+//	                        --egress, forwards that address to the server's egress endpoint (the same address)
+//	sandkeep-agent probe-net SECONDS ADDR...
+//	                        dials each ADDR (IP:port) over and over for SECONDS (0: once), sending nothing: the
+//	                        kubernetes driver's NetworkPolicy probes, whose server side watches what arrives
 //	sandkeep-agent serve    speaks the agentproto wire on stdin/stdout, one command after another
 //	sandkeep-agent install DIR  copies itself to DIR/sandkeep-agent (the kubernetes init container)
 //	sandkeep-agent version  prints the agent and protocol versions
@@ -71,6 +75,9 @@ func main() {
 		os.Exit(code)
 	}
 	if code, ok := dialBuiltin(os.Args[1:]); ok { // dial PORT: see dial_linux.go
+		os.Exit(code)
+	}
+	if code, ok := probeNetBuiltin(os.Args[1:]); ok { // probe-net SECONDS ADDR...: see probe_linux.go
 		os.Exit(code)
 	}
 	if len(os.Args) != 2 {
@@ -151,8 +158,8 @@ func parseInitFlags(args []string) (f initFlags, err error) {
 		return initFlags{}, errors.New("--net-channel needs --pod and --token-file")
 	case f.netChannel == "" && (f.pod != "" || f.tokenFile != ""):
 		return initFlags{}, errors.New("--pod and --token-file go with --net-channel")
-	case f.egress != "" && f.channel == "":
-		return initFlags{}, errors.New("--egress needs --channel: the proxy's socket is in the channel directory")
+	case f.egress != "" && f.channel == "" && f.netChannel == "":
+		return initFlags{}, errors.New("--egress needs --channel or --net-channel: the way to the host's proxy")
 	}
 	return f, nil
 }

@@ -65,12 +65,19 @@ func runNetInit(f initFlags) int {
 		return runInit("", "")
 	}
 	hello, err := agentproto.AppendHello(nil, agentproto.Hello{Name: f.pod, Token: token})
+	var egressHello []byte
+	if err == nil && f.egress != "" {
+		egressHello, err = agentproto.AppendHello(nil, agentproto.Hello{Name: f.pod, Token: token, Egress: true})
+	}
 	clear(token)
 	if err != nil {
 		logger.Printf("channel hello: %v (no channel)", err)
 		return runInit("", "")
 	}
 	fixTmp()
+	if f.egress != "" {
+		startNetEgress(f.egress, f.netChannel, egressHello, logger)
+	}
 	return runChannelWith(func() (*os.File, error) { return dialNet(f.netChannel, hello) })
 }
 

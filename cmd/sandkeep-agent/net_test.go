@@ -20,6 +20,10 @@ func TestParseNetInitFlags(t *testing.T) {
 	if _, _, err := parseInitArgs(ok); err == nil {
 		t.Errorf("parseInitArgs took --net-channel as the Unix channel")
 	}
+	withEgress := append(ok[:len(ok):len(ok)], "--egress", "127.0.0.1:3128")
+	if f, err := parseInitFlags(withEgress); err != nil || f.egress != "127.0.0.1:3128" || f.netChannel == "" {
+		t.Fatalf("parseInitFlags(%q) = %+v, %v", withEgress, f, err)
+	}
 	for name, args := range map[string][]string{
 		"host name":     {"--net-channel", "sandkeep.svc:7070", "--pod", "p", "--token-file", "/t"},
 		"no port":       {"--net-channel", "10.0.0.1", "--pod", "p", "--token-file", "/t"},
@@ -30,9 +34,30 @@ func TestParseNetInitFlags(t *testing.T) {
 		"both channels": {"--channel", "/c/a.sock", "--net-channel", "10.0.0.1:7070", "--pod", "p", "--token-file", "/t"},
 		"pod alone":     {"--pod", "p"},
 		"long pod":      {"--net-channel", "10.0.0.1:7070", "--pod", strings.Repeat("p", 254), "--token-file", "/t"},
+		"egress not lo": {"--net-channel", "10.0.0.1:7070", "--pod", "p", "--token-file", "/t", "--egress", "10.0.0.1:3128"},
 	} {
 		if f, err := parseInitFlags(args); err == nil {
 			t.Errorf("%s: parseInitFlags(%q) = %+v; want an error", name, args, f)
+		}
+	}
+}
+
+// TestParseProbeNet: seconds in 0..300 (0: once) and IP:port addresses only (the probe pod needs no DNS, and the driver
+// names the addresses it listens on).
+func TestParseProbeNet(t *testing.T) {
+	if secs, addrs, err := parseProbeNet([]string{"20", "10.0.0.1:7071", "[fd00::1]:7072"}); err != nil || secs != 20 || len(addrs) != 2 {
+		t.Fatalf("parseProbeNet = %d %q %v", secs, addrs, err)
+	}
+	for name, args := range map[string][]string{
+		"nothing":   nil,
+		"no addr":   {"20"},
+		"negative":  {"-1", "10.0.0.1:1"},
+		"too long":  {"301", "10.0.0.1:1"},
+		"host name": {"5", "sandkeep.svc:7071"},
+		"no port":   {"5", "10.0.0.1"},
+	} {
+		if _, _, err := parseProbeNet(args); err == nil {
+			t.Errorf("%s: parseProbeNet(%q) took it", name, args)
 		}
 	}
 }

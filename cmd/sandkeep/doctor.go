@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
@@ -101,6 +102,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 		{Name: "docker", Run: func(ctx context.Context) doctor.Result { return st.probeDocker(ctx, g) }},
 		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.listDrivers(ctx) }},
 		{Name: "driver", Needs: []string{"mode"}, Run: func(context.Context) doctor.Result { return st.chooseDriver() }},
+		{Name: "network policy", Needs: []string{"driver"}, Timeout: 2 * time.Minute, Run: st.networkPolicy},
 	}
 	// The engine's version, runtimes and user namespaces against the sandboxes' runtime and identity (SK4xx).
 	checks = append(checks, doctor.HardeningChecks([]string{"docker"}, func(ctx context.Context) (doctor.Engine, doctor.Sandboxes, error) {
@@ -131,7 +133,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 		doctor.Check{Name: "image present without pulling", Needs: []string{"docker", "spec resolves"}, Run: func(ctx context.Context) doctor.Result {
 			return st.checkImage(ctx, g)
 		}},
-		doctor.Check{Name: "capabilities cover the spec", Needs: []string{"driver", "spec resolves"}, Run: func(context.Context) doctor.Result {
+		doctor.Check{Name: "capabilities cover the spec", Needs: []string{"network policy", "spec resolves"}, Run: func(context.Context) doctor.Result {
 			return st.checkCapabilities()
 		}},
 	)
@@ -212,6 +214,29 @@ func (st *doctorState) chooseDriver() doctor.Result {
 			Fix: "start a container engine (scripts/docker-up.sh), or use --sandbox inline to refuse instead"}
 	}
 	return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s; capabilities: %s", p.Driver, capabilities(p.Capabilities))}
+}
+
+// networkPolicy reports what the driver's NetworkPolicy probe found (the kubernetes driver's probe pod). Where
+// it is not enforced, a sandbox's network none is not what it says (the pod has the cluster's pod network) and
+// every command with a network block is refused (NETWORK_UNENFORCED): a warning, which --strict's capability
+// check turns into a failure for a spec that asks for a network.
+func (st *doctorState) networkPolicy(ctx context.Context) doctor.Result {
+	p := st.plan
+	switch {
+	case !p.Sandboxed:
+		return doctor.Result{Status: doctor.Pass, Detail: "no sandboxing driver: nothing to confine"}
+	case !p.NetworkProbe:
+		return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("the %s driver confines each sandbox's network itself", p.Driver)}
+	}
+	enforced, detail, _ := st.m.ProbeNetworkPolicy(ctx, p.Driver)
+	p.Capabilities.NetworkPolicy = enforced // what the capability check below reads
+	if enforced {
+		return doctor.Result{Status: doctor.Pass, Detail: detail}
+	}
+	return doctor.Result{Status: doctor.Warn,
+		Detail: fmt.Sprintf("%s: sandboxes of the %s driver are NOT network-isolated (network none is not enforced; they have the cluster's pod network), and commands with a network block are refused (%s)",
+			detail, p.Driver, fault.NetworkUnenforced),
+		Fix: "use a network plugin that enforces NetworkPolicy (Calico, Cilium, kube-router) and set SANDKEEP_KUBE_CHANNEL_LISTEN; see docs/KUBERNETES.md"}
 }
 
 // capabilities says what a driver's Capabilities offer, in words.

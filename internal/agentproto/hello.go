@@ -12,9 +12,14 @@ import (
 //
 //	"SKCH" | version (1 byte) | name length (1 byte) | name | token length (1 byte) | token
 //
+// An egress connection (the agent's forwarder of the sandbox's 127.0.0.1:3128, which the server hands to that
+// sandbox's egress proxy) opens with the same hello under the magic "SKEG": the same port, the same per-pod
+// authentication, and no frames after it, only the proxied bytes.
+//
 // Names are Kubernetes object names (at most 253 bytes); tokens are 16 to 128 bytes.
 const (
 	helloMagic     = "SKCH"
+	egressMagic    = "SKEG"
 	HelloVersion   = 1
 	MaxHelloName   = 253
 	MinHelloToken  = 16
@@ -29,6 +34,8 @@ var ErrHello = errors.New("bad agent channel hello")
 type Hello struct {
 	Name  string // the pod's name
 	Token []byte // the pod's channel token
+	// Egress marks an egress connection: the bytes after the hello are the proxy's, not frames.
+	Egress bool
 }
 
 // AppendHello encodes h; it refuses a name or token outside the bounds.
@@ -39,7 +46,11 @@ func AppendHello(b []byte, h Hello) ([]byte, error) {
 	if len(h.Token) < MinHelloToken || len(h.Token) > MaxHelloToken {
 		return nil, fmt.Errorf("%w: token of %d bytes", ErrHello, len(h.Token))
 	}
-	b = append(b, helloMagic...)
+	magic := helloMagic
+	if h.Egress {
+		magic = egressMagic
+	}
+	b = append(b, magic...)
 	b = append(b, HelloVersion, byte(len(h.Name)))
 	b = append(b, h.Name...)
 	b = append(b, byte(len(h.Token)))
@@ -52,7 +63,8 @@ func ReadHello(r io.Reader) (Hello, error) {
 	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return Hello{}, fmt.Errorf("%w: %v", ErrHello, err)
 	}
-	if string(head[:len(helloMagic)]) != helloMagic {
+	magic := string(head[:len(helloMagic)])
+	if magic != helloMagic && magic != egressMagic {
 		return Hello{}, fmt.Errorf("%w: no magic", ErrHello)
 	}
 	if head[len(helloMagic)] != HelloVersion {
@@ -75,5 +87,5 @@ func ReadHello(r io.Reader) (Hello, error) {
 	if _, err := io.ReadFull(r, token); err != nil {
 		return Hello{}, fmt.Errorf("%w: %v", ErrHello, err)
 	}
-	return Hello{Name: string(buf[:n]), Token: token}, nil
+	return Hello{Name: string(buf[:n]), Token: token, Egress: magic == egressMagic}, nil
 }

@@ -7,19 +7,23 @@ import (
 	"testing"
 )
 
+// TestHelloRoundTrip: both kinds (a channel's and an egress connection's) read back as written, and nothing
+// past the hello is read.
 func TestHelloRoundTrip(t *testing.T) {
-	h := Hello{Name: "sandkeep-u-0123456789abcdef01234567", Token: bytes.Repeat([]byte("k"), 32)}
-	b, err := AppendHello(nil, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := bytes.NewReader(append(b, "frames"...))
-	got, err := ReadHello(r)
-	if err != nil || got.Name != h.Name || !bytes.Equal(got.Token, h.Token) {
-		t.Fatalf("ReadHello = %+v, %v; want %+v", got, err, h)
-	}
-	if rest, _ := io.ReadAll(r); string(rest) != "frames" {
-		t.Fatalf("ReadHello read past the hello: %q left", rest)
+	for _, egress := range []bool{false, true} {
+		h := Hello{Name: "sandkeep-u-0123456789abcdef01234567", Token: bytes.Repeat([]byte("k"), 32), Egress: egress}
+		b, err := AppendHello(nil, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := bytes.NewReader(append(b, "frames"...))
+		got, err := ReadHello(r)
+		if err != nil || got.Name != h.Name || !bytes.Equal(got.Token, h.Token) || got.Egress != egress {
+			t.Fatalf("ReadHello = %+v, %v; want %+v", got, err, h)
+		}
+		if rest, _ := io.ReadAll(r); string(rest) != "frames" {
+			t.Fatalf("ReadHello read past the hello: %q left", rest)
+		}
 	}
 }
 

@@ -70,6 +70,7 @@ var statusOf = map[fault.Code]int{
 	fault.ShuttingDown:             http.StatusServiceUnavailable,
 	fault.TransportUnavailable:     http.StatusServiceUnavailable,
 	fault.EgressUnavailable:        http.StatusServiceUnavailable,
+	fault.NetworkUnenforced:        http.StatusServiceUnavailable,
 	fault.SandboxCapacity:          http.StatusServiceUnavailable,
 	fault.SandboxSetupTimeout:      http.StatusServiceUnavailable,
 	fault.FeatureUnavailable:       http.StatusServiceUnavailable, // its registry cannot be reached now

@@ -43,6 +43,8 @@ type Check struct {
 	Name  string
 	Needs []string
 	Run   func(ctx context.Context) Result
+	// Timeout, when set, replaces Run's timeout for this check (one that starts a pod, say).
+	Timeout time.Duration
 }
 
 // Run runs checks in order, each under its own timeout, skipping those whose needs did not pass.
@@ -57,7 +59,11 @@ func Run(ctx context.Context, checks []Check, timeout time.Duration) []Result {
 			out = append(out, Result{Name: c.Name, Status: Skip, Detail: "needs " + missing})
 			continue
 		}
-		r := runOne(ctx, c, timeout)
+		t := timeout
+		if c.Timeout > 0 {
+			t = c.Timeout
+		}
+		r := runOne(ctx, c, t)
 		ok[c.Name] = r.Status == Pass || r.Status == Warn
 		out = append(out, r)
 	}

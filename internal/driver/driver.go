@@ -71,6 +71,22 @@ type WorkspaceRemover interface {
 	RemoveWorkspace(ctx context.Context, name string) error
 }
 
+// EgressListener is optional: a driver whose sandboxes reach sandkeep over a network rather than through a bound
+// host directory (a Kubernetes pod) serves their egress itself. ListenEgress returns a listener whose connections
+// come only from sb's agent (the driver authenticated them); the lifecycle serves sb's egress proxy on it, as it
+// does on the channel directory's socket for Docker. Close stops it. A driver that cannot confine sb's network to
+// that listener (NetworkPolicy not enforced) refuses with a typed error: the command must not run.
+type EgressListener interface {
+	ListenEgress(ctx context.Context, sb *Sandbox) (net.Listener, error)
+}
+
+// NetworkPolicyProber is optional: a driver whose network confinement rests on something it does not run (a
+// cluster's network plugin, which may accept NetworkPolicy objects and enforce nothing) proves it with a probe.
+// Capabilities().NetworkPolicy is true only once a probe proved it; detail says what the probe found, for doctor.
+type NetworkPolicyProber interface {
+	ProbeNetworkPolicy(ctx context.Context) (enforced bool, detail string)
+}
+
 // ImageWatcher is optional: a driver that reports image changes lets the lifecycle keep resolved image IDs
 // instead of asking the engine before every command.
 type ImageWatcher interface {

@@ -44,6 +44,9 @@ const (
 	// Egress (internal/egress, wired by lifecycle).
 	EgressUnavailable Code = "EGRESS_UNAVAILABLE" // the sandbox's egress proxy cannot be served by this process
 	NetworkInvalid    Code = "NETWORK_INVALID"    // a network block (mode, preset, rules, credentials) is refused
+	// NetworkUnenforced: the driver cannot confine the sandbox's network to the proxy (a cluster whose network
+	// plugin does not enforce NetworkPolicy), so a command with a network block is refused, never run open.
+	NetworkUnenforced Code = "NETWORK_UNENFORCED"
 
 	// Files in a sandbox's workspace (internal/files).
 	FileNotFound  Code = "FILE_NOT_FOUND" // no such file or directory under /workspace

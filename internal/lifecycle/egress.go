@@ -40,7 +40,7 @@ const (
 // keyEgress is one key's proxy, served by this process for as long as the key's sandbox is known to it.
 type keyEgress struct {
 	proxy        *egress.Proxy
-	ln           *channel.SideListener
+	ln           net.Listener      // the channel directory's egress socket, or the driver's (driver.EgressListener)
 	placeholders map[string]string // credential name -> its placeholder, stable for the proxy's life
 	caGen        uint64            // the CA generation written to the bundle file; 0: none
 	rootsOf      string            // the container whose image roots the bundle holds
@@ -66,13 +66,20 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 			"a sandbox under gVisor (runsc) has no way to the egress proxy: its socket is a host Unix socket, which runsc refuses without --host-uds, and with it every process of the sandbox would reach the host as the same gofer process")
 	}
 	dir := m.channelDir(key)
-	if dir == "" {
+	el, netEgress := m.drv.(driver.EgressListener)
+	if dir == "" && !netEgress {
 		// The driver cannot confine a network (the host passthrough): there is nothing to enforce, and the run's
 		// sandbox_skipped already says the command is not isolated.
 		m.cfg.Logger.Warn("network policy not applied: the driver has no sandbox network", "driver", m.drv.Name(), "key", key.Short())
 		return nil, release, nil
 	}
-	ke, err := m.egressOf(key, dir)
+	listen := func() (net.Listener, error) { return m.listenSide(key, dir) }
+	if dir == "" {
+		// The driver serves the sandbox's egress endpoint itself (kubernetes: over the pod network); it refuses
+		// where it cannot confine the sandbox to it, and the command does not run.
+		listen = func() (net.Listener, error) { return el.ListenEgress(ctx, sb) }
+	}
+	ke, err := m.egressOf(key, listen)
 	if err != nil {
 		return nil, release, err
 	}
@@ -114,6 +121,11 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		"HTTP_PROXY="+proxyURL, "HTTPS_PROXY="+proxyURL, "http_proxy="+proxyURL, "https_proxy="+proxyURL,
 		"NO_PROXY="+noProxy, "no_proxy="+noProxy)
 	if ca, gen := ke.proxy.CA(); ca != nil {
+		if dir == "" {
+			release()
+			return nil, func() {}, fault.New(fault.NetworkInvalid, "leave TLS inspection and credentials out of the network block on this driver",
+				"the %s driver cannot place the proxy's CA bundle in sandbox %s yet, so TLS inspection (and credential injection) cannot run there", m.drv.Name(), sb.Name)
+		}
 		if err := m.writeBundle(sb, ke, dir, ca, gen); err != nil {
 			release()
 			return nil, func() {}, err
@@ -135,13 +147,8 @@ func (m *Manager) endEgress(key identity.Key) {
 	}
 }
 
-// egressOf returns key's proxy, starting it when this process has none yet.
-func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if ke, ok := m.egress[key.Hex()]; ok {
-		return ke, nil
-	}
+// listenSide listens on the egress socket of key's channel directory dir, which the sandbox's init dials.
+func (m *Manager) listenSide(key identity.Key, dir string) (net.Listener, error) {
 	ln, err := channel.ListenSide(dir, channel.EgressSocketName, m.verifier(key), m.cfg.Logger)
 	if errors.Is(err, channel.ErrInUse) {
 		return nil, fault.New(fault.EgressUnavailable,
@@ -151,6 +158,25 @@ func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
 	if err != nil {
 		return nil, fault.Wrap(err, fault.EgressUnavailable, "check that the state home is writable", "cannot start the egress proxy")
 	}
+	return ln, nil
+}
+
+// egressOf returns key's proxy, starting it on listen's listener when this process has none yet. The caller
+// holds key's gate, so no other goroutine starts one for key meanwhile; listen runs outside m.mu (a driver's
+// may take seconds: the kubernetes driver's first one probes the cluster).
+func (m *Manager) egressOf(key identity.Key, listen func() (net.Listener, error)) (*keyEgress, error) {
+	m.mu.Lock()
+	ke, ok := m.egress[key.Hex()]
+	m.mu.Unlock()
+	if ok {
+		return ke, nil
+	}
+	ln, err := listen()
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	// A token nobody is given: the proxy accepts nothing until a command's session begins.
 	token, err := newToken()
 	if err != nil {
@@ -172,7 +198,7 @@ func (m *Manager) egressOf(key identity.Key, dir string) (*keyEgress, error) {
 		return nil, fault.Wrap(err, fault.Internal, "", "cannot create the egress proxy")
 	}
 	proxy.End()
-	ke := &keyEgress{proxy: proxy, ln: ln, placeholders: map[string]string{}, served: make(chan struct{})}
+	ke = &keyEgress{proxy: proxy, ln: ln, placeholders: map[string]string{}, served: make(chan struct{})}
 	go func() {
 		defer close(ke.served)
 		if err := proxy.Serve(ln); err != nil {

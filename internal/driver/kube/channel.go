@@ -53,6 +53,10 @@ type ChannelStats struct {
 	Refused   int // connections closed: bad hello, wrong token or address, unknown pod, a second connection
 	Execs     int // commands run over the channel
 	Fallbacks int // commands that went through the API server's exec while the channel was on
+	Egress    int // egress connections handed to a pod's egress proxy
+	// EgressRefused counts egress connections closed after a good hello: no proxy is served for the pod (no
+	// command with a network is running there), or its backlog was full.
+	EgressRefused int
 }
 
 type podTrust struct {
@@ -81,8 +85,9 @@ type chanServer struct {
 
 	mu         sync.Mutex
 	slots      map[string]*slot
-	trust      map[string]podTrust  // the running pods of this namespace, as the informer last saw them
-	started    map[string]time.Time // pods this driver started, by name: their first command waits longer
+	trust      map[string]podTrust        // the running pods of this namespace, as the informer last saw them
+	started    map[string]time.Time       // pods this driver started, by name: their first command waits longer
+	egress     map[string]*egressListener // the pods whose egress proxy is served, by name (egress.go)
 	stats      ChannelStats
 	lastRefuse time.Time
 	skipped    int
@@ -110,7 +115,8 @@ func listenChannel(listen, advertise string, api kubernetes.Interface, ns string
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &chanServer{ln: ln.(*net.TCPListener), addr: advertise, api: api, ns: ns, log: log, stop: make(chan struct{}),
-		slots: map[string]*slot{}, trust: map[string]podTrust{}, started: map[string]time.Time{}, sem: make(chan struct{}, maxHellos)}
+		slots: map[string]*slot{}, trust: map[string]podTrust{}, started: map[string]time.Time{}, egress: map[string]*egressListener{},
+		sem: make(chan struct{}, maxHellos)}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -166,6 +172,10 @@ func (s *chanServer) handle(c *net.TCPConn) {
 	}
 	_ = c.SetKeepAlive(true)
 	_ = c.SetKeepAlivePeriod(15 * time.Second)
+	if h.Egress {
+		s.handEgress(h.Name, owner, c)
+		return
+	}
 	_ = c.SetNoDelay(true)
 	s.install(h.Name, owner, c)
 }
@@ -431,6 +441,10 @@ func (s *chanServer) close() error {
 			sl.conn.Close()
 		}
 	}
+	for _, l := range s.egress {
+		l.shut()
+	}
+	clear(s.egress)
 	f := s.factory
 	s.mu.Unlock()
 	err := s.ln.Close()

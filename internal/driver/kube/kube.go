@@ -134,7 +134,14 @@ type Driver struct {
 	nsOK  bool
 	execs *executors
 	ch    *chanServer // nil: no channel
+
+	probeMu sync.Mutex // held by the one NetworkPolicy probe running (egress.go)
+	npMu    sync.Mutex // guards np and canary
+	np      npVerdict  // the probe's last verdict
+	canary  *canary    // nil until the first isolation check (egress.go)
 }
+
+var _ driver.EgressListener = (*Driver)(nil)
 
 var _ driver.Driver = (*Driver)(nil)
 
@@ -230,6 +237,13 @@ func (d *Driver) ChannelStats() ChannelStats {
 // Close stops the agent channel's listener and closes its connections (the pods keep running; their agents dial
 // the next process that serves them). The driver must not be used after.
 func (d *Driver) Close() error {
+	d.npMu.Lock()
+	k := d.canary
+	d.canary = nil
+	d.npMu.Unlock()
+	if k != nil {
+		k.close()
+	}
 	if d.ch == nil {
 		return nil
 	}
@@ -261,10 +275,12 @@ func (d *Driver) Name() string { return "kubernetes" }
 // Namespace is the namespace sandboxes live in.
 func (d *Driver) Namespace() string { return d.opts.Namespace }
 
-// Capabilities of the kubernetes driver: sandboxes persist (the claim), nothing else yet. NetworkPolicy is
-// false until the driver probes that the cluster enforces it; the isolation policy is applied regardless.
+// Capabilities of the kubernetes driver: sandboxes persist (the claim). NetworkPolicy is true only once the
+// probe (ProbeNetworkPolicy: run before the first command with a network, and by doctor) proved that the
+// cluster enforces it; the isolation policy is applied regardless.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Persistent: true}
+	enforced, _ := d.NetworkPolicy()
+	return driver.Capabilities{Persistent: true, NetworkPolicy: enforced}
 }
 
 // Ping asks the API server for its version and ensures the namespace.
@@ -699,8 +715,26 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 	}
 	if d.ch != nil {
 		d.ch.noteStarted(sb.Name)
+		if err := d.startIsolated(ctx, sb, created.UID); err != nil {
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer ccancel()
+			_ = d.deletePod(cctx, created, 0)
+			return err
+		}
 	}
 	return nil
+}
+
+// startIsolated waits until the new pod's NetworkPolicy holds (awaitIsolated) before the pod is handed out.
+func (d *Driver) startIsolated(ctx context.Context, sb *driver.Sandbox, uid types.UID) error {
+	if enforced, _ := d.NetworkPolicy(); !enforced {
+		return nil
+	}
+	pod, err := d.api.CoreV1().Pods(d.opts.Namespace).Get(ctx, sb.Name, metav1.GetOptions{})
+	if err != nil || pod.UID != uid || pod.Status.PodIP == "" {
+		return fault.New(fault.SandboxFailed, "retry; check the cluster's events for the pod", "the pod of sandbox %s has no IP or was replaced (%v)", sb.Name, err)
+	}
+	return d.awaitIsolated(ctx, sb, pod.Status.PodIP)
 }
 
 // waitRunning polls the pod until its sandbox container runs, it fails, or ctx (bounded by StartTimeout) ends.

@@ -102,7 +102,7 @@ func podFor(name string, owner types.UID, rec record, labels map[string]string, 
 	initMounts := []corev1.VolumeMount{{Name: agentVolume, MountPath: driver.AgentDir}}
 	var initEnv []corev1.EnvVar
 	if ch != nil && len(init) == 2 && init[0] == driver.AgentPath && init[1] == "init" {
-		init = []string{driver.AgentPath, "init", "--net-channel", ch.addr, "--pod", name, "--token-file", TokenFile}
+		init = []string{driver.AgentPath, "init", "--net-channel", ch.addr, "--pod", name, "--token-file", TokenFile, "--egress", egressForward}
 		installCmd = append(installCmd, "--token-file", TokenFile)
 		initEnv = []corev1.EnvVar{{Name: TokenEnv, Value: ch.token}}
 		volumes = append(volumes, corev1.Volume{Name: tokenVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
