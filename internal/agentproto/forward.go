@@ -26,7 +26,7 @@ const (
 	FrameForwardData   FrameType = 'D' // both ways: bytes of the stream, within the receiver's credit
 	FrameForwardCredit FrameType = 'K' // both ways: uint32, big-endian: the receiver consumed that many more bytes
 	FrameForwardEOF    FrameType = 'H' // both ways: the sender writes no more on this stream; no payload
-	FrameForwardClose  FrameType = 'X' // both ways: the stream is gone; no payload, no answer
+	FrameForwardClose  FrameType = 'x' // both ways: the stream is gone; no payload, no answer
 )
 
 // Bounds of port forwarding.
