@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,6 +41,7 @@ type Mux struct {
 	nextID  uint32
 	pending map[uint32]chan error // forward opens waiting for the agent's reply
 
+	midCmd  atomic.Bool   // the reader is inside a frame that is not a forward frame (or an unknown one)
 	closing chan struct{} // closed by closeConn: a reader waiting on a full command queue gives up
 	dead    chan struct{} // closed when the reader has ended
 	deadErr error         // why; set before dead is closed
@@ -72,7 +74,23 @@ func (m *Mux) Alive() bool {
 
 // Idle reports whether the channel is up and no command frame waits to be read: between commands the agent sends
 // none, so a waiting one means a broken protocol.
-func (m *Mux) Idle() bool { return m.Alive() && m.cmd.empty() }
+func (m *Mux) Idle() bool { return m.Alive() && !m.midCmd.Load() && m.cmd.empty() }
+
+// watch is the channel as the Mux's reader reads it: it notes the type byte of each frame as it arrives, so that
+// a command frame (or garbage) the agent sent while idle shows before the whole frame is in.
+type watch struct {
+	m     *Mux
+	start bool // the next byte read is a frame's first
+}
+
+func (w *watch) Read(p []byte) (int, error) {
+	n, err := w.m.conn.Read(p)
+	if n > 0 && w.start {
+		w.start = false
+		w.m.midCmd.Store(!IsForwardFrame(FrameType(p[0])))
+	}
+	return n, err
+}
 
 // Done is closed when the channel has ended.
 func (m *Mux) Done() <-chan struct{} { return m.dead }
@@ -146,9 +164,11 @@ func (m *Mux) dial(ctx context.Context, target netip.AddrPort) (*Stream, error) 
 // read owns the channel's reads until it ends.
 func (m *Mux) read() {
 	var buf []byte
+	w := &watch{m: m}
 	err := func() error {
 		for {
-			f, err := ReadFrame(m.conn, &buf)
+			w.start = true
+			f, err := ReadFrame(w, &buf)
 			if err != nil {
 				return err
 			}
@@ -177,6 +197,7 @@ func (m *Mux) read() {
 					return net.ErrClosed
 				}
 			}
+			m.midCmd.Store(false) // a whole command frame is in the queue by now, where Idle sees it
 		}
 	}()
 	if errors.Is(err, io.EOF) {
