@@ -55,7 +55,8 @@ func interactive(cmd *cobra.Command) bool {
 }
 
 // routedCommands are the CLI commands that go through the daemon when one runs.
-var routedCommands = map[string]bool{"exec": true, "ps": true, "stop": true, "rm": true, "runs": true, "events": true, "doctor": true}
+var routedCommands = map[string]bool{"exec": true, "ps": true, "stop": true, "rm": true, "runs": true, "events": true, "doctor": true,
+	"port-forward": true} // port-forward: the daemon holds the channels, so its forwards are streams on them
 
 // Frame types of the socket protocol: a type byte, a big-endian uint32 length, the payload.
 const (
