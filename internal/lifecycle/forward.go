@@ -20,9 +20,10 @@ import (
 // forwardConns numbers the forwarded connections of this process, for matching their events.
 var forwardConns atomic.Uint64
 
-// DialPort opens one forwarded connection to 127.0.0.1:port inside key's running sandbox, through the driver
-// (driver.PortDialer: for Docker, the agent dials from inside the sandbox's own network namespace; the sandbox
-// keeps network mode none). It does not take the key's gate: a forward lives alongside the user's commands, as a
+// DialPort opens one forwarded connection to 127.0.0.1:port inside key's running sandbox: a stream on the
+// sandbox's agent channel when this process serves it, otherwise one engine exec through the driver
+// (driver.PortDialer); either way the agent dials from inside the sandbox's own network namespace, and the
+// sandbox keeps network mode none (see dialPort). It does not take the key's gate: a forward lives alongside the user's commands, as a
 // server started by one of them does. A sandbox that is missing, stopped or not ours is refused; so is a port
 // nothing listens on (PORT_UNREACHABLE). via ("cli", "api") labels the events; onEvent receives them (nil: the
 // Manager's own sink). The connection's Close records port_forward_closed.
