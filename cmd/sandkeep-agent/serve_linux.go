@@ -21,6 +21,7 @@ type server struct {
 	log  *log.Logger             // stderr
 	cur  *command                // the last command started; nil before the first
 	tree tree                    // the processes a command may leave behind (tree_linux.go)
+	fwd  *forwarder              // port forwarding streams (forward_linux.go); nil before the first
 }
 
 // serve speaks the wire on in/out until in ends. It returns the process exit code: 0 on a clean end of stream
@@ -38,6 +39,7 @@ func serve(in io.Reader, out io.Writer) int {
 	for {
 		f, err := agentproto.ReadFrame(in, &buf)
 		if err != nil {
+			s.closeForwards()
 			s.stop()
 			if errors.Is(err, io.EOF) {
 				return 0
@@ -46,6 +48,7 @@ func serve(in io.Reader, out io.Writer) int {
 			return 1
 		}
 		if err := s.handle(f); err != nil {
+			s.closeForwards()
 			s.stop()
 			s.log.Printf("%v", err)
 			return 1
@@ -56,6 +59,9 @@ func serve(in io.Reader, out io.Writer) int {
 // handle acts on one frame from the host. Stdin and cancel frames for a command that already ended are stale
 // (the host may send them while the report is on its way) and are dropped.
 func (s *server) handle(f agentproto.Frame) error {
+	if ok, err := s.forward(f); ok {
+		return err
+	}
 	c := s.cur
 	current := c != nil && c.req.ID == f.ID
 	switch f.Type {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -121,6 +122,11 @@ func get(t *testing.T, url string) (string, error) {
 func TestPortForward(t *testing.T) {
 	c := newCLI(t)
 	c.env = append(c.env, "SANDKEEP_IMAGE="+testutil.ProbeImage(t)) // the last value wins
+	// In the suite's daemon pass, newCLI's first call started the home's daemon with the suite's image; the
+	// calls below start their own with the probe image (another one would send them in-process: a mismatch).
+	if _, err := c.exec(t.Context(), nil, nil, "daemon", "stop"); err != nil {
+		t.Fatal(err)
+	}
 	tenant := c.ten("pf")
 	who := []string{"--tenant", tenant, "--user", "u"}
 
@@ -195,6 +201,15 @@ func TestPortForward(t *testing.T) {
 	}
 	if n := strings.Count(evs, `"port_forward_closed"`); n < parallel+1 {
 		t.Fatalf("%d port_forward_closed events, want at least %d:\n%s", n, parallel+1, evs)
+	}
+	// Through the daemon, which serves the sandbox's channel, every connection is a stream on it; in-process,
+	// the exec that runs the server serves the channel, so port-forward falls back to one engine exec each.
+	want := `"transport":"exec"`
+	if os.Getenv("SANDKEEP_TEST_DAEMON") != "" {
+		want = `"transport":"agent"`
+	}
+	if n := strings.Count(evs, want); n < parallel+1 {
+		t.Fatalf("%d forwards with %s, want at least %d:\n%s", n, want, parallel+1, evs)
 	}
 
 	// The sandbox stops: every forward to it ends, with a note, exit 0.

@@ -49,7 +49,7 @@ func maxPayload(t FrameType) (int, bool) {
 	case FrameStdin, FrameStdout, FrameStderr, FrameResult:
 		return MaxFrame, true
 	}
-	return 0, false
+	return forwardMaxPayload(t) // port forwarding: forward.go
 }
 
 func (t FrameType) String() string {

@@ -32,7 +32,11 @@ const (
 // authenticate returns the live token r carries. Every request looks its token up again, so revocation and
 // expiry take effect on the next one. Every refused token gets the same answer (auth.Verify).
 func (s *Server) authenticate(r *http.Request) (store.Token, error) {
-	tok, err := auth.Verify(r.Context(), s.tokens, r.Header.Get("Authorization"), s.now())
+	header := r.Header.Get("Authorization")
+	if header == "" {
+		header = subprotocolToken(r) // a browser's WebSocket (wsauth.go)
+	}
+	tok, err := auth.Verify(r.Context(), s.tokens, header, s.now())
 	if err == nil && tok.Tenant == "" { // the store refuses such a token; fail closed if one appears anyway
 		return store.Token{}, fault.New(fault.Unauthenticated, "ask the operator for a new token", "missing or invalid token")
 	}

@@ -50,7 +50,7 @@ func (s *Server) handleExecTTY(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	c, err := websocket.Accept(w, r, nil)
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{WSProtocol}})
 	if err != nil {
 		return // Accept answered the client
 	}
@@ -193,7 +193,7 @@ func (s *Server) handlePortForward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
-	c, err := websocket.Accept(w, r, nil)
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{WSProtocol}})
 	if err != nil {
 		return
 	}

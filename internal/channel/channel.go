@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
 )
 
 // SocketName is the socket's name inside the channel directory; inside a sandbox the directory is at MountPoint.
@@ -49,8 +51,8 @@ type Listener struct {
 	log    *slog.Logger
 
 	mu      sync.Mutex
-	conn    *net.UnixConn // the verified connection; nil when none
-	arrived chan struct{} // closed when a connection is verified; replaced after each arrival
+	mux     *agentproto.Mux // the verified connection, read by its Mux (commands and forwarded streams); nil when none
+	arrived chan struct{}   // closed when a connection is verified; replaced after each arrival
 	closed  bool
 
 	wg sync.WaitGroup // the accept loop
@@ -175,39 +177,15 @@ func (l *Listener) acceptLoop() {
 func (l *Listener) connected() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.conn == nil {
+	if l.mux == nil {
 		return false
 	}
-	if peerGone(l.conn) {
-		l.conn.Close()
-		l.conn = nil
+	if !l.mux.Alive() {
+		l.mux.Close()
+		l.mux = nil
 		return false
 	}
 	return true
-}
-
-// peerGone reports whether c's peer has closed it, without reading and without waiting for a command that may
-// be reading it right now (Control takes no read lock): a peek that sees EOF or an error. Bytes waiting to be
-// read mean a peer that is still there.
-func peerGone(c *net.UnixConn) bool {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return true
-	}
-	gone := true
-	if err := raw.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch {
-		case rerr == unix.EAGAIN || rerr == unix.EWOULDBLOCK || rerr == unix.EINTR:
-			gone = false
-		case rerr == nil:
-			gone = n == 0
-		}
-	}); err != nil {
-		return true
-	}
-	return gone
 }
 
 func (l *Listener) install(c *net.UnixConn) {
@@ -217,14 +195,14 @@ func (l *Listener) install(c *net.UnixConn) {
 		c.Close()
 		return
 	}
-	if l.conn != nil {
-		if !peerGone(l.conn) { // another connection got in since connected(): the first one stays
+	if l.mux != nil {
+		if l.mux.Alive() { // another connection got in since connected(): the first one stays
 			c.Close()
 			return
 		}
-		l.conn.Close()
+		l.mux.Close()
 	}
-	l.conn = c
+	l.mux = agentproto.NewMux(c)
 	close(l.arrived)
 	l.arrived = make(chan struct{})
 }
@@ -248,20 +226,31 @@ func peerPID(c *net.UnixConn) (int, error) {
 }
 
 // Take returns the current connection, after checking that it is alive and idle, or waits up to wait for the
-// agent to connect. The caller must hold the sandbox's gate: one command at a time uses a connection. After a
-// command that broke the channel, the caller must call Broken.
-func (l *Listener) Take(ctx context.Context, wait time.Duration) (*net.UnixConn, error) {
+// agent to connect. The caller must hold the sandbox's gate: one command at a time uses a connection (its
+// Commands); forwarded streams share it (Current). After a command that broke the channel, the caller must call
+// Broken.
+func (l *Listener) Take(ctx context.Context, wait time.Duration) (*agentproto.Mux, error) {
+	return l.current(ctx, wait, true)
+}
+
+// Current returns the current connection when it is up, or waits up to wait for the agent to connect, without
+// the gate and whether a command runs on it or not: forwarded streams run alongside commands.
+func (l *Listener) Current(ctx context.Context, wait time.Duration) (*agentproto.Mux, error) {
+	return l.current(ctx, wait, false)
+}
+
+func (l *Listener) current(ctx context.Context, wait time.Duration, idle bool) (*agentproto.Mux, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		l.mu.Lock()
-		c, arrived, closed := l.conn, l.arrived, l.closed
+		c, arrived, closed := l.mux, l.arrived, l.closed
 		l.mu.Unlock()
 		if closed {
 			return nil, fmt.Errorf("%w: listener closed", ErrNoChannel)
 		}
 		if c != nil {
-			if idleAlive(c) {
+			if (idle && c.Idle()) || (!idle && c.Alive()) {
 				return c, nil
 			}
 			l.Broken(c)
@@ -277,41 +266,25 @@ func (l *Listener) Take(ctx context.Context, wait time.Duration) (*net.UnixConn,
 	}
 }
 
-// idleAlive: between commands the agent sends nothing, so a read that would block means alive; EOF means the
-// agent is gone; bytes mean a broken protocol.
-func idleAlive(c *net.UnixConn) bool {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return false
-	}
-	alive := false
-	err = raw.Read(func(fd uintptr) bool {
-		var b [1]byte
-		n, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		alive = n < 0 && (rerr == unix.EAGAIN || rerr == unix.EWOULDBLOCK)
-		return true // never wait for readiness: this is a poll
-	})
-	return err == nil && alive
-}
-
-// Broken drops c when it is the current connection: a command over it failed at the protocol level.
-func (l *Listener) Broken(c *net.UnixConn) {
+// Broken drops c when it is the current connection: a command over it failed at the protocol level. Its
+// forwarded streams end with it.
+func (l *Listener) Broken(c *agentproto.Mux) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.conn == c {
-		l.conn = nil
+	if l.mux == c {
+		l.mux = nil
 	}
+	l.mu.Unlock()
 	c.Close()
 }
 
 // WaitReconnect waits up to wait for a connection other than old: after a broken command, the agent reconnects
 // only once every process of that command is gone, so a reconnection proves the sandbox is clean again.
-func (l *Listener) WaitReconnect(ctx context.Context, old *net.UnixConn, wait time.Duration) bool {
+func (l *Listener) WaitReconnect(ctx context.Context, old *agentproto.Mux, wait time.Duration) bool {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		l.mu.Lock()
-		c, arrived := l.conn, l.arrived
+		c, arrived := l.mux, l.arrived
 		l.mu.Unlock()
 		if c != nil && c != old {
 			return true
@@ -334,11 +307,12 @@ func (l *Listener) Close() error {
 		return nil
 	}
 	l.closed = true
-	if l.conn != nil {
-		l.conn.Close()
-		l.conn = nil
-	}
+	c := l.mux
+	l.mux = nil
 	l.mu.Unlock()
+	if c != nil {
+		c.Close() // outside mu: it waits for the Mux's reader
+	}
 	err := l.ln.Close()
 	l.wg.Wait()
 	// Remove the file only while it is still ours: another process may have taken the path over since.

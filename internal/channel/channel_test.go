@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandkeep/sandkeep/internal/agentproto"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -46,13 +48,13 @@ func TestTakeVerifiedConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The connection works both ways.
-	if _, err := agent.Write([]byte("x")); err != nil {
+	// The connection works both ways: a command's frame from the agent reaches the command's side.
+	if err := agentproto.WriteFrame(agent, agentproto.FrameStdout, 1, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	b := make([]byte, 1)
-	if _, err := c.Read(b); err != nil || b[0] != 'x' {
-		t.Fatalf("read %q, %v", b, err)
+	var buf []byte
+	if f, err := agentproto.ReadFrame(c.Commands(), &buf); err != nil || string(f.Payload) != "x" {
+		t.Fatalf("read %q, %v", f.Payload, err)
 	}
 	fi, err := os.Stat(filepath.Join(dir, SocketName))
 	if err != nil || fi.Mode().Perm() != 0o666 {

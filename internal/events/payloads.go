@@ -235,6 +235,9 @@ type PortForwardOpened struct {
 	Port    int    `json:"port"`
 	Conn    uint64 `json:"conn"`
 	Via     string `json:"via,omitempty"`
+	// Transport is how the connection reaches the sandbox: "agent" (a stream on the agent's channel) or "exec"
+	// (one engine exec of the agent, the fallback where this process has no channel to the sandbox).
+	Transport string `json:"transport,omitempty"`
 }
 
 // PortForwardClosed (port_forward_closed): a forwarded connection ended; the byte counts are what went to the

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"time"
 
@@ -93,7 +92,7 @@ func (m *Manager) dropListener(key identity.Key) {
 }
 
 // takeChannel returns the connection to use for this command, or nil to use the engine's exec.
-func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bool) (*net.UnixConn, error) {
+func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bool) (*agentproto.Mux, error) {
 	if l == nil {
 		// A driver without a channel (the host passthrough) has only its own way to run a command: the transport
 		// choice is about sandboxes, and a run degraded to the host must not fail over it.
@@ -130,8 +129,8 @@ func unavailable(why string) error {
 // reconnects only once every process of that command is gone, and a sandbox whose agent does not reconnect is
 // recycled, in both cases before the gate is released.
 func (m *Manager) execChannel(ctx context.Context, key identity.Key, sb *driver.Sandbox, l *channel.Listener,
-	conn *net.UnixConn, preq agentproto.Request, out driver.Output) (*ExecResult, error) {
-	res, err := agentproto.RunWith(ctx, conn, preq, out.Stdout, out.Stderr, out.Stdin,
+	conn *agentproto.Mux, preq agentproto.Request, out driver.Output) (*ExecResult, error) {
+	res, err := agentproto.RunWith(ctx, conn.Commands(), preq, out.Stdout, out.Stderr, out.Stdin,
 		agentproto.RunOptions{AcceptWait: acceptWait, Resize: out.Resize})
 	result := &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportAgent}
 	switch {

@@ -12,6 +12,8 @@
 //	skprobe unix PATH                     connect to a Unix socket and wait for the peer to hang up
 //	skprobe serve ADDR TEXT               an HTTP server on ADDR answering every GET with TEXT and the path asked
 //	                                      for; prints "listening ADDR" once it accepts, runs until killed
+//	skprobe echo ADDR                     a TCP server on ADDR sending each connection's bytes back until the
+//	                                      client half-closes, then half-closing; prints "listening ADDR"
 package main
 
 import (
@@ -82,6 +84,8 @@ func main() {
 			os.Exit(2)
 		}
 		err = serveHTTP(os.Args[2], os.Args[3])
+	case "echo":
+		err = serveEcho(os.Args[2])
 	case "unix":
 		var c net.Conn
 		if c, err = net.DialTimeout("unix", os.Args[2], 2*time.Second); err == nil {
@@ -172,4 +176,25 @@ func serveHTTP(addr, text string) error {
 	return http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s %s", text, r.URL.Path)
 	}))
+}
+
+// serveEcho copies each connection's bytes back to it until the client half-closes, then half-closes, until killed.
+func serveEcho(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening", ln.Addr())
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			if _, err := io.Copy(c, c); err == nil {
+				_ = c.(*net.TCPConn).CloseWrite()
+			}
+		}()
+	}
 }
