@@ -58,6 +58,13 @@ const (
 	agentRepo       = "docker.io/library/sandkeep-agent"
 	imageListBudget = 90 * time.Second // the kubelet reports new images with its next node status
 	labelTest       = "io.sandkeep.test"
+
+	// CPUs and MemoryBytes are the tests' sandbox resources: a pod requests what it is limited to, and the test
+	// node has 2 cores, so the default (1 CPU) would fit two pods at a time.
+	CPUs        = 0.2
+	MemoryBytes = 512 << 20
+	// Spec is the same as a sandkeep.yaml, for the CLI and serve suites (SANDKEEP_SPEC).
+	Spec = "sandbox:\n  resources: {cpus: 0.2, memory: 512m}\n"
 )
 
 // Selected reports whether SANDKEEP_TEST_DRIVER picks the kubernetes driver for the suites that can run on it.
