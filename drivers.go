@@ -2,6 +2,8 @@ package sandkeep
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync"
 	"time"
 
@@ -54,9 +56,10 @@ type driverSet struct {
 
 // madeDriver is one driver's construction, done once.
 type madeDriver struct {
-	once sync.Once
-	d    Driver
-	err  error
+	once   sync.Once
+	d      Driver
+	err    error
+	closed bool // guarded by driverSet.mu
 }
 
 func newDriverSet(opts []DriverOption, env DriverEnv) (*driverSet, error) {
@@ -97,6 +100,23 @@ func (s *driverSet) get(name string) (Driver, error) {
 		}
 	})
 	return md.d, md.err
+}
+
+// close closes every driver made that is an io.Closer, once; a driver not made yet never will be.
+func (s *driverSet) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	for _, md := range s.made {
+		md.once.Do(func() { // not made yet (or being made: this waits for it)
+			md.err = fault.New(fault.DriverUnavailable, "open a new Manager", "the Manager is closed")
+		})
+		if c, ok := md.d.(io.Closer); ok && md.err == nil && !md.closed {
+			md.closed = true
+			err = errors.Join(err, c.Close())
+		}
+	}
+	return err
 }
 
 // candidates are the offered drivers as the selector probes them: made, then pinged.

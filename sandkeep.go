@@ -401,7 +401,9 @@ func (m *Manager) Close() error {
 	for _, lc := range m.lcs {
 		err = errors.Join(err, lc.Close())
 	}
-	return err
+	// Then the drivers it made that hold something of their own (the kubernetes driver's channel listener and
+	// informer): the next Manager over this home serves the sandboxes, as after a restart.
+	return errors.Join(err, m.drivers.close())
 }
 
 // Installation is the id of this manager's state home.

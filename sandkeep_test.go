@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,8 +37,10 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/testutil"
+	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
 func TestMain(m *testing.M) {
@@ -63,13 +66,44 @@ type suite struct {
 	t   *testing.T
 	m   *sandkeep.Manager
 	cfg sandkeep.Config
-	cli *client.Client
-	id  string // unique to this test run; goes into tenants
+	cli *client.Client // Docker; nil on kubernetes
+	id  string         // unique to this test run; goes into tenants
+	// On kubernetes (SANDKEEP_TEST_DRIVER=kubernetes): the cluster, the test's namespace and a driver of it
+	// (without a channel) that the checks read sandboxes through.
+	kc *kubetest.Cluster
+	ns string
+	kd *kube.Driver
 }
 
-// baseConfig is a Config over a fresh home, the test image and a freshly built agent.
+// onKube: this run's suites use the kubernetes driver (SANDKEEP_TEST_DRIVER=kubernetes, scripts/test.sh's
+// kubernetes stage); else Docker.
+var onKube = kubetest.Selected()
+
+// kubeNamespaces maps a test home to the namespace baseConfig gave it.
+var kubeNamespaces sync.Map
+
+// baseConfig is a Config over a fresh home, the test image and a freshly built agent: on the Docker engine, or
+// with SANDKEEP_TEST_DRIVER=kubernetes on the test cluster (the cloud host kind, a namespace of the test's own,
+// the test image imported into the node).
 func baseConfig(t *testing.T) sandkeep.Config {
 	t.Helper()
+	if onKube {
+		c := kubetest.Node(t)
+		ns := c.Namespace(t)
+		cfg := sandkeep.Config{
+			Home:      t.TempDir(),
+			Image:     kubetest.Image,
+			AgentPath: testutil.AgentBinary(t),
+			Grace:     grace,
+			HostKind:  "cloud",
+			// A pod requests what it is limited to: small, so that the tests' pods fit the 2-core test node
+			// side by side (and beside other suites' pods on a shared cluster).
+			CPUs: kubetest.CPUs, MemoryBytes: kubetest.MemoryBytes,
+		}
+		kubeNamespaces.Store(cfg.Home, ns)
+		setKubeDrivers(&cfg, c, ns)
+		return cfg
+	}
 	testutil.Docker(t)
 	return sandkeep.Config{
 		Home:      t.TempDir(),
@@ -81,25 +115,61 @@ func baseConfig(t *testing.T) sandkeep.Config {
 	}
 }
 
+// setKubeDrivers offers cfg the kubernetes driver of namespace ns: with the pod channel, unless cfg's transport
+// is exec (every command through the API server's exec, as Docker exec is for Docker).
+func setKubeDrivers(cfg *sandkeep.Config, c *kubetest.Cluster, ns string) {
+	opts := c.Options(ns)
+	if cfg.Transport == "exec" || (cfg.Transport == "" && os.Getenv("SANDKEEP_TRANSPORT") == "exec") {
+		opts.ChannelListen = ""
+	}
+	cfg.Drivers = []sandkeep.DriverOption{{Name: kubetest.Driver, New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+		return kube.New(opts)
+	}}}
+}
+
+// withTransport is cfg with its transport set (and on kubernetes the driver offered again to match it).
+func withTransport(t *testing.T, cfg sandkeep.Config, transport string) sandkeep.Config {
+	cfg.Transport = transport
+	if onKube {
+		ns, _ := kubeNamespaces.Load(cfg.Home)
+		setKubeDrivers(&cfg, kubetest.Node(t), ns.(string))
+	}
+	return cfg
+}
+
 // sharedHomeConfig is baseConfig for tests where several managers (processes) share one home: only one of
 // them can own a sandbox's agent channel, so they use auto (the owner the channel, the others Docker exec)
 // whatever SANDKEEP_TRANSPORT forces for the rest of the suite.
 func sharedHomeConfig(t *testing.T) sandkeep.Config {
-	cfg := baseConfig(t)
-	cfg.Transport = "auto"
-	return cfg
+	return withTransport(t, baseConfig(t), "auto")
 }
 
 // newSuite opens a manager with cfg (see baseConfig) and removes its containers when the test ends.
 func newSuite(t *testing.T, cfg sandkeep.Config) *suite {
 	t.Helper()
-	cli := testutil.Docker(t)
-	s := &suite{t: t, cfg: cfg, cli: cli, id: randHex(4)}
+	s := &suite{t: t, cfg: cfg, id: randHex(4)}
+	if onKube {
+		ns, ok := kubeNamespaces.Load(cfg.Home)
+		if !ok {
+			t.Fatal("newSuite on kubernetes: the config is not one baseConfig made")
+		}
+		s.kc, s.ns = kubetest.Node(t), ns.(string)
+		opts := s.kc.Options(s.ns)
+		opts.ChannelListen = ""
+		kd, err := kube.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.kd = kd
+	} else {
+		s.cli = testutil.Docker(t)
+	}
 	s.m = s.open(cfg)
 	return s
 }
 
-// open opens (another) manager with cfg; its containers are removed and it is closed when the test ends.
+// open opens (another) manager with cfg; its containers are removed and it is closed when the test ends (on
+// kubernetes the test's namespace goes, with every pod, record and claim in it).
 func (s *suite) open(cfg sandkeep.Config) *sandkeep.Manager {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(s.t.Context(), time.Minute)
@@ -108,9 +178,29 @@ func (s *suite) open(cfg sandkeep.Config) *sandkeep.Manager {
 	if err != nil {
 		s.t.Fatalf("Open: %v", err)
 	}
-	testutil.Cleanup(s.t, m.Installation())
+	if s.cli != nil {
+		testutil.Cleanup(s.t, m.Installation())
+	}
 	s.t.Cleanup(func() { _ = m.Close() })
 	return m
+}
+
+// dockerOnly skips the test on kubernetes, saying why it cannot apply there: what it checks is a
+// property of Docker (its HostConfig, `docker tag`, containers made behind sandkeep's back) that the kubernetes
+// driver's own suite covers in its terms, or not at all.
+func dockerOnly(t *testing.T, why string) {
+	t.Helper()
+	if onKube {
+		t.Skipf("not on kubernetes: %s", why)
+	}
+}
+
+// driverName is the driver the suite's sandboxes run on.
+func (s *suite) driverName() string {
+	if onKube {
+		return kubetest.Driver
+	}
+	return "docker"
 }
 
 // key returns a key whose tenant is unique to this test run.
@@ -152,6 +242,9 @@ func (s *suite) sh(key sandkeep.Key, script string) string {
 
 func (s *suite) inspect(idOrName string) container.InspectResponse {
 	s.t.Helper()
+	if s.cli == nil {
+		s.t.Fatal("inspect: a Docker-only check ran on kubernetes (mark the test dockerOnly)")
+	}
 	res, err := s.cli.ContainerInspect(context.Background(), idOrName, client.ContainerInspectOptions{})
 	if err != nil {
 		s.t.Fatalf("inspect %s: %v", idOrName, err)
@@ -159,9 +252,29 @@ func (s *suite) inspect(idOrName string) container.InspectResponse {
 	return res.Container
 }
 
-// exists reports whether a container with this id or name exists.
+// sandboxNamed is the driver's sandbox with this ID or name, nil when there is none (kubernetes).
+func (s *suite) sandboxNamed(idOrName string) *driver.Sandbox {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := s.kd.List(ctx, s.m.Installation())
+	if err != nil {
+		s.t.Fatalf("list sandboxes: %v", err)
+	}
+	for _, sb := range list {
+		if sb.ID == idOrName || sb.Name == idOrName {
+			return sb
+		}
+	}
+	return nil
+}
+
+// exists reports whether a sandbox (container; on kubernetes its record) with this id or name exists.
 func (s *suite) exists(idOrName string) bool {
 	s.t.Helper()
+	if s.kd != nil {
+		return s.sandboxNamed(idOrName) != nil
+	}
 	_, err := s.cli.ContainerInspect(context.Background(), idOrName, client.ContainerInspectOptions{})
 	if cerrdefs.IsNotFound(err) {
 		return false
@@ -172,13 +285,47 @@ func (s *suite) exists(idOrName string) bool {
 	return true
 }
 
+// running reports whether the sandbox with this id runs (on kubernetes: its pod does).
+func (s *suite) running(id string) bool {
+	s.t.Helper()
+	if s.kd != nil {
+		sb := s.sandboxNamed(id)
+		return sb != nil && sb.State == driver.StateRunning
+	}
+	return s.inspect(id).State.Running
+}
+
+// workspace is the host directory of key's /workspace: under the home on Docker, the claim's test volume on
+// kubernetes (a path that does not exist once the claim is gone).
 func (s *suite) workspace(key sandkeep.Key) string {
+	if s.kd != nil {
+		if dir := s.kc.Workspace(s.t, s.ns, key.ContainerName()); dir != "" {
+			return dir
+		}
+		return filepath.Join(s.cfg.Home, "no-workspace-claim", key.Hex())
+	}
 	return filepath.Join(s.cfg.Home, "workspaces", key.Hex())
 }
 
-// containersOf lists the containers labelled with the manager's installation.
-func (s *suite) containersOf(m *sandkeep.Manager) []container.Summary {
+// sandboxRef is a sandbox the driver lists: its ID and name.
+type sandboxRef struct{ ID, Name string }
+
+// containersOf lists the sandboxes (containers, pods' records) labelled with the manager's installation.
+func (s *suite) containersOf(m *sandkeep.Manager) []sandboxRef {
 	s.t.Helper()
+	var out []sandboxRef
+	if s.kd != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		list, err := s.kd.List(ctx, m.Installation())
+		if err != nil {
+			s.t.Fatalf("list sandboxes: %v", err)
+		}
+		for _, sb := range list {
+			out = append(out, sandboxRef{ID: sb.ID, Name: sb.Name})
+		}
+		return out
+	}
 	res, err := s.cli.ContainerList(context.Background(), client.ContainerListOptions{
 		All:     true,
 		Filters: client.Filters{}.Add("label", driver.LabelInstallation+"="+m.Installation()),
@@ -186,7 +333,10 @@ func (s *suite) containersOf(m *sandkeep.Manager) []container.Summary {
 	if err != nil {
 		s.t.Fatalf("list containers: %v", err)
 	}
-	return res.Items
+	for _, c := range res.Items {
+		out = append(out, sandboxRef{ID: c.ID, Name: strings.TrimPrefix(c.Names[0], "/")})
+	}
+	return out
 }
 
 func randHex(n int) string {
@@ -286,7 +436,7 @@ func TestReuseAcrossCalls(t *testing.T) {
 	if want := []string{trim(first.Stdout), "kept", "kept"}; !slices.Equal(lines, want) {
 		t.Errorf("second call printed %q, want hostname %q and both files kept", lines, want[0])
 	}
-	want := sandkeep.SandboxRef{Name: key.ContainerName(), ID: first.Sandbox.ID, Driver: "docker",
+	want := sandkeep.SandboxRef{Name: key.ContainerName(), ID: first.Sandbox.ID, Driver: s.driverName(),
 		Tenant: key.Tenant, User: key.User}
 	if second.Sandbox != want {
 		t.Errorf("Sandbox = %+v, want %+v", second.Sandbox, want)
@@ -346,6 +496,7 @@ func TestIsolation(t *testing.T) {
 // Posture
 
 func TestPosture(t *testing.T) {
+	dockerOnly(t, "it reads the posture from Docker's HostConfig and mounts; the pod's security context is checked against Pod Security restricted by internal/driver/kube (TestConformance, TestRestrictedRefused)")
 	t.Parallel()
 	s := newSuite(t, baseConfig(t))
 	key := s.key("acme", "alice")
@@ -518,7 +669,7 @@ func TestConcurrentFirstExecsConverge(t *testing.T) {
 	if len(list) != 1 {
 		t.Fatalf("%d containers exist for the installation, want exactly 1: %+v", len(list), list)
 	}
-	if name := strings.TrimPrefix(list[0].Names[0], "/"); name != key.ContainerName() {
+	if name := list[0].Name; name != key.ContainerName() {
 		t.Errorf("container is named %q, want %q", name, key.ContainerName())
 	}
 	if _, ok := ids[list[0].ID]; !ok {
@@ -642,11 +793,24 @@ func helperMain() int {
 	err := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		m, err := sandkeep.Open(ctx, sandkeep.Config{
+		cfg := sandkeep.Config{
 			Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT"),
 			Transport: "auto", // processes share the home: see sharedHomeConfig
 			Drivers:   []sandkeep.DriverOption{drivers.Docker()},
-		})
+		}
+		if ns := os.Getenv(helperEnv + "_KUBE_NAMESPACE"); ns != "" {
+			// The parent's namespace, through the API server's exec (the pods' channel is the parent's).
+			kubeconfig := os.Getenv("KUBECONFIG")
+			if kubeconfig == "" {
+				kubeconfig = kubetest.NodeKubeconfig
+			}
+			cfg.HostKind = "cloud"
+			cfg.Drivers = []sandkeep.DriverOption{{Name: kubetest.Driver, New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+				return kube.New(kube.Options{Kubeconfig: kubeconfig, Namespace: ns, AgentImage: kubetest.AgentImage,
+					StorageClass: kubetest.StorageClass, WorkspaceSize: kubetest.WorkspaceSize})
+			}}}
+		}
+		m, err := sandkeep.Open(ctx, cfg)
 		if err != nil {
 			return err
 		}
@@ -690,7 +854,8 @@ func TestSameKeySerializesAcrossProcesses(t *testing.T) {
 		wg.Go(func() {
 			cmd := exec.CommandContext(t.Context(), os.Args[0])
 			cmd.Env = append(os.Environ(), helperEnv+"=exec", helperEnv+"_TENANT="+key.Tenant, helperEnv+"_USER="+key.User,
-				"SANDKEEP_HOME="+s.cfg.Home, "SANDKEEP_IMAGE="+s.cfg.Image, "SANDKEEP_AGENT="+s.cfg.AgentPath)
+				"SANDKEEP_HOME="+s.cfg.Home, "SANDKEEP_IMAGE="+s.cfg.Image, "SANDKEEP_AGENT="+s.cfg.AgentPath,
+				helperEnv+"_KUBE_NAMESPACE="+s.ns)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			out, err := cmd.Output()
@@ -846,9 +1011,13 @@ func (s *suite) assertNoLeftovers(key sandkeep.Key, mark string) {
 	if out := s.exec(s.m, key, "sh", "-c", leftoverScript, mark); trim(out.Stdout) != "" || out.ExitCode != 0 {
 		s.t.Errorf("processes outlived their command: exit %d\n%s%s", out.ExitCode, out.Stdout, out.Stderr)
 	}
-	// And as the engine sees it: nothing but the agent may be left in the container. Under gVisor the engine's
+	// And as the engine sees it: nothing but the agent may be left in the container. (The kubelet has no `top`:
+	// on kubernetes the sandbox's own /proc above is the view the cluster gives.) Under gVisor the engine's
 	// list holds the Sentry's pids, which Docker 20.10 then looks up in the host's ps: the PID column is the
 	// sandbox's (1 is the agent's init), the other columns are whatever host process has that number.
+	if s.cli == nil {
+		return
+	}
 	gvisor := os.Getenv("SANDKEEP_TEST_RUNTIME") == "runsc"
 	deadline := time.Now().Add(slack)
 	for {
@@ -1091,7 +1260,7 @@ func TestStoppedSandboxRestarts(t *testing.T) {
 	if err := s.m.Stop(ctx, key); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
-	if c := s.inspect(first.Sandbox.ID); c.State.Running {
+	if s.running(first.Sandbox.ID) {
 		t.Fatal("sandbox still running after Stop")
 	}
 	list, err := s.m.List(ctx)
@@ -1108,6 +1277,7 @@ func TestStoppedSandboxRestarts(t *testing.T) {
 }
 
 func TestImageRetagRecycles(t *testing.T) {
+	dockerOnly(t, "it retags images with `docker tag`; the node's images are containerd's (image drift on kubernetes: drivertest's image cases in internal/driver/kube TestConformance)")
 	t.Parallel()
 	cfg := baseConfig(t)
 	s := newSuite(t, cfg)
@@ -1171,8 +1341,10 @@ func TestPostureChangeRecycles(t *testing.T) {
 	if trim(second.Stdout) != "kept" {
 		t.Errorf("workspace file after recycle: %q", second.Stdout)
 	}
-	if c := s.inspect(second.Sandbox.ID); c.HostConfig.PidsLimit == nil || *c.HostConfig.PidsLimit != 256 {
-		t.Errorf("new container's PidsLimit = %v, want 256", c.HostConfig.PidsLimit)
+	if s.cli != nil { // a pod has no pids limit of its own (the kubelet sets one per node): the recycle is the check
+		if c := s.inspect(second.Sandbox.ID); c.HostConfig.PidsLimit == nil || *c.HostConfig.PidsLimit != 256 {
+			t.Errorf("new container's PidsLimit = %v, want 256", c.HostConfig.PidsLimit)
+		}
 	}
 	if s.exists(first.Sandbox.ID) {
 		t.Error("the drifted container was left behind")
@@ -1225,6 +1397,7 @@ func TestRestartAdopts(t *testing.T) {
 }
 
 func TestForeignContainerIsNeitherAdoptedNorDeleted(t *testing.T) {
+	dockerOnly(t, "it makes a foreign container with the Docker API (foreign pods and records: internal/driver/kube TestConformance)")
 	t.Parallel()
 	cfg := baseConfig(t)
 	s := newSuite(t, cfg)
@@ -1349,10 +1522,10 @@ func TestIdleSweep(t *testing.T) {
 	if !slices.Contains(rep.Skipped, busy.ContainerName()) {
 		t.Errorf("SweepOnce skipped %v, want the busy %s", rep.Skipped, busy.ContainerName())
 	}
-	if c := s.inspect(idleRes.Sandbox.ID); c.State.Running {
+	if s.running(idleRes.Sandbox.ID) {
 		t.Error("the idle sandbox is still running")
 	}
-	if c := s.inspect(busyFirst.Sandbox.ID); !c.State.Running {
+	if !s.running(busyFirst.Sandbox.ID) {
 		t.Error("the busy sandbox was stopped")
 	}
 	release()
@@ -1391,7 +1564,7 @@ func TestRetentionRemovesStoppedSandbox(t *testing.T) {
 	if s.exists(first.Sandbox.ID) {
 		t.Error("the stopped sandbox is still there")
 	}
-	if !s.inspect(running.Sandbox.ID).State.Running {
+	if !s.running(running.Sandbox.ID) {
 		t.Error("a running sandbox was touched by retention")
 	}
 	if b, err := os.ReadFile(filepath.Join(s.workspace(key), "f")); err != nil || trim(string(b)) != "kept" {
@@ -1448,12 +1621,12 @@ func TestOneSweeperPerHome(t *testing.T) {
 		}
 	})
 	time.Sleep(2 * time.Second) // dozens of intervals in which the second manager must not sweep
-	if !s.inspect(res.Sandbox.ID).State.Running {
+	if !s.running(res.Sandbox.ID) {
 		t.Fatal("a second sweeper ran while the first held the home")
 	}
 
 	stop1() // the survivor takes over
-	for deadline := time.Now().Add(slack); s.inspect(res.Sandbox.ID).State.Running; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(slack); s.running(res.Sandbox.ID); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the second sweeper did not take over when the first stopped")
 		}
@@ -1463,6 +1636,7 @@ func TestOneSweeperPerHome(t *testing.T) {
 // TestChangedBehindOurBack: an operator (or another tool) stops, pauses or removes the container between two
 // commands; the next command still runs, in the same container when it can be started again.
 func TestChangedBehindOurBack(t *testing.T) {
+	dockerOnly(t, "it stops, pauses and removes containers with the Docker API (a pod deleted behind sandkeep's back: cmd/sandkeep TestServeRestartKube, internal/driver/kube TestChannelAdoption)")
 	t.Parallel()
 	for _, transport := range []string{"exec", "auto"} {
 		t.Run(transport, func(t *testing.T) {
@@ -1518,8 +1692,7 @@ func TestBrokenAgentRecycles(t *testing.T) {
 	for _, transport := range []string{"exec", "auto"} {
 		t.Run(transport, func(t *testing.T) {
 			t.Parallel()
-			cfg := baseConfig(t)
-			cfg.Transport = transport
+			cfg := withTransport(t, baseConfig(t), transport)
 			s := newSuite(t, cfg)
 			key := s.key("acme", "alice")
 			mark := "SANDKEEP_TEST_MARK=" + randHex(8)
@@ -1622,8 +1795,17 @@ func TestWorkdir(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st, owner := fi.Sys().(*syscall.Stat_t), ws.Sys().(*syscall.Stat_t); st.Uid != owner.Uid {
-			t.Errorf("created workdir is owned by uid %d, want the sandbox user %d (the workspace's owner)", st.Uid, owner.Uid)
+		owner := ws.Sys().(*syscall.Stat_t).Uid
+		if onKube { // the volume's root belongs to whoever provisioned it: the sandbox user is the one that counts
+			id := trim(s.exec(s.m, key, "id", "-u").Stdout)
+			n, err := strconv.ParseUint(id, 10, 32)
+			if err != nil {
+				t.Fatalf("id -u printed %q", id)
+			}
+			owner = uint32(n)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != owner {
+			t.Errorf("created workdir is owned by uid %d, want the sandbox user %d (the workspace's owner)", st.Uid, owner)
 		}
 	})
 }

@@ -188,6 +188,17 @@ if [ "$k8s_stage" = 1 ]; then
 	phase "go test -race (kubernetes) ./internal/driver/kube/..."
 	KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
 		go test -race -count=1 -timeout 20m ./internal/driver/kube/... || fail "go test (kubernetes; node logs in $k8s_log_dir)"
+	# The library's lifecycle suite (every test of sandkeep_test.go; the few that read Docker itself skip on
+	# kubernetes, each saying why) and, through a real `sandkeep serve`, the API suite with its files and the
+	# serve restart (adoption, a pod deleted behind its back): SANDKEEP_TEST_DRIVER=kubernetes points them at the
+	# node (internal/testutil/kubetest). The egress suites wait for the kube egress work (issue 15a).
+	lib_tests=$(grep -o '^func Test[A-Za-z0-9_]*' sandkeep_test.go | sed 's/^func //' | grep -vx TestMain | paste -sd'|')
+	phase "go test -race (kubernetes): the library's lifecycle suite, TestServeSDK, TestServeRestartKube"
+	k8s_suites_start=$(date +%s)
+	SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
+		go test -race -count=1 -timeout 25m -run "^($lib_tests|TestServeSDK|TestServeRestartKube)\$" . ./cmd/sandkeep \
+		|| fail "go test (the suites on kubernetes; node logs in $k8s_log_dir)"
+	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"
 	trap k8s_cleanup EXIT
 	bash scripts/k8s-down.sh || fail "scripts/k8s-down.sh"

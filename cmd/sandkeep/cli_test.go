@@ -21,7 +21,9 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/testutil"
+	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
 // processBound is how long any one sandkeep process may run in these tests before it is killed and the test
@@ -36,6 +38,10 @@ type cli struct {
 	env          []string
 	installation string
 	suffix       string // makes this test's tenants unique on the shared engine
+	// On kubernetes (SANDKEEP_TEST_DRIVER=kubernetes): the cluster and the test's namespace, where every
+	// sandkeep process of this cli runs its sandboxes.
+	kc *kubetest.Cluster
+	ns string
 }
 
 // ten returns a tenant name unique to this cli. Container names derive from (tenant, user) only, and the
@@ -47,8 +53,16 @@ func (c *cli) ten(name string) string { return name + "-" + c.suffix }
 // of that home's installation.
 func newCLI(t *testing.T) *cli {
 	t.Helper()
-	testutil.Docker(t)
-	image := testutil.TestImage(t)
+	var kc *kubetest.Cluster
+	var ns, image string
+	if kubetest.Selected() {
+		kc = kubetest.Node(t)
+		ns = kc.Namespace(t)
+		image = kubetest.Image
+	} else {
+		testutil.Docker(t)
+		image = testutil.TestImage(t)
+	}
 	agent := testutil.AgentBinary(t)
 	bin := testutil.BuildBinary(t, "./cmd/sandkeep", "sandkeep", false)
 	home := t.TempDir()
@@ -56,6 +70,16 @@ func newCLI(t *testing.T) *cli {
 	// pass does not: the CLI's default, auto, already prefers the channel, and forcing it would fail the tests
 	// where several one-shot processes share a sandbox by design (only one can own its channel).
 	env := []string{"SANDKEEP_HOME=" + home, "SANDKEEP_IMAGE=" + image, "SANDKEEP_AGENT=" + agent}
+	if kc != nil {
+		// The cloud host kind picks kubernetes with no flag; no host passthrough to fall back to. The spec keeps
+		// each pod's resources small (kubetest.Spec).
+		spec := filepath.Join(t.TempDir(), "sandkeep.yaml")
+		if err := os.WriteFile(spec, []byte(kubetest.Spec), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env = append(env, kubeEnv(kc, ns)...)
+		env = append(env, "SANDKEEP_SPEC="+spec)
+	}
 	if os.Getenv("SANDKEEP_TRANSPORT") == "exec" {
 		env = append(env, "SANDKEEP_TRANSPORT=exec")
 	}
@@ -66,7 +90,7 @@ func newCLI(t *testing.T) *cli {
 		daemonMode = "off"
 	}
 	env = append(env, "SANDKEEP_DAEMON="+daemonMode, "SANDKEEP_DAEMON_IDLE=5m")
-	c := &cli{bin: bin, home: home, env: cleanEnv(env...)}
+	c := &cli{bin: bin, home: home, env: cleanEnv(env...), kc: kc, ns: ns}
 	t.Cleanup(func() { // the home's daemon, if a call started one, ends with the test
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
 		defer cancel()
@@ -80,8 +104,30 @@ func newCLI(t *testing.T) *cli {
 	}
 	c.installation = strings.TrimSpace(string(id))
 	c.suffix = c.installation[:12]
-	testutil.Cleanup(t, c.installation)
+	if kc == nil {
+		testutil.Cleanup(t, c.installation) // on kubernetes the namespace goes, with everything in it
+	}
 	return c
+}
+
+// kubeEnv is the environment that points sandkeep at namespace ns of the test cluster (the operator's
+// variables of docs/KUBERNETES.md).
+func kubeEnv(kc *kubetest.Cluster, ns string) []string {
+	kubeconfig := os.Getenv("KUBECONFIG")
+	if kubeconfig == "" {
+		kubeconfig = kubetest.NodeKubeconfig
+	}
+	return []string{"SANDKEEP_HOST_KIND=cloud", "SANDKEEP_HOST_PASSTHROUGH=deny", "KUBECONFIG=" + kubeconfig,
+		kube.EnvNamespace + "=" + ns, kube.EnvAgentImage + "=" + kubetest.AgentImage,
+		kube.EnvStorageClass + "=" + kubetest.StorageClass, kube.EnvWorkspaceSize + "=" + kubetest.WorkspaceSize}
+}
+
+// driverName is the driver this cli's sandboxes run on.
+func (c *cli) driverName() string {
+	if c.kc != nil {
+		return kubetest.Driver
+	}
+	return "docker"
 }
 
 // cleanEnv is the test process's environment without any SANDKEEP_ variable, plus extra.
@@ -186,6 +232,12 @@ func sandboxUID(t *testing.T, out string) string {
 }
 
 func (c *cli) workspace(t *testing.T, tenant, user string) string {
+	if c.kc != nil { // the claim's test volume (a path that does not exist without a claim)
+		if dir := c.kc.Workspace(t, c.ns, keyOf(t, tenant, user).ContainerName()); dir != "" {
+			return dir
+		}
+		return filepath.Join(c.home, "no-workspace-claim", keyOf(t, tenant, user).Hex())
+	}
 	return filepath.Join(c.home, "workspaces", keyOf(t, tenant, user).Hex())
 }
 
@@ -195,6 +247,23 @@ func (c *cli) containers(t *testing.T) []string {
 	// Not t.Context(): this also runs from t.Cleanup, when that context is already cancelled.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if c.kc != nil { // the sandboxes' records (their UIDs are the sandbox IDs)
+		opts := c.kc.Options(c.ns)
+		opts.ChannelListen = ""
+		d, err := kube.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs, err := d.List(ctx, c.installation)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, sb := range sbs {
+			ids = append(ids, sb.ID)
+		}
+		return ids
+	}
 	list, err := testutil.Docker(t).ContainerList(ctx, client.ContainerListOptions{
 		All:     true,
 		Filters: client.Filters{}.Add("label", driver.LabelInstallation+"="+c.installation),

@@ -24,6 +24,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/client"
 	"github.com/sandkeep/sandkeep/internal/auth"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/store"
@@ -97,7 +98,11 @@ func (c *cli) startServerEnv(t *testing.T, extraEnv []string, args ...string) *s
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	s := &server{c: c, log: newLineLog(), exited: make(chan struct{}), hc: &http.Client{Transport: tr}}
-	s.cmd = c.command(ctx, append(transportEnv(), extraEnv...), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	env := transportEnv()
+	if c.kc != nil { // serve keeps the pods' agent channel (a port of its own unless extraEnv names one)
+		env = append(env, kube.EnvChannelListen+"="+c.kc.Options(c.ns).ChannelListen)
+	}
+	s.cmd = c.command(ctx, append(env, extraEnv...), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		cancel()
@@ -351,7 +356,7 @@ func TestServeSDK(t *testing.T) {
 			t.Errorf("result %+v", res)
 		}
 		if res.RequestID != "sdk-req-1" || res.Sandbox.Tenant != tenant || res.Sandbox.User != "alice" ||
-			res.Sandbox.Driver != "docker" || !strings.HasPrefix(res.Sandbox.Name, "sandkeep-u-") {
+			res.Sandbox.Driver != c.driverName() || !strings.HasPrefix(res.Sandbox.Name, "sandkeep-u-") {
 			t.Errorf("request id and sandbox of the result: %q, %+v", res.RequestID, res.Sandbox)
 		}
 		if want := os.Getenv("SANDKEEP_TRANSPORT"); want != "" && want != "auto" && res.Transport != want {
@@ -419,6 +424,20 @@ func TestServeSDK(t *testing.T) {
 
 	t.Run("files", func(t *testing.T) {
 		ctx := bounded(t)
+		if c.kc != nil {
+			// The file API reads and writes workspaces on the host; the kubernetes driver's is a claim in the
+			// cluster: refused with FILES_UNAVAILABLE, nothing written. What the later subtests read is made by
+			// a command instead.
+			_, err := cl.Upload(ctx, "alice", "bin/deep/data.bin", strings.NewReader("x"), 0o644)
+			wantAPIError(t, err, http.StatusUnprocessableEntity, fault.FilesUnavailable)
+			_, err = cl.Download(ctx, "alice", "made.bin", io.Discard)
+			wantAPIError(t, err, http.StatusUnprocessableEntity, fault.FilesUnavailable)
+			res, err := cl.Exec(ctx, "alice", client.ExecRequest{Command: "test ! -e bin && mkdir -p tree/a && echo top > tree/a/top.txt"})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("make the tree by a command: %+v, %v", res, err)
+			}
+			return
+		}
 		// Binary: every byte value, then random bytes, in a directory that does not exist yet.
 		data := make([]byte, 3<<20)
 		for i := range 256 {
@@ -547,7 +566,7 @@ func TestServeSDK(t *testing.T) {
 				t.Fatal(err)
 			}
 			if run.ID != id || run.Status != store.StatusSucceeded || run.Admission != store.AdmissionAdmitted ||
-				run.Driver != "docker" || run.FinishedAt.IsZero() {
+				run.Driver != c.driverName() || run.FinishedAt.IsZero() {
 				t.Errorf("run of the command with request id %s: %+v", reqID, run)
 			}
 			evs, err := cl.Events(ctx, id, 0)
@@ -623,7 +642,11 @@ func TestServeSDK(t *testing.T) {
 		_, err = cl.Sandbox(ctx, "alice")
 		wantAPIError(t, err, http.StatusNotFound, fault.NotFound)
 		_, err = cl.Download(ctx, "alice", "empty", io.Discard)
-		wantAPIError(t, err, http.StatusNotFound, fault.FileNotFound)
+		if c.kc != nil {
+			wantAPIError(t, err, http.StatusUnprocessableEntity, fault.FilesUnavailable)
+		} else {
+			wantAPIError(t, err, http.StatusNotFound, fault.FileNotFound)
+		}
 		wantAPIError(t, cl.Stop(ctx, "alice"), http.StatusNotFound, fault.NotFound)
 		if boxes, err := cl.Sandboxes(ctx); err != nil || len(boxes) != 1 || boxes[0].User != "streamer" {
 			t.Errorf("sandboxes after removing alice: %+v, %v", boxes, err)

@@ -113,6 +113,17 @@ type Output struct {
 	Stdin  io.Reader // nil: the command's stdin is /dev/null. Exec may return before a blocked Read does.
 	// Resize carries a TTY command's window size changes (agentproto.RunOptions.Resize); nil: none.
 	Resize <-chan agentproto.WindowSize
+	// Started, when set, is called by a ChannelReporter driver's Exec, synchronously and before Exec returns,
+	// each time the command goes out: overChannel says whether the driver's own agent channel carries it (else
+	// the engine's exec does). Other drivers never call it.
+	Started func(overChannel bool)
+}
+
+// ChannelReporter is optional: a driver whose Exec may carry a command over an agent channel of its own (the
+// kubernetes driver's pod channel) reports which way each command went through Output.Started, so that
+// exec_started, exec_finished and ExecResult.Transport say the truth.
+type ChannelReporter interface {
+	ReportsChannel() bool
 }
 
 // State is a sandbox's engine state, normalised across drivers.

@@ -75,7 +75,10 @@ const (
 	// Port forwarding (lifecycle, driver.PortDialer).
 	PortUnreachable        Code = "PORT_UNREACHABLE"         // nothing in the sandbox accepts connections on that port
 	PortForwardUnavailable Code = "PORT_FORWARD_UNAVAILABLE" // the sandbox's driver cannot forward ports
-	SandboxNotRunning      Code = "SANDBOX_NOT_RUNNING"      // the sandbox exists but is stopped (a forward needs a running one)
+	// FilesUnavailable: the file API reads and writes the workspace on the host, and this driver keeps it
+	// elsewhere (a Kubernetes claim).
+	FilesUnavailable  Code = "FILES_UNAVAILABLE"
+	SandboxNotRunning Code = "SANDBOX_NOT_RUNNING" // the sandbox exists but is stopped (a forward needs a running one)
 
 	// Trust tiers (internal/tier, admission).
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)

@@ -198,12 +198,24 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 			}
 			return res, err
 		}
-		started(sb, TransportExec)
+		transport := TransportExec
+		out.Started = nil
+		if reportsChannel(m.drv) {
+			// The driver says which way the command went (its own channel or the engine's exec), as it goes.
+			out.Started = func(overChannel bool) {
+				if overChannel {
+					transport = TransportAgent
+				}
+				started(sb, transport)
+			}
+		} else {
+			started(sb, TransportExec)
+		}
 		res, err := m.drv.Exec(ctx, sb, preq, out)
 		m.home.Touch(key, m.cfg.Now())
 		switch {
 		case err == nil:
-			return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportExec}, nil
+			return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: transport}, nil
 		case attempt == 0 && ctx.Err() == nil && (cerrdefs.IsNotFound(err) || cerrdefs.IsConflict(err)):
 			// Stopped or removed behind our back (the sweeper, another process): the exec never started.
 			m.forget(key)
@@ -214,11 +226,17 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 				"the sandbox was recycled; run the command again (files in /workspace are kept)",
 				"the agent in sandbox %s stopped answering correctly", sb.Name)
 		case ctx.Err() != nil:
-			return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportExec}, err
+			return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: transport}, err
 		default:
 			return nil, coded(ctx, err, key)
 		}
 	}
+}
+
+// reportsChannel: drv carries some commands over an agent channel of its own and says so (driver.ChannelReporter).
+func reportsChannel(drv driver.Driver) bool {
+	r, ok := drv.(driver.ChannelReporter)
+	return ok && r.ReportsChannel()
 }
 
 // coded gives an engine error that carries no failure code one (SANDBOX_FAILED), so that every failure a

@@ -208,6 +208,12 @@ func (m *Manager) execIn(ctx context.Context, key identity.Key, sb *driver.Sandb
 	if conn != nil {
 		return m.execChannel(ctx, key, sb, l, conn, preq, out)
 	}
+	transport := TransportExec
+	out.Started = func(overChannel bool) {
+		if overChannel {
+			transport = TransportAgent
+		}
+	}
 	res, err := m.drv.Exec(ctx, sb, preq, out)
 	if errors.Is(err, agentproto.ErrProtocol) {
 		m.recycle(ctx, key, sb, err)
@@ -216,7 +222,7 @@ func (m *Manager) execIn(ctx context.Context, key identity.Key, sb *driver.Sandb
 	if err != nil {
 		return nil, err
 	}
-	return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportExec}, nil
+	return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: transport}, nil
 }
 
 // helperOutputLimit bounds what is kept of a file command's output: a one-line diagnostic.

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
@@ -9,6 +10,12 @@ import (
 // With create, a missing workspace is created as a first command would create it; without, it is
 // FILE_NOT_FOUND (nothing was ever written for this user).
 func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid int, err error) {
+	if _, elsewhere := m.drv.(driver.WorkspaceRemover); elsewhere {
+		// The driver keeps the workspace itself (a Kubernetes claim): the host directory is not what the sandbox
+		// sees, and a write there would look done and never reach it.
+		return "", 0, 0, fault.New(fault.FilesUnavailable, "move files with commands for now (e.g. base64 through exec), or use the docker driver",
+			"the %s driver keeps the workspace of %s in the cluster; the file API reaches only host workspaces", m.drv.Name(), key)
+	}
 	if !create && !m.home.HasWorkspace(key) {
 		return "", 0, 0, fault.New(fault.FileNotFound, "run a command or upload a file first",
 			"no workspace for %s", key)

@@ -1,18 +1,14 @@
 package kube_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,8 +25,8 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
-	"github.com/sandkeep/sandkeep/internal/ociimage"
 	"github.com/sandkeep/sandkeep/internal/testutil"
+	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
 // The test node scripts/k8s-up.sh starts; each can be overridden for another cluster.
@@ -45,10 +41,8 @@ const (
 	nodePVRoot       = "/var/lib/sandkeep-k8s/pv"
 	storageClass     = "sandkeep-test"
 	workspaceSize    = "64Mi"
-	testAgentImage   = "docker.io/library/sandkeep-agent:test"
-	testImage        = "docker.io/library/sandkeep-test-busybox:kube"
-	testImageRepo    = "docker.io/library/sandkeep-test-busybox"
-	testAgentRepo    = "docker.io/library/sandkeep-agent"
+	testAgentImage   = kubetest.AgentImage
+	testImage        = kubetest.Image
 	imageListBudget  = 90 * time.Second // the kubelet reports new images with its next node status
 )
 
@@ -103,93 +97,11 @@ func setUp(kubeconfig, agent string) (*cluster, error) {
 		return nil, fmt.Errorf("the API server at %s does not answer: %w", cfg.Host, err)
 	}
 	c := &cluster{cfg: cfg, api: api, agent: agent}
-	if err := c.loadImages(ctx); err != nil {
+	// The same images as the suites on kubernetes load (internal/testutil/kubetest), under the same names.
+	if err := (&kubetest.Cluster{Config: cfg, API: api, Agent: agent}).LoadImages(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
-}
-
-// loadImages imports the agent image and the busybox test image into the node's containerd, then waits until
-// the node reports them (which is what ResolveImage reads).
-func (c *cluster) loadImages(ctx context.Context) error {
-	agent, err := os.ReadFile(c.agent)
-	if err != nil {
-		return err
-	}
-	var agentTar, testTar bytes.Buffer
-	if _, err := kube.WriteAgentImage(&agentTar, agent, testAgentImage); err != nil {
-		return err
-	}
-	if err := busyboxImage(&testTar); err != nil {
-		return err
-	}
-	socket := os.Getenv(envContainerd)
-	if socket == "" {
-		socket = nodeContainerd
-	}
-	for _, img := range []struct {
-		repo string
-		tar  *bytes.Buffer
-	}{{testAgentRepo, &agentTar}, {testImageRepo, &testTar}} {
-		cmd := exec.CommandContext(ctx, "ctr", "-a", socket, "-n", "k8s.io", "images", "import", "--digests", "--base-name", img.repo, "-")
-		cmd.Stdin = img.tar
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("ctr images import %s: %v: %s", img.repo, err, out)
-		}
-	}
-	for {
-		nodes, err := c.api.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err == nil && len(nodes.Items) > 0 && nodesHave(nodes.Items, testAgentImage) && nodesHave(nodes.Items, testImage) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the node did not report the imported images (%v, %v)", ctx.Err(), err)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-func nodesHave(nodes []corev1.Node, ref string) bool {
-	for _, n := range nodes {
-		for _, img := range n.Status.Images {
-			for _, name := range img.Names {
-				if name == ref {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
-
-// busyboxImage writes the test image as an OCI archive: the host's static busybox with its applets, /etc/passwd
-// with `sandbox` (uid 1000), /tmp and /workspace.
-func busyboxImage(w *bytes.Buffer) error {
-	bin, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		return fmt.Errorf("static busybox: %w (install busybox-static)", err)
-	}
-	out, err := exec.Command("/bin/busybox", "--list").Output()
-	if err != nil {
-		return fmt.Errorf("busybox --list: %w", err)
-	}
-	files := []ociimage.File{
-		{Path: "/bin/busybox", Mode: 0o755, Data: bin},
-		{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh\n")},
-		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nsandbox:x:1000:\n")},
-		{Path: "/tmp", Mode: fs.ModeDir | fs.ModeSticky | 0o777},
-		{Path: "/workspace", Mode: fs.ModeDir | 0o755, UID: 1000, GID: 1000},
-		{Path: "/home/sandbox", Mode: fs.ModeDir | 0o755, UID: 1000, GID: 1000},
-		{Path: "/usr/bin/env", Mode: fs.ModeSymlink | 0o777, Link: "/bin/busybox"},
-	}
-	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" && !strings.Contains(a, "/") {
-			files = append(files, ociimage.File{Path: "/bin/" + a, Mode: fs.ModeSymlink | 0o777, Link: "/bin/busybox"})
-		}
-	}
-	_, err = ociimage.Write(w, ociimage.Image{Ref: testImage, Files: files, Cmd: []string{"/bin/sh"}})
-	return err
 }
 
 // namespace returns a fresh namespace name for this test, deleted (with its claims) when the test ends.

@@ -23,6 +23,12 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 )
 
+// ReportsChannel: with the agent channel on, Exec says through Output.Started whether the pod's channel or the
+// API server's exec carried each command (driver.ChannelReporter).
+func (d *Driver) ReportsChannel() bool { return d.ch != nil }
+
+var _ driver.ChannelReporter = (*Driver)(nil)
+
 // executors makes the remotecommand executors of one exec.
 type executors struct{ cfg *rest.Config }
 
@@ -40,8 +46,14 @@ const streamWait = 10 * time.Second
 func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Request, out driver.Output) (agentproto.Result, error) {
 	if d.ch != nil {
 		if conn := d.ch.take(ctx, sb.Name, types.UID(sb.ID)); conn != nil {
+			if out.Started != nil {
+				out.Started(true)
+			}
 			return d.execChannel(ctx, sb, conn, req, out)
 		}
+	}
+	if out.Started != nil {
+		out.Started(false)
 	}
 	if err := d.execTarget(ctx, sb); err != nil {
 		return agentproto.Result{}, err

@@ -289,8 +289,15 @@ func (d *Driver) Ping(ctx context.Context) error {
 		return fault.Wrap(err, fault.DriverUnavailable, "check KUBECONFIG and that the API server is reachable",
 			"the Kubernetes API server at %s did not answer", d.rest.Host)
 	}
-	return d.ensureNamespace(ctx)
+	// The API server answered: the namespace and its policies are set-up, not availability, so they get their
+	// own bound instead of the probe's (a loaded API server takes seconds for the few writes).
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), namespaceSetupTimeout)
+	defer cancel()
+	return d.ensureNamespace(nctx)
 }
+
+// namespaceSetupTimeout bounds ensuring the namespace and its NetworkPolicies from Ping.
+const namespaceSetupTimeout = 30 * time.Second
 
 // Version is the API server's version, for doctor.
 func (d *Driver) Version(ctx context.Context) (string, error) {
