@@ -318,7 +318,6 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		return err
 	}
 	r.lc = lc
-	r.postAttach = repo.sb.PostAttach
 	image := ""
 	if repo.sb.Build != nil && !onHost {
 		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {
@@ -336,6 +335,12 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 			return err
 		}
 	}
+	if len(repo.containerRefs) > 0 && !onHost {
+		if err := r.expandContainerEnv(ctx, repo, m.featureBase(image, tpl, repo)); err != nil {
+			return err
+		}
+	}
+	r.postAttach = repo.sb.PostAttach
 	if tpl != nil || repo.shaped() || image != "" || companions != nil {
 		var applyErr error
 		r.shape, err = lc.NewShape(tpl.name(), func(c *lifecycle.Config) {

@@ -36,6 +36,10 @@ type repository struct {
 	dcUser   string                        // devcontainer.json's user: _REMOTE_USER of install.sh
 
 	companions []compose.Service // a compose-based devcontainer's runServices (compose.go)
+
+	path          string            // the spec file the repository was read from
+	containerRefs []string          // devcontainer.json's fields that wait for the container's environment (devcontainer.Config.ContainerRefs)
+	containerEnv  map[string]string // what the repository sets on the container (screened containerEnv, the compose service's environment): over the image's ENV, what ${containerEnv:...} sees
 }
 
 // loadRepository reads the spec at path ("" is no repository input), fuses devcontainer.json when the spec
@@ -43,7 +47,13 @@ type repository struct {
 // listing all the diagnostics: SPEC_INVALID for a malformed file, TIER_REFUSED for a field the repository may
 // not set, SPEC_UNSUPPORTED for what this build cannot apply.
 func (m *Manager) loadRepository(path string) (*repository, error) {
-	r := &repository{}
+	return m.loadRepositoryIn(path, nil)
+}
+
+// loadRepositoryIn is loadRepository with the container's environment for devcontainer.json's
+// ${containerEnv:...} (devcontainer.Env.Container); nil leaves those fields in repository.containerRefs.
+func (m *Manager) loadRepositoryIn(path string, container func(string) (string, bool)) (*repository, error) {
+	r := &repository{path: path}
 	if path == "" {
 		return r, nil
 	}
@@ -54,7 +64,9 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 	r.sb, r.root = f.Sandbox, f.Root
 	src := tier.Sources{Spec: f}
 	if r.sb.Image == "" && r.sb.Build == nil {
-		dc, list, found := devcontainer.Load(f.Root, m.cfg.Repository.DevcontainerEnv(os.LookupEnv, f.Root))
+		env := m.cfg.Repository.DevcontainerEnv(os.LookupEnv, f.Root)
+		env.Container = container
+		dc, list, found := devcontainer.Load(f.Root, env)
 		if found {
 			if err := r.take(list, "devcontainer.json"); err != nil {
 				return nil, err
@@ -66,6 +78,12 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 			r.dropped = droppedEvent(dc)
 			r.warnings = append(r.warnings, m.hostRequirements(dc)...)
 			r.takeFeatures(dc)
+			r.containerRefs = dc.ContainerRefs
+			for k, v := range dc.ContainerEnv {
+				if devcontainer.DenyClass(k) == "" {
+					r.setContainerEnv(k, v)
+				}
+			}
 			if err := r.takeCompose(dc); err != nil {
 				return nil, err
 			}
@@ -78,6 +96,14 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 		return nil, err
 	}
 	return r, unsupported(r.sb)
+}
+
+// setContainerEnv records one variable the repository sets on the container.
+func (r *repository) setContainerEnv(k, v string) {
+	if r.containerEnv == nil {
+		r.containerEnv = map[string]string{}
+	}
+	r.containerEnv[k] = v
 }
 
 // take keeps list's warnings and turns its errors into one SPEC_INVALID failure that lists them all.
