@@ -15,7 +15,9 @@ import (
 	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
 // featureRegistry fetches OCI features; a package variable so that one client (and its connection pool) serves
@@ -37,8 +39,9 @@ func (r *repository) takeFeatures(dc *devcontainer.Config) {
 
 // installFeatures builds the derived image with the repository's features installed on base, on the run's
 // driver (the same build path as a spec's build:, so install.sh has no network), and records
-// sandbox_features_installed. The features' screened containerEnv is baked into the image as ENV; their mounts
-// are not made yet; what their metadata asked that weakens the posture is dropped. Each of those is one
+// sandbox_features_installed. The features' screened containerEnv is baked into the image as ENV; their volumes
+// and tmpfs mounts join the sandbox's (takeFeatureMounts), their binds are dropped; what their metadata asked
+// that weakens the posture is dropped. Each of those is one
 // "dropped: ..." line on progress and one entry of the event's dropped list.
 func (m *Manager) installFeatures(ctx context.Context, r *Run, lc *lifecycle.Manager, repo *repository, base string, progress io.Writer) (string, error) {
 	bd, ok := lc.Driver().(imageBuilder)
@@ -62,14 +65,12 @@ func (m *Manager) installFeatures(ctx context.Context, r *Run, lc *lifecycle.Man
 	if err != nil {
 		return "", err
 	}
-	plan := feature.Screen(fs)
+	plan := feature.Screen(fs, feature.Scope{Workspace: repo.sb.WorkspaceFolder, Env: m.cfg.Repository.DevcontainerEnv(os.LookupEnv, repo.root)})
 	var dropped []string
 	for _, d := range plan.Dropped {
 		dropped = append(dropped, fmt.Sprintf("feature %q %s: %s", d.Feature, d.Field, d.Why))
 	}
-	for _, mnt := range plan.Mounts {
-		dropped = append(dropped, fmt.Sprintf("feature mount %q: not made yet (a feature's mounts are not supported)", mnt))
-	}
+	dropped = append(dropped, repo.takeFeatureMounts(plan)...)
 	if progress != nil {
 		for _, line := range dropped {
 			fmt.Fprintf(progress, "dropped: %s\n", line)
@@ -95,6 +96,44 @@ func (m *Manager) installFeatures(ctx context.Context, r *Run, lc *lifecycle.Man
 	}
 	r.event(events.NameSandboxFeatures, ev)
 	return ref, nil
+}
+
+// takeFeatureMounts adds the features' screened volumes and tmpfs mounts to the repository's sandbox, as
+// devcontainer.json's own: the file's (and the spec's) mount of the same target wins, as the devcontainers CLI
+// lets the configuration's mounts win over its features'. It returns one line for each mount left out.
+func (r *repository) takeFeatureMounts(plan *feature.Plan) []string {
+	taken := map[string]bool{}
+	for _, v := range r.sb.Volumes {
+		taken[v.Target] = true
+	}
+	for _, t := range r.sb.Tmpfs {
+		target, _, _ := strings.Cut(t, ":")
+		taken[target] = true
+	}
+	for _, mnt := range r.sb.Mounts {
+		if m, err := guard.ParseMount(mnt); err == nil {
+			taken[m.Target] = true
+		}
+	}
+	var out []string
+	for _, v := range plan.Volumes {
+		if taken[v.Target] {
+			out = append(out, fmt.Sprintf("feature volume %q at %s: devcontainer.json's own mount of that target wins", v.Name, v.Target))
+			continue
+		}
+		taken[v.Target] = true
+		r.sb.Volumes = append(r.sb.Volumes, spec.Volume{Name: v.Name, Target: v.Target, ReadOnly: v.ReadOnly})
+	}
+	for _, t := range plan.Tmpfs {
+		target, _, _ := strings.Cut(t, ":")
+		if taken[target] {
+			out = append(out, fmt.Sprintf("feature tmpfs at %s: devcontainer.json's own mount of that target wins", target))
+			continue
+		}
+		taken[target] = true
+		r.sb.Tmpfs = append(r.sb.Tmpfs, t)
+	}
+	return out
 }
 
 // featureBase is the image features are installed on: the built image, else the repository's, the template's,

@@ -1,6 +1,7 @@
 package feature
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,13 +32,22 @@ type Dropped struct {
 // (after screening), and what was dropped.
 type Plan struct {
 	Features []*Feature
-	Env      map[string]string // containerEnv of the features, later features winning; also ENV in the image
-	Mounts   []string          // --mount strings: binds that passed guard.ParseMount, volume and tmpfs mounts as asked
+	Env      map[string]string     // containerEnv of the features, later features winning; also ENV in the image
+	Volumes  []devcontainer.Volume // type=volume mounts: per-key named volumes, as devcontainer.json's own
+	Tmpfs    []string              // type=tmpfs mounts, "target[:size=N]"
 	Dropped  []Dropped
 }
 
-// Screen applies the posture screening to the features' metadata, in install order.
-func Screen(fs []*Feature) *Plan {
+// Scope is what the screening of a feature's mounts needs of the devcontainer: the container's workspace folder
+// (no volume may take its place) and the variables ${devcontainerId} and the rest expand from.
+type Scope struct {
+	Workspace string
+	Env       devcontainer.Env
+}
+
+// Screen applies the posture screening to the features' metadata, in install order. A feature's mounts go
+// through devcontainer.FeatureMount: volumes and tmpfs mounts are made, binds dropped.
+func Screen(fs []*Feature, sc Scope) *Plan {
 	p := &Plan{Features: fs, Env: map[string]string{}}
 	drop := func(f *Feature, field, why string) {
 		p.Dropped = append(p.Dropped, Dropped{Feature: f.Ref.ID, Field: field, Why: why})
@@ -78,15 +88,22 @@ func Screen(fs []*Feature) *Plan {
 			p.Env[k] = v
 		}
 		for i, raw := range m.Mounts {
+			field := fmt.Sprintf("mounts[%d]", i)
 			s, err := mountString(raw)
-			if err == nil {
-				s, err = screenMount(s)
-			}
 			if err != nil {
-				drop(f, fmt.Sprintf("mounts[%d]", i), message(err))
+				drop(f, field, message(err))
 				continue
 			}
-			p.Mounts = append(p.Mounts, s)
+			got := devcontainer.FeatureMount(s, cmp.Or(sc.Workspace, "/workspace"), sc.Env)
+			if got.Why != "" {
+				drop(f, field, got.Why)
+			}
+			switch {
+			case got.Volume != nil:
+				p.Volumes = append(p.Volumes, *got.Volume)
+			case got.Tmpfs != "":
+				p.Tmpfs = append(p.Tmpfs, got.Tmpfs)
+			}
 		}
 	}
 	slices.SortStableFunc(p.Dropped, func(a, b Dropped) int { return strings.Compare(a.Feature, b.Feature) })
@@ -113,32 +130,6 @@ func mountString(raw json.RawMessage) (string, error) {
 		parts = append(parts, "source="+o.Source)
 	}
 	return strings.Join(append(parts, "target="+o.Target), ","), nil
-}
-
-// screenMount lets a bind through only when the guard accepts it; volume and tmpfs mounts (no host path) are
-// kept for the sandbox's own per-key volumes.
-func screenMount(s string) (string, error) {
-	typ := "bind"
-	for _, f := range strings.Split(s, ",") {
-		if k, v, _ := strings.Cut(f, "="); strings.EqualFold(k, "type") {
-			typ = strings.ToLower(v)
-		}
-	}
-	switch typ {
-	case "volume", "tmpfs":
-		return s, nil
-	case "bind":
-		m, err := guard.ParseMount(s)
-		if err != nil {
-			return "", err
-		}
-		c := "type=bind,source=" + m.Source + ",target=" + m.Target
-		if m.ReadOnly {
-			c += ",readonly"
-		}
-		return c, nil
-	}
-	return "", fmt.Errorf("a %s mount is not made", typ)
 }
 
 // Request is one derived-image build.
