@@ -58,6 +58,7 @@ func (r *repository) takeCompose(dc *devcontainer.Config) error {
 	}
 	// What the files set that is not applied joins devcontainer.json's own drops: one sandbox_devcontainer_dropped
 	// event, the one printed line and doctor's warnings.
+	r.composeUser = sb.User
 	if sb.User != "" {
 		r.drop(dc, "compose service "+sb.Name, "user", "the sandbox's uid is the operator's")
 	}

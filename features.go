@@ -1,7 +1,6 @@
 package sandkeep
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -31,7 +30,7 @@ func (r *repository) takeFeatures(dc *devcontainer.Config) {
 		return
 	}
 	r.features = dc.Features
-	r.dcUser = cmp.Or(dc.RemoteUser, dc.ContainerUser, dc.User) // the name install.sh sees as _REMOTE_USER
+	r.dcUsers = feature.Users{Remote: dc.RemoteUser, Container: dc.ContainerUser} // _REMOTE_USER and _CONTAINER_USER of install.sh
 	if rel, err := filepath.Rel(r.root, filepath.Dir(dc.Path)); err == nil {
 		r.dcDir = filepath.ToSlash(rel)
 	}
@@ -80,7 +79,14 @@ func (m *Manager) installFeatures(ctx context.Context, r *Run, lc *lifecycle.Man
 	if err != nil {
 		return "", err
 	}
-	ref, err := feature.Install(ctx, bd, feature.Request{Base: base, BaseID: baseID, User: repo.dcUser}, plan, progress)
+	users := repo.dcUsers
+	users.Compose = repo.composeUser
+	if iu, ok := lc.Driver().(imageUserer); ok {
+		if users.Image, err = iu.ImageUser(ctx, base); err != nil {
+			return "", err
+		}
+	}
+	ref, err := feature.Install(ctx, bd, feature.Request{Base: base, BaseID: baseID, Users: users}, plan, progress)
 	took := time.Since(start).Milliseconds()
 	if err != nil {
 		code := fault.CodeOf(err)
@@ -134,6 +140,11 @@ func (r *repository) takeFeatureMounts(plan *feature.Plan) []string {
 		r.sb.Tmpfs = append(r.sb.Tmpfs, t)
 	}
 	return out
+}
+
+// imageUserer is the optional driver capability of reading a local image's USER.
+type imageUserer interface {
+	ImageUser(ctx context.Context, ref string) (string, error)
 }
 
 // featureBase is the image features are installed on: the built image, else the repository's, the template's,

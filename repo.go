@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/compose"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
+	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/diag"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -33,9 +34,10 @@ type repository struct {
 
 	features []devcontainer.FeatureRequest // devcontainer.json's features, installed by installFeatures (features.go)
 	dcDir    string                        // devcontainer.json's folder relative to root: local features are in it
-	dcUser   string                        // devcontainer.json's user: _REMOTE_USER of install.sh
+	dcUsers  feature.Users                 // devcontainer.json's users, for install.sh's _REMOTE_USER and _CONTAINER_USER
 
-	companions []compose.Service // a compose-based devcontainer's runServices (compose.go)
+	companions  []compose.Service // a compose-based devcontainer's runServices (compose.go)
+	composeUser string            // the compose service's user: not the sandbox's, but install.sh's _CONTAINER_USER fallback
 
 	path          string            // the spec file the repository was read from
 	containerRefs []string          // devcontainer.json's fields that wait for the container's environment (devcontainer.Config.ContainerRefs)

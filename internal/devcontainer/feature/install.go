@@ -136,7 +136,21 @@ func mountString(raw json.RawMessage) (string, error) {
 type Request struct {
 	Base   string // the image the features are installed on (a ref the engine has, or can pull)
 	BaseID string // its image ID when known: part of the digest, so a moved tag builds again
-	User   string // the devcontainer's remoteUser/containerUser: _REMOTE_USER and _CONTAINER_USER ("root" when empty)
+	// The users install.sh is told of, found as the devcontainers CLI finds them: _CONTAINER_USER is
+	// containerUser, else the compose service's user, else the base image's USER, else root; _REMOTE_USER is
+	// remoteUser, else _CONTAINER_USER. Users names them as given; Install applies the fallbacks.
+	Users Users
+}
+
+// Users are the user names a devcontainer gives (each "" when not given).
+type Users struct {
+	Remote, Container, Compose, Image string
+}
+
+// resolve returns _CONTAINER_USER and _REMOTE_USER.
+func (u Users) resolve() (container, remote string) {
+	container = cmp.Or(u.Container, u.Compose, u.Image, "root")
+	return container, cmp.Or(u.Remote, container)
 }
 
 // stage is where a feature's files go in the image while its install.sh runs.
@@ -151,11 +165,13 @@ func Dockerfile(req Request, p *Plan) string {
 		fmt.Fprintf(&b, "LABEL io.sandkeep.feature-base=%s\n", strconv.Quote(req.BaseID))
 	}
 	b.WriteString("USER root\n")
+	// Before any feature, as the devcontainers CLI does: the two users' homes, from the base image's user database.
+	fmt.Fprintf(&b, "COPY %s %s/%s\nRUN sh %s/%s\n", homesScript, stage, homesScript, stage, homesScript)
 	for i, f := range p.Features {
 		dir := fmt.Sprintf("%s/%d", stage, i)
 		fmt.Fprintf(&b, "COPY features/%d/ %s/\n", i, dir)
-		fmt.Fprintf(&b, "RUN cd %s && chmod +x ./%s && set -a && . ./devcontainer-features-builtin.env && . ./devcontainer-features.env && set +a && ./%s && cd / && rm -rf %s\n",
-			dir, InstallScript, InstallScript, dir)
+		fmt.Fprintf(&b, "RUN cd %s && chmod +x ./%s && set -a && . ./devcontainer-features-builtin.env && . %s/%s && . ./devcontainer-features.env && set +a && ./%s && cd / && rm -rf %s\n",
+			dir, InstallScript, stage, homesEnv, InstallScript, dir)
 		var env []string
 		for _, k := range slices.Sorted(maps.Keys(f.Meta.ContainerEnv)) {
 			if v, ok := p.Env[k]; ok && v == f.Meta.ContainerEnv[k] {
@@ -166,7 +182,39 @@ func Dockerfile(req Request, p *Plan) string {
 			fmt.Fprintf(&b, "ENV %s\n", strings.Join(env, " "))
 		}
 	}
+	fmt.Fprintf(&b, "RUN rm -rf %s\n", stage)
 	return b.String()
+}
+
+// homesScript, run before the features, writes homesEnv: _CONTAINER_USER_HOME and _REMOTE_USER_HOME, each the
+// sixth field of the user's passwd entry (by name or uid; getent when the image has it, else /etc/passwd), ""
+// when there is none or it holds a quote.
+const (
+	homesScript = "devcontainer-features-homes.sh"
+	homesEnv    = "devcontainer-features-homes.env"
+)
+
+func homes(u Users) []byte {
+	container, remote := u.resolve()
+	return []byte(`set -e
+home() {
+	e=""
+	if command -v getent >/dev/null 2>&1; then e=$(getent passwd "$1" || true); fi
+	if [ -z "$e" ] && [ -r /etc/passwd ]; then
+		while IFS= read -r line; do
+			n=${line%%:*}; rest=${line#*:}; rest=${rest#*:}; id=${rest%%:*}
+			if [ "$n" = "$1" ] || [ "$id" = "$1" ]; then e=$line; break; fi
+		done < /etc/passwd
+	fi
+	h=$(printf '%s\n' "$e" | cut -d: -f6)
+	case $h in *"'"*) h="" ;; esac
+	printf '%s' "$h"
+}
+{
+	printf "_CONTAINER_USER_HOME='%s'\n" "$(home ` + shellQuote(container) + `)"
+	printf "_REMOTE_USER_HOME='%s'\n" "$(home ` + shellQuote(remote) + `)"
+} > ` + stage + `/` + homesEnv + `
+`)
 }
 
 // dockerfileQuote double-quotes v for ENV: ${VAR} references are left for the builder to expand, as the
@@ -200,11 +248,11 @@ func Install(ctx context.Context, b build.Builder, req Request, p *Plan, progres
 		return "", err
 	}
 	defer os.RemoveAll(dir)
-	user := req.User
-	if user == "" {
-		user = "root"
+	container, remote := req.Users.resolve()
+	builtin := envFile(map[string]string{"_REMOTE_USER": remote, "_CONTAINER_USER": container})
+	if err := writeFile(dir, homesScript, homes(req.Users), 0o644); err != nil {
+		return "", err
 	}
-	builtin := envFile(map[string]string{"_REMOTE_USER": user, "_CONTAINER_USER": user})
 	for i, f := range p.Features {
 		root := filepath.Join(dir, "features", strconv.Itoa(i))
 		for _, fl := range f.Files {
