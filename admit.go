@@ -318,6 +318,9 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		return err
 	}
 	r.lc = lc
+	if err := repo.fitsDriver(lc.Driver(), onHost); err != nil {
+		return err
+	}
 	image := ""
 	if repo.sb.Build != nil && !onHost {
 		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/diag"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
@@ -98,6 +99,19 @@ func (m *Manager) loadRepositoryIn(path string, container func(string) (string, 
 		return nil, err
 	}
 	return r, unsupported(r.sb)
+}
+
+// fitsDriver refuses, before anything is built or made, what the repository asks that the run's driver cannot
+// give: a workspaceFolder other than /workspace is the workspace bound a second time, which needs a driver that
+// binds host paths (the kubernetes driver does not).
+func (r *repository) fitsDriver(d driver.Driver, onHost bool) error {
+	f := r.sb.WorkspaceFolder
+	if onHost || f == "" || f == driver.WorkspaceDir || d.Capabilities().HostBinds {
+		return nil
+	}
+	return fault.New(fault.SpecUnsupported,
+		"run it on the docker driver (--driver docker), or remove workspaceFolder/workspaceMount from devcontainer.json (and workspace_folder from the spec) so the workspace is /workspace",
+		"the workspace folder %s needs a driver that binds the workspace there, and %s does not", f, d.Name())
 }
 
 // setContainerEnv records one variable the repository sets on the container.
