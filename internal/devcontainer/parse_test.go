@@ -810,3 +810,13 @@ func TestContainerEnv(t *testing.T) {
 		t.Errorf("ContainerRefs = %v with Env.Container set", cfg.ContainerRefs)
 	}
 }
+
+// TestFeatureGivenTwice: a feature given twice is read as the devcontainers CLI reads the object: installed once,
+// in its first place, with the options given last, and a SK209 warning.
+func TestFeatureGivenTwice(t *testing.T) {
+	cfg, list := parse(t, `{"image": "debian:12", "features": {"ghcr.io/x/node:1": {"v": "1"}, "./local": {}, "ghcr.io/x/node:1": {"v": "2"}}}`)
+	only(t, list, "SK209")
+	if cfg == nil || len(cfg.Features) != 2 || cfg.Features[0].ID != "ghcr.io/x/node:1" || string(cfg.Features[0].Options) != `{"v":"2"}` || cfg.Features[1].ID != "./local" {
+		t.Fatalf("features = %+v", cfg)
+	}
+}
