@@ -338,7 +338,9 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		return err
 	}
 	r.lc = lc
-	r.postAttach = repo.sb.PostAttach
+	if err := repo.fitsDriver(lc.Driver(), onHost); err != nil {
+		return err
+	}
 	image := ""
 	if repo.sb.Build != nil && !onHost {
 		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {
@@ -356,6 +358,12 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 			return err
 		}
 	}
+	if len(repo.containerRefs) > 0 && !onHost {
+		if err := r.expandContainerEnv(ctx, repo, m.featureBase(image, tpl, repo)); err != nil {
+			return err
+		}
+	}
+	r.postAttach = repo.sb.PostAttach
 	if tpl != nil || repo.shaped() || image != "" || companions != nil {
 		var applyErr error
 		r.shape, err = lc.NewShape(tpl.name(), func(c *lifecycle.Config) {

@@ -39,11 +39,16 @@ func (r *repository) takeCompose(dc *devcontainer.Config) error {
 		r.sb.Image, r.sb.Build = sb.Image, sb.Build
 	}
 	for _, k := range slices.Sorted(maps.Keys(sb.Env)) {
-		if _, set := r.sb.Env[k]; set {
+		if class := devcontainer.DenyClass(k); class != "" {
+			if _, set := r.sb.Env[k]; !set {
+				r.warnings = append(r.warnings, fmt.Sprintf("compose service %q environment %s: dropped (the %s deny class)", sb.Name, k, class))
+			}
 			continue
 		}
-		if class := devcontainer.DenyClass(k); class != "" {
-			r.warnings = append(r.warnings, fmt.Sprintf("compose service %q environment %s: dropped (the %s deny class)", sb.Name, k, class))
+		if _, own := r.containerEnv[k]; !own { // devcontainer.json's containerEnv is over the service's environment
+			r.setContainerEnv(k, sb.Env[k]) // the container has it, whatever remoteEnv gives the commands
+		}
+		if _, set := r.sb.Env[k]; set {
 			continue
 		}
 		if r.sb.Env == nil {
@@ -53,6 +58,7 @@ func (r *repository) takeCompose(dc *devcontainer.Config) error {
 	}
 	// What the files set that is not applied joins devcontainer.json's own drops: one sandbox_devcontainer_dropped
 	// event, the one printed line and doctor's warnings.
+	r.composeUser = sb.User
 	if sb.User != "" {
 		r.drop(dc, "compose service "+sb.Name, "user", "the sandbox's uid is the operator's")
 	}

@@ -8,7 +8,9 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/compose"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
+	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/diag"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
@@ -33,9 +35,14 @@ type repository struct {
 
 	features []devcontainer.FeatureRequest // devcontainer.json's features, installed by installFeatures (features.go)
 	dcDir    string                        // devcontainer.json's folder relative to root: local features are in it
-	dcUser   string                        // devcontainer.json's user: _REMOTE_USER of install.sh
+	dcUsers  feature.Users                 // devcontainer.json's users, for install.sh's _REMOTE_USER and _CONTAINER_USER
 
-	companions []compose.Service // a compose-based devcontainer's runServices (compose.go)
+	companions  []compose.Service // a compose-based devcontainer's runServices (compose.go)
+	composeUser string            // the compose service's user: not the sandbox's, but install.sh's _CONTAINER_USER fallback
+
+	path          string            // the spec file the repository was read from
+	containerRefs []string          // devcontainer.json's fields that wait for the container's environment (devcontainer.Config.ContainerRefs)
+	containerEnv  map[string]string // what the repository sets on the container (screened containerEnv, the compose service's environment): over the image's ENV, what ${containerEnv:...} sees
 }
 
 // loadRepository reads the spec at path ("" is no repository input), fuses devcontainer.json when the spec
@@ -43,7 +50,13 @@ type repository struct {
 // listing all the diagnostics: SPEC_INVALID for a malformed file, TIER_REFUSED for a field the repository may
 // not set, SPEC_UNSUPPORTED for what this build cannot apply.
 func (m *Manager) loadRepository(path string) (*repository, error) {
-	r := &repository{}
+	return m.loadRepositoryIn(path, nil)
+}
+
+// loadRepositoryIn is loadRepository with the container's environment for devcontainer.json's
+// ${containerEnv:...} (devcontainer.Env.Container); nil leaves those fields in repository.containerRefs.
+func (m *Manager) loadRepositoryIn(path string, container func(string) (string, bool)) (*repository, error) {
+	r := &repository{path: path}
 	if path == "" {
 		return r, nil
 	}
@@ -54,7 +67,9 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 	r.sb, r.root = f.Sandbox, f.Root
 	src := tier.Sources{Spec: f}
 	if r.sb.Image == "" && r.sb.Build == nil {
-		dc, list, found := devcontainer.Load(f.Root, m.cfg.Repository.DevcontainerEnv(os.LookupEnv, f.Root))
+		env := m.cfg.Repository.DevcontainerEnv(os.LookupEnv, f.Root)
+		env.Container = container
+		dc, list, found := devcontainer.Load(f.Root, env)
 		if found {
 			if err := r.take(list, "devcontainer.json"); err != nil {
 				return nil, err
@@ -66,6 +81,12 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 			r.dropped = droppedEvent(dc)
 			r.warnings = append(r.warnings, m.hostRequirements(dc)...)
 			r.takeFeatures(dc)
+			r.containerRefs = dc.ContainerRefs
+			for k, v := range dc.ContainerEnv {
+				if devcontainer.DenyClass(k) == "" {
+					r.setContainerEnv(k, v)
+				}
+			}
 			if err := r.takeCompose(dc); err != nil {
 				return nil, err
 			}
@@ -78,6 +99,27 @@ func (m *Manager) loadRepository(path string) (*repository, error) {
 		return nil, err
 	}
 	return r, unsupported(r.sb)
+}
+
+// fitsDriver refuses, before anything is built or made, what the repository asks that the run's driver cannot
+// give: a workspaceFolder other than /workspace is the workspace bound a second time, which needs a driver that
+// binds host paths (the kubernetes driver does not).
+func (r *repository) fitsDriver(d driver.Driver, onHost bool) error {
+	f := r.sb.WorkspaceFolder
+	if onHost || f == "" || f == driver.WorkspaceDir || d.Capabilities().HostBinds {
+		return nil
+	}
+	return fault.New(fault.SpecUnsupported,
+		"run it on the docker driver (--driver docker), or remove workspaceFolder/workspaceMount from devcontainer.json (and workspace_folder from the spec) so the workspace is /workspace",
+		"the workspace folder %s needs a driver that binds the workspace there, and %s does not", f, d.Name())
+}
+
+// setContainerEnv records one variable the repository sets on the container.
+func (r *repository) setContainerEnv(k, v string) {
+	if r.containerEnv == nil {
+		r.containerEnv = map[string]string{}
+	}
+	r.containerEnv[k] = v
 }
 
 // take keeps list's warnings and turns its errors into one SPEC_INVALID failure that lists them all.

@@ -26,7 +26,7 @@ func TestComposeCompanion(t *testing.T) {
 		t.Fatal(err)
 	}
 	image := testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{"/bin/echoserver": {Data: data, Mode: 0o755}})
-	_, spec := writeRepo(t, map[string]string{
+	repo, spec := writeRepo(t, map[string]string{
 		".devcontainer/devcontainer.json": `{"name": "app with an echo service",
   "dockerComposeFile": ["docker-compose.yml"], "service": "app", "runServices": ["echo"]}`,
 		".devcontainer/docker-compose.yml": `services:
@@ -77,6 +77,27 @@ func TestComposeCompanion(t *testing.T) {
 	}
 	if _, err := cli.ContainerInspect(ctx, res.Sandbox.Name+"-c-unused", client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Errorf("a service not in runServices runs: %v", err)
+	}
+
+	// A changed companion is a changed posture: the sandbox is recycled, and the companion made again as the file
+	// now says (another port).
+	compose := ".devcontainer/docker-compose.yml"
+	old, err := os.ReadFile(repo + "/" + compose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(repo+"/"+compose, []byte(strings.ReplaceAll(string(old), "127.0.0.1:7777", "127.0.0.1:7778")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = c.run(t, "exec", "--json", "--spec", spec, "--tenant", c.ten("acme"), "--user", "compose", "--",
+		"/bin/echoserver", "ask", "localhost:7778", "again").want(t, 0)
+	var res2 jsonResult
+	if err := json.Unmarshal([]byte(r.stdout), &res2); err != nil {
+		t.Fatalf("exec --json: %v: %q", err, r.stdout)
+	}
+	if res2.Stdout != "echo: again\n" || res2.Sandbox.ID == res.Sandbox.ID {
+		t.Errorf("after the compose change: stdout %q, sandbox %s (was %s): want the companion on 7778 and a recycled sandbox (stderr %q)",
+			res2.Stdout, res2.Sandbox.ID, res.Sandbox.ID, r.stderr)
 	}
 
 	c.run(t, "rm", "--tenant", c.ten("acme"), "--user", "compose").want(t, 0)

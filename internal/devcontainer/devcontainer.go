@@ -15,7 +15,7 @@
 //	                               repository root (SK210 when outside it)
 //	dockerFile, context            the legacy spelling of build.dockerfile and build.context
 //	runArgs                        never passed on: refused (SK202) or ignored (SK203); the list is in runargs.go
-//	containerEnv, remoteEnv        merged into Config.Env; containerEnv wins on the same key; null is unset
+//	containerEnv, remoteEnv        merged into Config.Env; remoteEnv wins on the same key; null is unset
 //	containerUser, remoteUser      Config.User; remoteUser wins
 //	postCreateCommand              a string, or an argv joined into one: each word single-quoted unless it is
 //	                               only [A-Za-z0-9@%+=:,./_-], so sh -c splits it back into the same argv;
@@ -32,9 +32,12 @@
 // Variables, expanded once (a value substituted is not expanded again) in every string value read (not in
 // object keys): ${localEnv:VAR} and ${localEnv:VAR:default} (also the older ${env:...}), ${localWorkspaceFolder},
 // ${localWorkspaceFolderBasename}, ${containerWorkspaceFolder}, ${containerWorkspaceFolderBasename}. A missing
-// variable without a default is the empty string, as in the devcontainer CLI. Any other ${...} is left as
-// written with a SK204 warning; an environment value that refers to ${containerEnv:...} cannot be known before
-// the container runs, so that key is left unset (SK204) rather than set to a literal "${containerEnv:PATH}".
+// variable without a default is the empty string, as in the devcontainer CLI. ${containerEnv:VAR[:default]}
+// expands in remoteEnv and the lifecycle commands from Env.Container (the image's ENV with containerEnv over it,
+// as the devcontainers CLI substitutes them once the container exists); without Env.Container those fields are
+// listed in Config.ContainerRefs. In containerEnv itself it cannot be known (the container's environment is
+// being defined), so that key is left unset (SK204) rather than set to a literal "${containerEnv:PATH}". Any
+// other ${...} is left as written with a SK204 warning.
 package devcontainer
 
 import (
@@ -63,6 +66,12 @@ type Env struct {
 	Lookup          func(string) (string, bool)
 	WorkspaceFolder string
 	Listed          func(name string) bool
+
+	// Container is the created container's environment for ${containerEnv:NAME[:default]} in remoteEnv and the
+	// lifecycle commands (the devcontainers CLI substitutes those from the container's Config.Env: the image's
+	// ENV with containerEnv over it). nil leaves those references as written, leaves such a remoteEnv key out,
+	// and lists the fields in Config.ContainerRefs: admission parses once more with it once the image is known.
+	Container func(name string) (string, bool)
 }
 
 // Config is what sandkeep takes from one devcontainer.json, expanded and checked. Zero fields are unset.
@@ -92,6 +101,10 @@ type Config struct {
 	HostRequirements *HostRequirements // cpus and memory become limits within the operator's caps (Fuse)
 	ForwardPorts     []string          // recorded for port forwarding; nothing is published on the host
 	Dropped          []Drop            // what would weaken the posture, dropped and reported, in the file's order
+
+	// ContainerRefs lists the fields ("remoteEnv.PATH", "postCreateCommand") that refer to ${containerEnv:...}
+	// and were left unexpanded because Env.Container was nil.
+	ContainerRefs []string
 
 	Features []FeatureRequest // "features", in the file's order; installed by internal/devcontainer/feature
 	Compose  *Compose         // dockerComposeFile, service, runServices; read by internal/compose

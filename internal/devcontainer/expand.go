@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/sandkeep/sandkeep/internal/diag"
@@ -70,12 +71,39 @@ func (p *parser) variable(at int, body string) (value string, ok, containerRef b
 		name, def, _ := strings.Cut(rest, ":")
 		return p.localEnv(at, name, def), true, false
 	case "containerEnv":
-		return "", false, true
+		return p.containerEnv(at, rest)
 	}
 	p.warn(diag.DevcontainerVariable, at,
 		"sandkeep expands ${localEnv:NAME[:default]}, ${localWorkspaceFolder}, ${localWorkspaceFolderBasename}, ${containerWorkspaceFolder}",
 		"variable ${%s} is not known to sandkeep; it is left as written", short(body))
 	return "", false, false
+}
+
+// containerEnv expands ${containerEnv:NAME[:default]} where the devcontainers CLI does: in remoteEnv and the
+// lifecycle commands, which it substitutes from the created container's environment (the image's ENV with
+// containerEnv over it). Without Env.Container the reference is left as written and the field is recorded in
+// Config.ContainerRefs for a second Parse that has it; elsewhere (containerEnv itself, image, mounts ...) the
+// container does not exist yet when the value is used, and containerRef tells the caller.
+func (p *parser) containerEnv(at int, rest string) (value string, ok, containerRef bool) {
+	if p.where == "" {
+		return "", false, true
+	}
+	name, def, _ := strings.Cut(rest, ":")
+	if name == "" {
+		p.warn(diag.DevcontainerVariable, at, "name the variable: ${containerEnv:PATH}",
+			"${containerEnv} names no variable; it is left as written")
+		return "", false, false
+	}
+	if p.env.Container == nil {
+		if !slices.Contains(p.containerRefs, p.where) {
+			p.containerRefs = append(p.containerRefs, p.where)
+		}
+		return "", false, true
+	}
+	if v, found := p.env.Container(name); found {
+		return v, true, false
+	}
+	return def, true, false
 }
 
 // localEnv looks name up on the host, unless it is of the deny class (a repository must not be able to copy

@@ -49,6 +49,7 @@ func Parse(path string, data []byte, env Env) (*Config, diag.List) {
 	}
 	slices.SortStableFunc(cfg.Dropped, func(a, b Drop) int { return cmp.Or(cmp.Compare(a.Line, b.Line), cmp.Compare(a.Col, b.Col)) })
 	cfg.Path = path
+	cfg.ContainerRefs = p.containerRefs
 	cfg.pos = make(map[string][2]int, len(p.pos))
 	for field, off := range p.pos {
 		line, col := lineCol(p.src, off)
@@ -67,6 +68,9 @@ type parser struct {
 	droppedErr  bool           // one of them was an error
 	containerWS string         // ${containerWorkspaceFolder}: the file's workspaceFolder, else sandkeep's /workspace
 	pos         map[string]int // byte offset of the value each field was read from (see Config.pos)
+
+	where         string   // the field being read where ${containerEnv:...} expands ("remoteEnv.PATH", "postStartCommand"), else ""
+	containerRefs []string // Config.ContainerRefs
 }
 
 // member is one top-level field.
@@ -449,10 +453,17 @@ func (p *parser) envMap(m member) map[string]string {
 			p.errorf(diag.DevcontainerType, mm.Value.StartOffset, "", "%s value of %q must be a string or null, not %s", m.name, short(name), kindName(mm.Value.Value))
 			continue
 		}
+		if m.name == "remoteEnv" {
+			p.where = m.name + "." + name
+		}
 		v, cref := p.expand(mm.Value.StartOffset, lit.String())
+		p.where = ""
+		if cref && m.name == "remoteEnv" {
+			continue // Env.Container is not set: left out here, expanded by a Parse that has it (Config.ContainerRefs)
+		}
 		if cref {
-			p.warn(diag.DevcontainerVariable, mm.Value.StartOffset, "set it in the image (ENV in the Dockerfile) or in the spec's env",
-				"%s %q refers to ${containerEnv:...}, which is only known inside the running container; %s is left unset", m.name, short(name), short(name))
+			p.warn(diag.DevcontainerVariable, mm.Value.StartOffset, "refer to the container's variables in remoteEnv: \"PATH\": \"${containerEnv:PATH}:/more\"",
+				"%s %q refers to ${containerEnv:...}, which the container's own environment cannot refer to (it does not exist yet); %s is left unset", m.name, short(name), short(name))
 			continue
 		}
 		if err := guard.EnvVar(name, v); err != nil {

@@ -94,16 +94,16 @@ func TestRealWorld(t *testing.T) {
 				t.Errorf("features not recorded for the features support")
 			}
 		}},
-		{"python", []string{"SK204"}, func(t *testing.T, root string, c *Config, l diag.List) {
+		{"python", nil, func(t *testing.T, root string, c *Config, l diag.List) {
 			want := map[string]string{"PYTHONUNBUFFERED": "0", "PIP_INDEX_URL": "https://pypi.org/simple", "PROJECT": "python"}
 			if fmt.Sprint(c.Env) != fmt.Sprint(want) {
-				t.Errorf("env = %v, want %v (remoteEnv wins, PATH left unset)", c.Env, want)
+				t.Errorf("env = %v, want %v (remoteEnv wins, PATH left for the container's environment)", c.Env, want)
+			}
+			if fmt.Sprint(c.ContainerRefs) != "[remoteEnv.PATH]" {
+				t.Errorf("ContainerRefs = %v, want [remoteEnv.PATH]", c.ContainerRefs)
 			}
 			if c.ContainerUser != "vscode" || c.User != "" || c.WorkspaceFolder != "/workspace/python" {
 				t.Errorf("config = %+v", *c)
-			}
-			if l[0].Line != 16 || l[0].Column != 11 {
-				t.Errorf("position = %d:%d, want 16:11", l[0].Line, l[0].Column)
 			}
 		}},
 		{"rust", nil, func(t *testing.T, root string, c *Config, l diag.List) {
@@ -471,7 +471,8 @@ func TestEnvAndUser(t *testing.T) {
 			env: map[string]string{"A": "c", "B": "r", "C": "r"}},
 		{name: "null unsets", src: `"remoteEnv": {"A": null, "B": "r"}`, env: map[string]string{"B": "r"}},
 		{name: "null in containerEnv does not hide remoteEnv", src: `"containerEnv": {"A": null}, "remoteEnv": {"A": "r"}`, env: map[string]string{"A": "r"}},
-		{name: "containerEnv ref left unset", src: `"remoteEnv": {"PATH": "${containerEnv:PATH}:/x", "B": "b"}`, env: map[string]string{"B": "b"}, codes: []string{"SK204"}},
+		{name: "containerEnv ref left for the container", src: `"remoteEnv": {"PATH": "${containerEnv:PATH}:/x", "B": "b"}`, env: map[string]string{"B": "b"}},
+		{name: "containerEnv ref in containerEnv left unset", src: `"containerEnv": {"PATH": "${containerEnv:PATH}:/x", "B": "b"}`, env: map[string]string{"B": "b"}, codes: []string{"SK204"}},
 		{name: "root dropped, name mapped", src: `"containerUser": "root", "remoteUser": "vscode"`, codes: []string{"SK202"}},
 		{name: "numeric containerUser is the uid", src: `"containerUser": "1000:1000"`, user: "1000:1000"},
 		{name: "numeric remoteUser over containerUser", src: `"containerUser": "1001", "remoteUser": "0"`, user: "0"},
@@ -760,5 +761,62 @@ func TestTooManyDiagnostics(t *testing.T) {
 	last := list[len(list)-1]
 	if last.Code != diag.DevcontainerTooMany || last.Severity != diag.Warning || !strings.Contains(last.Message, "400 more") {
 		t.Errorf("last = %s", last)
+	}
+}
+
+// TestContainerEnv: ${containerEnv:...} expands from Env.Container in remoteEnv and the lifecycle commands (argv
+// words quoted after expansion), with its default, and once (a value holding "${" is not expanded again);
+// without Env.Container the fields are listed in ContainerRefs and the commands keep the reference as written.
+func TestContainerEnv(t *testing.T) {
+	src := `{"image": "debian:12",
+		"containerEnv": {"GOPATH": "/go", "SELF": "${containerEnv:PATH}"},
+		"remoteEnv": {"PATH": "${containerEnv:PATH}:/extra", "D": "${containerEnv:NOPE:dflt}", "E": "${containerEnv:NOPE}",
+			"L": "${localEnv:A}-${containerEnv:TRICK}", "NAMELESS": "${containerEnv}"},
+		"postCreateCommand": ["echo", "${containerEnv:GOPATH} x"],
+		"postStartCommand": {"a": "echo ${containerEnv:GOPATH}"}}`
+	cenv := map[string]string{"PATH": "/usr/local/go/bin:/usr/bin", "GOPATH": "/go", "TRICK": "${localEnv:A}"}
+	env := hostEnv("/repo", defaultVars)
+	first, list := Parse("/repo/.devcontainer/devcontainer.json", []byte(src), env)
+	if first == nil {
+		t.Fatal(list)
+	}
+	if got, want := fmt.Sprint(first.ContainerRefs), "[remoteEnv.PATH remoteEnv.D remoteEnv.E remoteEnv.L postCreateCommand postStartCommand]"; got != want {
+		t.Errorf("ContainerRefs = %s, want %s", got, want)
+	}
+	if _, set := first.Env["PATH"]; set {
+		t.Errorf("PATH set without the container's environment: %q", first.Env["PATH"])
+	}
+	if !strings.Contains(first.PostStart, "${containerEnv:GOPATH}") {
+		t.Errorf("postStart = %q, want the reference as written", first.PostStart)
+	}
+	env.Container = func(k string) (string, bool) { v, ok := cenv[k]; return v, ok }
+	cfg, list := Parse("/repo/.devcontainer/devcontainer.json", []byte(src), env)
+	if cfg == nil {
+		t.Fatal(list)
+	}
+	only(t, list, "SK204", "SK204") // SELF in containerEnv, and the nameless ${containerEnv}
+	want := map[string]string{"PATH": "/usr/local/go/bin:/usr/bin:/extra", "D": "dflt", "E": "", "L": "alpha-${localEnv:A}",
+		"GOPATH": "/go", "NAMELESS": "${containerEnv}"}
+	if fmt.Sprint(cfg.Env) != fmt.Sprint(want) {
+		t.Errorf("env = %v, want %v", cfg.Env, want)
+	}
+	if cfg.PostCreate != "echo '/go x'" {
+		t.Errorf("postCreate = %q, want the word quoted after expansion", cfg.PostCreate)
+	}
+	if cfg.PostStart != "echo /go" {
+		t.Errorf("postStart = %q", cfg.PostStart)
+	}
+	if len(cfg.ContainerRefs) != 0 {
+		t.Errorf("ContainerRefs = %v with Env.Container set", cfg.ContainerRefs)
+	}
+}
+
+// TestFeatureGivenTwice: a feature given twice is read as the devcontainers CLI reads the object: installed once,
+// in its first place, with the options given last, and a SK209 warning.
+func TestFeatureGivenTwice(t *testing.T) {
+	cfg, list := parse(t, `{"image": "debian:12", "features": {"ghcr.io/x/node:1": {"v": "1"}, "./local": {}, "ghcr.io/x/node:1": {"v": "2"}}}`)
+	only(t, list, "SK209")
+	if cfg == nil || len(cfg.Features) != 2 || cfg.Features[0].ID != "ghcr.io/x/node:1" || string(cfg.Features[0].Options) != `{"v":"2"}` || cfg.Features[1].ID != "./local" {
+		t.Fatalf("features = %+v", cfg)
 	}
 }

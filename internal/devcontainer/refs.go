@@ -26,18 +26,22 @@ func (p *parser) features(m member) []FeatureRequest {
 		return nil
 	}
 	var out []FeatureRequest
-	seen := map[string]bool{}
+	seen := map[string]int{} // id -> index in out
 	for i := range obj.Members {
 		mm := &obj.Members[i]
 		id := mm.Name.Value.(hujson.Literal).String()
-		if seen[id] {
-			p.errorf(diag.DevcontainerDuplicate, mm.Name.StartOffset, "keep one of them", "feature %q is given more than once", short(id))
-			continue
-		}
-		seen[id] = true
 		v := mm.Value.Clone()
 		v.Standardize()
 		v.Minimize()
+		if j, dup := seen[id]; dup {
+			// As the devcontainers CLI reads it (a JSON object, the last value of a key winning, the key keeping its
+			// first place): one install, in the first one's position, with the last one's options.
+			p.warn(diag.DevcontainerDuplicate, mm.Name.StartOffset, "keep one of them",
+				"feature %q is given more than once; it is installed once, where it is first given, with the options given last", short(id))
+			out[j].Options = v.Pack()
+			continue
+		}
+		seen[id] = len(out)
 		out = append(out, FeatureRequest{ID: id, Options: v.Pack()})
 	}
 	return out

@@ -140,7 +140,9 @@ func (p *parser) lifecycle(fields map[string]member, cfg *Config) {
 		if !ok {
 			continue
 		}
+		p.where = c.name
 		*c.dst = p.command(m)
+		p.where = ""
 		if badCommand(*c.dst) {
 			p.errorf(diag.DevcontainerValue, m.val.StartOffset, "remove the control characters (tab and newline are fine)",
 				"%s has a control character other than tab and newline, or invalid UTF-8", c.name)

@@ -150,7 +150,7 @@ const (
 	DevcontainerImageBuild      Code = "SK201" // image and build both set, neither set, or a build without a dockerfile
 	DevcontainerDropped         Code = "SK202" // warning: an option that would weaken the posture (privileged, a capability, a host namespace, a refused bind, initializeCommand...) is dropped
 	DevcontainerRunArgsIgnored  Code = "SK203" // warning: runArgs that are not refused are not passed on either
-	DevcontainerVariable        Code = "SK204" // warning: an unknown or unterminated ${...}, or an env value needing ${containerEnv:...}
+	DevcontainerVariable        Code = "SK204" // warning: an unknown or unterminated ${...}, or ${containerEnv:...} in containerEnv itself
 	DevcontainerMountRefused    Code = "SK205" // a mount refused by the guard (or an object mount with a comma in a path)
 	DevcontainerCompose         Code = "SK206" // a compose-based devcontainer.json that this sandkeep cannot resolve
 	DevcontainerType            Code = "SK207" // a field sandkeep reads has the wrong JSON type

@@ -45,6 +45,10 @@ type Posture struct {
 	// change recycles the sandbox.
 	WorkspaceBytes  int64 `json:"workspace_bytes,omitempty"`
 	WorkspaceInodes int64 `json:"workspace_inodes,omitempty"`
+	// Companions is the hash of the compose companions' definitions (image, environment, command, volumes,
+	// healthcheck, depends_on), "" for none: the driver applies nothing for it; a changed service recycles the
+	// sandbox, and its companions with it, as a changed image does.
+	Companions string `json:"companions,omitempty"`
 }
 
 // Ulimit is one resource limit (setrlimit) of every process in the sandbox; Soft <= Hard, and a process can

@@ -34,7 +34,7 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key, sh *Shape) (*dri
 	defer cancel()
 	sb, d, err := m.provide(sctx, key, sh)
 	if err == nil && len(sh.cfg.Companions) > 0 {
-		err = m.ensureCompanions(sctx, key, sh, sb) // companions.go
+		err = m.ensureCompanions(sctx, key, sh, sb, d) // companions.go
 	}
 	if err != nil && ctx.Err() == nil && (sctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
 		return nil, "", fault.Wrap(err, fault.SandboxSetupTimeout,
@@ -234,6 +234,7 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 		// happen to describe the same container.
 		p.Env = append(p.Env, EnvTemplate+"="+sh.Template)
 	}
+	p.Companions = companionsHash(sh.cfg.Companions) // companions.go; "" without companions
 	kp := keyPosture{posture: p, hash: p.Hash()}
 	sh.postures.Store(key.Hex(), kp)
 	return kp.posture, kp.hash, nil

@@ -43,6 +43,7 @@ type Manager struct {
 	images   *images
 	def      *Shape   // the shape of cfg itself: what a command without a Shape of its own gets
 	uids     sync.Map // key hex -> int, the key's host uid from Config.UIDs (see idOf)
+	comps    sync.Map // key hex -> companionsSeen, the companions this process last ensured (companions.go)
 
 	mu        sync.Mutex                   // guards known, listeners and egress
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
@@ -313,6 +314,7 @@ func (m *Manager) forget(key identity.Key) {
 	m.mu.Lock()
 	delete(m.known, key.Hex())
 	m.mu.Unlock()
+	m.comps.Delete(key.Hex())
 }
 
 func (m *Manager) cached(key identity.Key) *driver.Sandbox {

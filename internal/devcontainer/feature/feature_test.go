@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -203,10 +204,14 @@ func TestScreen(t *testing.T) {
 		Mounts: []json.RawMessage{
 			json.RawMessage(`{"source": "dind-var-lib-docker", "target": "/var/lib/docker", "type": "volume"}`),
 			json.RawMessage(`"source=/var/run/docker.sock,target=/var/run/docker.sock,type=bind"`),
+			json.RawMessage(`"source=/tmp,target=/hostdata,type=bind"`),
+			json.RawMessage(`"source=cache-${devcontainerId},target=/home/cache,type=volume,volume-driver=nfs"`),
+			json.RawMessage(`{"type": "tmpfs", "target": "/scratch"}`),
+			json.RawMessage(`"type=volume,source=ws,target=/workspaces/app"`),
 		},
 		PostCreateCommand: json.RawMessage(`"echo hi"`),
 	}}
-	p := Screen([]*Feature{f})
+	p := Screen([]*Feature{f}, Scope{Workspace: "/workspaces/app"})
 	fields := make([]string, 0, len(p.Dropped))
 	for _, d := range p.Dropped {
 		fields = append(fields, d.Field)
@@ -215,15 +220,24 @@ func TestScreen(t *testing.T) {
 		}
 	}
 	slices.Sort(fields)
-	want := []string{"capAdd", "containerEnv.LD_PRELOAD", "entrypoint", "init", "mounts[1]", "postCreateCommand", "privileged", "securityOpt"}
+	want := []string{"capAdd", "containerEnv.LD_PRELOAD", "entrypoint", "init", "mounts[1]", "mounts[2]", "mounts[3]", "mounts[5]", "postCreateCommand", "privileged", "securityOpt"}
 	if !slices.Equal(fields, want) {
 		t.Errorf("dropped = %v, want %v", fields, want)
 	}
 	if p.Env["PATH"] != "/usr/local/go/bin:${PATH}" || p.Env["GOPATH"] != "/go" || p.Env["LD_PRELOAD"] != "" {
 		t.Errorf("env = %v", p.Env)
 	}
-	if !slices.Equal(p.Mounts, []string{"type=volume,source=dind-var-lib-docker,target=/var/lib/docker"}) {
-		t.Errorf("mounts = %v", p.Mounts)
+	if len(p.Volumes) != 2 || p.Volumes[0] != (devcontainer.Volume{Name: "dind-var-lib-docker", Target: "/var/lib/docker"}) ||
+		!strings.HasPrefix(p.Volumes[1].Name, "cache-") || len(p.Volumes[1].Name) != len("cache-")+26 || p.Volumes[1].Target != "/home/cache" {
+		t.Errorf("volumes = %+v, want the dind volume and cache-${devcontainerId} (its driver dropped)", p.Volumes)
+	}
+	if !slices.Equal(p.Tmpfs, []string{"/scratch"}) {
+		t.Errorf("tmpfs = %v", p.Tmpfs)
+	}
+	for _, d := range p.Dropped {
+		if d.Field == "mounts[2]" && !strings.Contains(d.Why, "host path") {
+			t.Errorf("a feature's bind that the guard allows is dropped for %q, want: a feature may not bind a host path", d.Why)
+		}
 	}
 	df := Dockerfile(Request{Base: "base:1", BaseID: "sha256:abc"}, p)
 	for _, line := range []string{"FROM base:1\n", `LABEL io.sandkeep.feature-base="sha256:abc"`, "USER root\n", "COPY features/0/ /tmp/sandkeep-features/0/\n",

@@ -24,7 +24,7 @@ func FuzzParseMetadata(f *testing.F) {
 				t.Fatalf("option %q gives env name %q", name, n)
 			}
 		}
-		_ = Screen([]*Feature{{Ref: Ref{ID: "fuzz"}, Meta: m}})
+		_ = Screen([]*Feature{{Ref: Ref{ID: "fuzz"}, Meta: m}}, Scope{})
 	})
 }
 

@@ -1,6 +1,7 @@
 package feature
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,13 +32,22 @@ type Dropped struct {
 // (after screening), and what was dropped.
 type Plan struct {
 	Features []*Feature
-	Env      map[string]string // containerEnv of the features, later features winning; also ENV in the image
-	Mounts   []string          // --mount strings: binds that passed guard.ParseMount, volume and tmpfs mounts as asked
+	Env      map[string]string     // containerEnv of the features, later features winning; also ENV in the image
+	Volumes  []devcontainer.Volume // type=volume mounts: per-key named volumes, as devcontainer.json's own
+	Tmpfs    []string              // type=tmpfs mounts, "target[:size=N]"
 	Dropped  []Dropped
 }
 
-// Screen applies the posture screening to the features' metadata, in install order.
-func Screen(fs []*Feature) *Plan {
+// Scope is what the screening of a feature's mounts needs of the devcontainer: the container's workspace folder
+// (no volume may take its place) and the variables ${devcontainerId} and the rest expand from.
+type Scope struct {
+	Workspace string
+	Env       devcontainer.Env
+}
+
+// Screen applies the posture screening to the features' metadata, in install order. A feature's mounts go
+// through devcontainer.FeatureMount: volumes and tmpfs mounts are made, binds dropped.
+func Screen(fs []*Feature, sc Scope) *Plan {
 	p := &Plan{Features: fs, Env: map[string]string{}}
 	drop := func(f *Feature, field, why string) {
 		p.Dropped = append(p.Dropped, Dropped{Feature: f.Ref.ID, Field: field, Why: why})
@@ -78,15 +88,22 @@ func Screen(fs []*Feature) *Plan {
 			p.Env[k] = v
 		}
 		for i, raw := range m.Mounts {
+			field := fmt.Sprintf("mounts[%d]", i)
 			s, err := mountString(raw)
-			if err == nil {
-				s, err = screenMount(s)
-			}
 			if err != nil {
-				drop(f, fmt.Sprintf("mounts[%d]", i), message(err))
+				drop(f, field, message(err))
 				continue
 			}
-			p.Mounts = append(p.Mounts, s)
+			got := devcontainer.FeatureMount(s, cmp.Or(sc.Workspace, "/workspace"), sc.Env)
+			if got.Why != "" {
+				drop(f, field, got.Why)
+			}
+			switch {
+			case got.Volume != nil:
+				p.Volumes = append(p.Volumes, *got.Volume)
+			case got.Tmpfs != "":
+				p.Tmpfs = append(p.Tmpfs, got.Tmpfs)
+			}
 		}
 	}
 	slices.SortStableFunc(p.Dropped, func(a, b Dropped) int { return strings.Compare(a.Feature, b.Feature) })
@@ -115,37 +132,25 @@ func mountString(raw json.RawMessage) (string, error) {
 	return strings.Join(append(parts, "target="+o.Target), ","), nil
 }
 
-// screenMount lets a bind through only when the guard accepts it; volume and tmpfs mounts (no host path) are
-// kept for the sandbox's own per-key volumes.
-func screenMount(s string) (string, error) {
-	typ := "bind"
-	for _, f := range strings.Split(s, ",") {
-		if k, v, _ := strings.Cut(f, "="); strings.EqualFold(k, "type") {
-			typ = strings.ToLower(v)
-		}
-	}
-	switch typ {
-	case "volume", "tmpfs":
-		return s, nil
-	case "bind":
-		m, err := guard.ParseMount(s)
-		if err != nil {
-			return "", err
-		}
-		c := "type=bind,source=" + m.Source + ",target=" + m.Target
-		if m.ReadOnly {
-			c += ",readonly"
-		}
-		return c, nil
-	}
-	return "", fmt.Errorf("a %s mount is not made", typ)
-}
-
 // Request is one derived-image build.
 type Request struct {
 	Base   string // the image the features are installed on (a ref the engine has, or can pull)
 	BaseID string // its image ID when known: part of the digest, so a moved tag builds again
-	User   string // the devcontainer's remoteUser/containerUser: _REMOTE_USER and _CONTAINER_USER ("root" when empty)
+	// The users install.sh is told of, found as the devcontainers CLI finds them: _CONTAINER_USER is
+	// containerUser, else the compose service's user, else the base image's USER, else root; _REMOTE_USER is
+	// remoteUser, else _CONTAINER_USER. Users names them as given; Install applies the fallbacks.
+	Users Users
+}
+
+// Users are the user names a devcontainer gives (each "" when not given).
+type Users struct {
+	Remote, Container, Compose, Image string
+}
+
+// resolve returns _CONTAINER_USER and _REMOTE_USER.
+func (u Users) resolve() (container, remote string) {
+	container = cmp.Or(u.Container, u.Compose, u.Image, "root")
+	return container, cmp.Or(u.Remote, container)
 }
 
 // stage is where a feature's files go in the image while its install.sh runs.
@@ -160,11 +165,13 @@ func Dockerfile(req Request, p *Plan) string {
 		fmt.Fprintf(&b, "LABEL io.sandkeep.feature-base=%s\n", strconv.Quote(req.BaseID))
 	}
 	b.WriteString("USER root\n")
+	// Before any feature, as the devcontainers CLI does: the two users' homes, from the base image's user database.
+	fmt.Fprintf(&b, "COPY %s %s/%s\nRUN sh %s/%s\n", homesScript, stage, homesScript, stage, homesScript)
 	for i, f := range p.Features {
 		dir := fmt.Sprintf("%s/%d", stage, i)
 		fmt.Fprintf(&b, "COPY features/%d/ %s/\n", i, dir)
-		fmt.Fprintf(&b, "RUN cd %s && chmod +x ./%s && set -a && . ./devcontainer-features-builtin.env && . ./devcontainer-features.env && set +a && ./%s && cd / && rm -rf %s\n",
-			dir, InstallScript, InstallScript, dir)
+		fmt.Fprintf(&b, "RUN cd %s && chmod +x ./%s && set -a && . ./devcontainer-features-builtin.env && . %s/%s && . ./devcontainer-features.env && set +a && ./%s && cd / && rm -rf %s\n",
+			dir, InstallScript, stage, homesEnv, InstallScript, dir)
 		var env []string
 		for _, k := range slices.Sorted(maps.Keys(f.Meta.ContainerEnv)) {
 			if v, ok := p.Env[k]; ok && v == f.Meta.ContainerEnv[k] {
@@ -175,7 +182,39 @@ func Dockerfile(req Request, p *Plan) string {
 			fmt.Fprintf(&b, "ENV %s\n", strings.Join(env, " "))
 		}
 	}
+	fmt.Fprintf(&b, "RUN rm -rf %s\n", stage)
 	return b.String()
+}
+
+// homesScript, run before the features, writes homesEnv: _CONTAINER_USER_HOME and _REMOTE_USER_HOME, each the
+// sixth field of the user's passwd entry (by name or uid; getent when the image has it, else /etc/passwd), ""
+// when there is none or it holds a quote.
+const (
+	homesScript = "devcontainer-features-homes.sh"
+	homesEnv    = "devcontainer-features-homes.env"
+)
+
+func homes(u Users) []byte {
+	container, remote := u.resolve()
+	return []byte(`set -e
+home() {
+	e=""
+	if command -v getent >/dev/null 2>&1; then e=$(getent passwd "$1" || true); fi
+	if [ -z "$e" ] && [ -r /etc/passwd ]; then
+		while IFS= read -r line; do
+			n=${line%%:*}; rest=${line#*:}; rest=${rest#*:}; id=${rest%%:*}
+			if [ "$n" = "$1" ] || [ "$id" = "$1" ]; then e=$line; break; fi
+		done < /etc/passwd
+	fi
+	h=$(printf '%s\n' "$e" | cut -d: -f6)
+	case $h in *"'"*) h="" ;; esac
+	printf '%s' "$h"
+}
+{
+	printf "_CONTAINER_USER_HOME='%s'\n" "$(home ` + shellQuote(container) + `)"
+	printf "_REMOTE_USER_HOME='%s'\n" "$(home ` + shellQuote(remote) + `)"
+} > ` + stage + `/` + homesEnv + `
+`)
 }
 
 // dockerfileQuote double-quotes v for ENV: ${VAR} references are left for the builder to expand, as the
@@ -209,11 +248,11 @@ func Install(ctx context.Context, b build.Builder, req Request, p *Plan, progres
 		return "", err
 	}
 	defer os.RemoveAll(dir)
-	user := req.User
-	if user == "" {
-		user = "root"
+	container, remote := req.Users.resolve()
+	builtin := envFile(map[string]string{"_REMOTE_USER": remote, "_CONTAINER_USER": container})
+	if err := writeFile(dir, homesScript, homes(req.Users), 0o644); err != nil {
+		return "", err
 	}
-	builtin := envFile(map[string]string{"_REMOTE_USER": user, "_CONTAINER_USER": user})
 	for i, f := range p.Features {
 		root := filepath.Join(dir, "features", strconv.Itoa(i))
 		for _, fl := range f.Files {
