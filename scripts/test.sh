@@ -153,13 +153,15 @@ fi
 # answers, uids, quota, /tmp), the whole lifecycle package (its Docker test: secret files) and the library's whole
 # suite. Left out, each for its reason in docs/SECURITY.md, "gVisor": the builds (they never run under the sandbox
 # runtime), the egress suite (no network under runsc: TestGVisorRefusesNetwork shows the refusal instead) and the
-# daemon restart (it restarts the engine; it runs once, alone, below).
+# daemon restart (it restarts the engine; it runs once, alone, below), and TestPortForwardChannel (forwarding over
+# the agent channel, which runsc has not; its exec fallback's open forward is not ended when a runsc container
+# stops: a known gap, docs/SECURITY.md "gVisor").
 if [ "${pkgs[*]}" = "./..." ] && [ "$SANDKEEP_RUNSC" = 1 ]; then
 	phase "go test -race: the Docker suites under gVisor (runsc)"
 	SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
 		go test -race -count=1 -timeout 20m -skip '^TestBuild' ./internal/driver/docker/ || fail "go test (runsc, driver)"
 	SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 45m -skip '^(TestEgress[A-Z].*|TestDaemonRestart)$' ./internal/lifecycle/ . \
+		go test -race -count=1 -timeout 45m -skip '^(TestEgress[A-Z].*|TestDaemonRestart|TestPortForwardChannel)$' ./internal/lifecycle/ . \
 		|| fail "go test (runsc, lifecycle and library)"
 fi
 
