@@ -186,6 +186,8 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	case <-ctx.Done():
 	}
 	// Graceful: refuse new commands, let running ones finish (bounded), then close the listener and connections.
+	// Admission stops before the announcement: whoever reads "draining" is refused.
+	srv.StopAdmitting()
 	fmt.Fprintln(g.stderr, "sandkeep: draining: no new commands; waiting for running ones")
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.shutdownGrace())
 	defer cancel()

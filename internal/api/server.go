@@ -279,12 +279,16 @@ func (s *Server) HTTPServer(addr string) *http.Server {
 // streams, and waits until every running command has returned its result or ctx ends. Call it before
 // http.Server.Shutdown, which then finishes the in-flight responses. It may be called more than once.
 func (s *Server) Drain(ctx context.Context) error {
-	s.drain.begin()
+	s.StopAdmitting()
 	if err := s.drain.wait(ctx); err != nil {
 		return fmt.Errorf("drain: %d commands still running: %w", s.drain.running(), err)
 	}
 	return nil
 }
+
+// StopAdmitting is Drain's first step alone: from its return on, new execs answer 503 SHUTTING_DOWN. A
+// caller that announces the drain calls it first, so that nobody who saw the announcement is still admitted.
+func (s *Server) StopAdmitting() { s.drain.begin() }
 
 // drainer counts running commands and refuses new ones once draining. It is the only owner of that count.
 type drainer struct {
