@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -19,89 +18,37 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
-	"github.com/sandkeep/sandkeep/internal/testutil"
 	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
-// The test node scripts/k8s-up.sh starts; each can be overridden for another cluster.
+// The test node's names (internal/testutil/kubetest has them all; these are the ones the tests here spell).
 const (
-	envRequire       = "SANDKEEP_REQUIRE_KUBE"             // "1": the cluster must be there (CI); else the tests skip
-	envContainerd    = "SANDKEEP_TEST_KUBE_CONTAINERD"     // the node's containerd socket, for `ctr images import`
-	envPVRoot        = "SANDKEEP_TEST_KUBE_PV_ROOT"        // where static PersistentVolumes keep their data on the node
-	envChannelListen = "SANDKEEP_TEST_KUBE_CHANNEL_LISTEN" // the agent channel's listen address; default nodeHostIP:0
-	nodeHostIP       = "10.213.0.1"                        // the host's side of the node's veth (scripts/k8s/env.sh)
-	nodeKubeconfig   = "/var/lib/sandkeep-k8s/admin.kubeconfig"
-	nodeContainerd   = "/var/lib/sandkeep-k8s/run/containerd.sock"
-	nodePVRoot       = "/var/lib/sandkeep-k8s/pv"
-	storageClass     = "sandkeep-test"
-	workspaceSize    = "64Mi"
-	testAgentImage   = kubetest.AgentImage
-	testImage        = kubetest.Image
-	imageListBudget  = 90 * time.Second // the kubelet reports new images with its next node status
+	nodeHostIP     = kubetest.NodeHostIP // the host's side of the node's veth (scripts/k8s/env.sh)
+	storageClass   = kubetest.StorageClass
+	workspaceSize  = kubetest.WorkspaceSize
+	testAgentImage = kubetest.AgentImage
+	testImage      = kubetest.Image
 )
 
-// cluster is the real cluster the tests run against.
+// cluster is the real cluster the tests run against: kubetest's, with this package's helpers.
 type cluster struct {
+	k     *kubetest.Cluster
 	cfg   *rest.Config
 	api   kubernetes.Interface
 	agent string // the static agent binary
 }
 
-var (
-	clusterOnce sync.Once
-	theCluster  *cluster
-	clusterErr  error
-)
-
-// theNode returns the cluster, with the test images loaded into the node. The tests opt in with
-// SANDKEEP_REQUIRE_KUBE=1 (they skip without it); then a missing or silent cluster fails them, never skips.
+// theNode returns the cluster, with the test images loaded into the node (kubetest.Node: the tests opt in with
+// SANDKEEP_REQUIRE_KUBE=1 and skip without it; then a missing or silent cluster fails them, never skips).
 func theNode(t *testing.T) *cluster {
 	t.Helper()
-	if os.Getenv(envRequire) != "1" {
-		t.Skipf("needs a cluster: run scripts/k8s-build.sh and scripts/k8s-up.sh, then set %s=1", envRequire)
-	}
-	path := os.Getenv("KUBECONFIG")
-	if path == "" {
-		path = nodeKubeconfig
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("%s=1 but there is no kubeconfig at %s (run scripts/k8s-up.sh): %v", envRequire, path, err)
-	}
-	agent := testutil.AgentBinary(t)
-	clusterOnce.Do(func() { theCluster, clusterErr = setUp(path, agent) })
-	if clusterErr != nil {
-		t.Fatalf("cluster: %v", clusterErr)
-	}
-	return theCluster
-}
-
-func setUp(kubeconfig, agent string) (*cluster, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	cfg.QPS, cfg.Burst = 50, 100
-	api, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), imageListBudget+time.Minute)
-	defer cancel()
-	if _, err := api.Discovery().ServerVersion(); err != nil {
-		return nil, fmt.Errorf("the API server at %s does not answer: %w", cfg.Host, err)
-	}
-	c := &cluster{cfg: cfg, api: api, agent: agent}
-	// The same images as the suites on kubernetes load (internal/testutil/kubetest), under the same names.
-	if err := (&kubetest.Cluster{Config: cfg, API: api, Agent: agent}).LoadImages(ctx); err != nil {
-		return nil, err
-	}
-	return c, nil
+	k := kubetest.Node(t)
+	return &cluster{k: k, cfg: k.Config, api: k.API, agent: k.Agent}
 }
 
 // namespace returns a fresh namespace name for this test, deleted (with its claims) when the test ends.
@@ -122,11 +69,7 @@ func (c *cluster) namespace(t *testing.T) string {
 // the pods reach through the node); driverExec is one without, every command through the API server's exec.
 func (c *cluster) driver(t *testing.T, ns string) *kube.Driver {
 	t.Helper()
-	listen := os.Getenv(envChannelListen)
-	if listen == "" {
-		listen = nodeHostIP + ":0"
-	}
-	return c.newDriver(t, kube.Options{Namespace: ns, ChannelListen: listen})
+	return c.newDriver(t, kube.Options{Namespace: ns, ChannelListen: c.k.Options(ns).ChannelListen})
 }
 
 func (c *cluster) driverExec(t *testing.T, ns string) *kube.Driver {
@@ -150,10 +93,7 @@ func (c *cluster) newDriver(t *testing.T, opts kube.Options) *kube.Driver {
 // ends.
 func (c *cluster) volume(t *testing.T, ns, claim string) {
 	t.Helper()
-	root := os.Getenv(envPVRoot)
-	if root == "" {
-		root = nodePVRoot
-	}
+	root := kubetest.PVRoot()
 	sum := sha256.Sum256([]byte(ns + "/" + claim))
 	name := "sk-" + hex.EncodeToString(sum[:10])
 	dir := filepath.Join(root, name)

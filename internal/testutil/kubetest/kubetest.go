@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -54,7 +55,11 @@ const (
 	WorkspaceSize   = "64Mi"
 	AgentImage      = "docker.io/library/sandkeep-agent:test"
 	Image           = "docker.io/library/sandkeep-test-busybox:kube"
+	// ProbeImage is Image with skprobe (internal/testutil/probe, the egress suites' network client) at
+	// testutil.ProbePath, as testutil.ProbeImage is on Docker.
+	ProbeImage      = "docker.io/library/sandkeep-test-probe:kube"
 	imageRepo       = "docker.io/library/sandkeep-test-busybox"
+	probeRepo       = "docker.io/library/sandkeep-test-probe"
 	agentRepo       = "docker.io/library/sandkeep-agent"
 	imageListBudget = 90 * time.Second // the kubelet reports new images with its next node status
 	labelTest       = "io.sandkeep.test"
@@ -75,6 +80,7 @@ type Cluster struct {
 	Config *rest.Config
 	API    kubernetes.Interface
 	Agent  string // the static agent binary
+	Probe  string // the static skprobe binary (ProbeImage); "" when the cluster was made without it
 }
 
 var (
@@ -98,14 +104,15 @@ func Node(t testing.TB) *Cluster {
 		t.Fatalf("%s=1 but there is no kubeconfig at %s (run scripts/k8s-up.sh): %v", EnvRequire, path, err)
 	}
 	agent := testutil.AgentBinary(t)
-	once.Do(func() { theCluster, clusterErr = setUp(path, agent) })
+	probe := testutil.BuildBinary(t, "./internal/testutil/probe", "skprobe", false)
+	once.Do(func() { theCluster, clusterErr = setUp(path, agent, probe) })
 	if clusterErr != nil {
 		t.Fatalf("cluster: %v", clusterErr)
 	}
 	return theCluster
 }
 
-func setUp(kubeconfig, agent string) (*Cluster, error) {
+func setUp(kubeconfig, agent, probe string) (*Cluster, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, err
@@ -120,35 +127,52 @@ func setUp(kubeconfig, agent string) (*Cluster, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), imageListBudget+time.Minute)
 	defer cancel()
-	c := &Cluster{Config: cfg, API: api, Agent: agent}
+	c := &Cluster{Config: cfg, API: api, Agent: agent, Probe: probe}
 	if err := c.LoadImages(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// LoadImages imports the agent image and the busybox test image (Image) into the node's containerd, then waits
-// until the node reports them (which is what the driver's ResolveImage reads).
+// LoadImages imports the agent image, the busybox test image (Image) and, when c.Probe is set, the probe image
+// (ProbeImage) into the node's containerd, then waits until the node reports them (which is what the driver's
+// ResolveImage reads).
 func (c *Cluster) LoadImages(ctx context.Context) error {
 	agent, err := os.ReadFile(c.Agent)
 	if err != nil {
 		return err
 	}
-	var agentTar, testTar bytes.Buffer
+	var agentTar, testTar, probeTar bytes.Buffer
 	if _, err := kube.WriteAgentImage(&agentTar, agent, AgentImage); err != nil {
 		return err
 	}
 	if err := BusyboxImage(&testTar, Image); err != nil {
 		return err
 	}
+	images := []struct {
+		repo string
+		tar  *bytes.Buffer
+	}{{agentRepo, &agentTar}, {imageRepo, &testTar}}
+	want := []string{AgentImage, Image}
+	if c.Probe != "" {
+		probe, err := os.ReadFile(c.Probe)
+		if err != nil {
+			return err
+		}
+		if err := BusyboxImage(&probeTar, ProbeImage, ociimage.File{Path: testutil.ProbePath, Mode: 0o755, Data: probe}); err != nil {
+			return err
+		}
+		images = append(images, struct {
+			repo string
+			tar  *bytes.Buffer
+		}{probeRepo, &probeTar})
+		want = append(want, ProbeImage)
+	}
 	socket := os.Getenv(EnvContainerd)
 	if socket == "" {
 		socket = NodeContainerd
 	}
-	for _, img := range []struct {
-		repo string
-		tar  *bytes.Buffer
-	}{{agentRepo, &agentTar}, {imageRepo, &testTar}} {
+	for _, img := range images {
 		cmd := exec.CommandContext(ctx, "ctr", "-a", socket, "-n", "k8s.io", "images", "import", "--digests", "--base-name", img.repo, "-")
 		cmd.Stdin = img.tar
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -157,7 +181,7 @@ func (c *Cluster) LoadImages(ctx context.Context) error {
 	}
 	for {
 		nodes, err := c.API.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err == nil && len(nodes.Items) > 0 && NodesHave(nodes.Items, AgentImage) && NodesHave(nodes.Items, Image) {
+		if err == nil && len(nodes.Items) > 0 && !slices.ContainsFunc(want, func(ref string) bool { return !NodesHave(nodes.Items, ref) }) {
 			return nil
 		}
 		select {
@@ -183,8 +207,9 @@ func NodesHave(nodes []corev1.Node, ref string) bool {
 }
 
 // BusyboxImage writes the test image as an OCI archive tagged ref: the host's static busybox with its applets,
-// /etc/passwd with `sandbox` (uid 1000), /tmp and /workspace; the same tree as testutil.TestImage.
-func BusyboxImage(w *bytes.Buffer, ref string) error {
+// /etc/passwd with `sandbox` (uid 1000), /tmp and /workspace; the same tree as testutil.TestImage, and extra
+// files on top.
+func BusyboxImage(w *bytes.Buffer, ref string, extra ...ociimage.File) error {
 	bin, err := os.ReadFile("/bin/busybox")
 	if err != nil {
 		return fmt.Errorf("static busybox: %w (install busybox-static)", err)
@@ -203,10 +228,11 @@ func BusyboxImage(w *bytes.Buffer, ref string) error {
 		{Path: "/usr/bin/env", Mode: fs.ModeSymlink | 0o777, Link: "/bin/busybox"},
 	}
 	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" && !strings.Contains(a, "/") {
+		if a != "busybox" && !strings.Contains(a, "/") && !slices.ContainsFunc(extra, func(f ociimage.File) bool { return f.Path == "/bin/"+a }) {
 			files = append(files, ociimage.File{Path: "/bin/" + a, Mode: fs.ModeSymlink | 0o777, Link: "/bin/busybox"})
 		}
 	}
+	files = append(files, extra...)
 	_, err = ociimage.Write(w, ociimage.Image{Ref: ref, Files: files, Cmd: []string{"/bin/sh"}})
 	return err
 }
@@ -276,10 +302,12 @@ func (c *Cluster) Workspace(t testing.TB, ns, name string) string {
 	if pvc.DeletionTimestamp != nil {
 		return ""
 	}
-	return filepath.Join(pvRoot(), volumeName(ns, pvc.Name))
+	return filepath.Join(PVRoot(), volumeName(ns, pvc.Name))
 }
 
-func pvRoot() string {
+// PVRoot is the directory the test volumes keep their data under (SANDKEEP_TEST_KUBE_PV_ROOT, default
+// NodePVRoot): a path the node sees too.
+func PVRoot() string {
 	if root := os.Getenv(EnvPVRoot); root != "" {
 		return root
 	}
@@ -372,7 +400,7 @@ func (p *provisioner) pass(ctx context.Context) {
 }
 
 func (p *provisioner) create(ctx context.Context, name, claim, uid string) error {
-	dir := filepath.Join(pvRoot(), name)
+	dir := filepath.Join(PVRoot(), name)
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		return err
 	}
@@ -403,7 +431,7 @@ func (p *provisioner) remove(ctx context.Context, name string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete volume %s: %w", name, err)
 	}
-	return os.RemoveAll(filepath.Join(pvRoot(), name))
+	return os.RemoveAll(filepath.Join(PVRoot(), name))
 }
 
 func (p *provisioner) note(err error) {
