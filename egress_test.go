@@ -14,6 +14,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -30,11 +31,15 @@ import (
 	"time"
 
 	"github.com/moby/moby/client"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/testutil"
+	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 	"github.com/sandkeep/sandkeep/stores"
 )
 
@@ -195,7 +200,11 @@ func newEgressWorld(t *testing.T, network *sandkeep.Network, silent ...string) *
 	roots := x509.NewCertPool()
 	roots.AddCert(w.secure.srv.Certificate())
 	cfg := baseConfig(t)
-	cfg.Image = testutil.ProbeImage(t)
+	if onKube {
+		cfg.Image = kubetest.ProbeImage // imported into the node with the other test images
+	} else {
+		cfg.Image = testutil.ProbeImage(t)
+	}
 	cfg.Network = network
 	cfg.NetworkSilent = silent
 	sandkeep.SetEgressHooks(&cfg, w.resolver, roots)
@@ -318,11 +327,16 @@ func TestEgressNoBypass(t *testing.T) {
 	port := strconv.Itoa(rec.port)
 
 	targets := []string{"127.0.0.1", "172.17.0.1"}
-	if gw := bridgeGateway(t, w.cli); gw != "" && gw != "172.17.0.1" {
-		targets = append(targets, gw)
-	}
-	for _, a := range hostIPv4s(t) {
-		targets = append(targets, a)
+	if onKube {
+		// A pod has the pod network, confined by NetworkPolicy: the server's host as the pod reaches it (the
+		// host's side of the node's veth, a test host) and the pod's own loopback. The host's other addresses are
+		// not test hosts; internal/driver/kube's TestEgress covers another pod and the node.
+		targets = []string{"127.0.0.1", kubetest.NodeHostIP}
+	} else {
+		if gw := bridgeGateway(t, w.cli); gw != "" && gw != "172.17.0.1" {
+			targets = append(targets, gw)
+		}
+		targets = append(targets, hostIPv4s(t)...)
 	}
 	for _, host := range targets {
 		addr := net.JoinHostPort(host, port)
@@ -337,15 +351,10 @@ func TestEgressNoBypass(t *testing.T) {
 	if n := rec.count(); n != 0 {
 		t.Errorf("the recording server on the host got %d connections or datagrams from the sandbox", n)
 	}
-	out := w.sh(key, "cat /proc/net/dev; echo routes; cat /proc/net/route; echo v6; cat /proc/net/ipv6_route 2>/dev/null; echo end")
-	for _, line := range strings.Split(out, "\n") {
-		if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.Contains(name, "|") && name != "lo" && name != "Inter-" {
-			t.Errorf("the sandbox has a network interface besides lo: %q", line)
-		}
-	}
-	routes := out[strings.Index(out, "routes"):]
-	if lines := strings.Count(strings.TrimSpace(routes[:strings.Index(routes, "v6")]), "\n"); lines > 1 {
-		t.Errorf("the sandbox has IPv4 routes:\n%s", routes)
+	// Docker: no interface but loopback, no route. A pod has its interface and route (its confinement is the
+	// NetworkPolicy, which the direct dials above just met).
+	if !onKube {
+		checkNoInterfaces(t, w.sh(key, "cat /proc/net/dev; echo routes; cat /proc/net/route; echo v6; cat /proc/net/ipv6_route 2>/dev/null; echo end"))
 	}
 	if res := w.probe(key, "dns", "unique2-"+w.id+".test"); res.ExitCode == 0 {
 		t.Errorf("a name resolved inside the sandbox: %s", res.Stdout)
@@ -357,6 +366,21 @@ func TestEgressNoBypass(t *testing.T) {
 	res := w.probe(key, "proxied", "http://127.0.0.1:3128/")
 	if !strings.Contains(res.Stdout, "status 403") {
 		t.Errorf("request to the proxy's own address: %s%s", res.Stdout, res.Stderr)
+	}
+}
+
+// checkNoInterfaces fails t when out (/proc/net/dev, "routes", /proc/net/route, "v6", ...) shows an interface
+// besides lo or an IPv4 route.
+func checkNoInterfaces(t *testing.T, out string) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.Contains(name, "|") && name != "lo" && name != "Inter-" {
+			t.Errorf("the sandbox has a network interface besides lo: %q", line)
+		}
+	}
+	routes := out[strings.Index(out, "routes"):]
+	if lines := strings.Count(strings.TrimSpace(routes[:strings.Index(routes, "v6")]), "\n"); lines > 1 {
+		t.Errorf("the sandbox has IPv4 routes:\n%s", routes)
 	}
 }
 
@@ -462,15 +486,20 @@ func TestEgressCredentials(t *testing.T) {
 	if out := w.sh(key, "cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'; ls -R /workspace /.sandkeep-chan; cat /.sandkeep-chan/*.pem | head -c 0"); strings.Contains(out, sentinel) {
 		t.Error("the real value is visible inside the sandbox")
 	}
-	raw, err := w.cli.ContainerInspect(context.Background(), key.ContainerName(), client.ContainerInspectOptions{})
-	if err != nil {
+	if onKube {
+		// What `kubectl get -o yaml` and `kubectl logs` show of the sandbox: its pod and record, its logs.
+		if js := w.kubeObjects(key); strings.Contains(js, sentinel) {
+			t.Error("the real value is in the sandbox's pod or record")
+		}
+		if strings.Contains(w.kubeLogs(key), sentinel) {
+			t.Error("the real value is in the pod's logs")
+		}
+	} else if raw, err := w.cli.ContainerInspect(context.Background(), key.ContainerName(), client.ContainerInspectOptions{}); err != nil {
 		t.Fatal(err)
-	}
-	js, _ := json.Marshal(raw.Container)
-	if strings.Contains(string(js), sentinel) {
+	} else if js, _ := json.Marshal(raw.Container); strings.Contains(string(js), sentinel) {
 		t.Error("the real value is in docker inspect")
 	}
-	logs, err := w.cli.ContainerLogs(context.Background(), key.ContainerName(), client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
+	logs, err := w.logs(key)
 	if err == nil {
 		b, _ := io.ReadAll(logs)
 		logs.Close()
@@ -521,9 +550,11 @@ func TestEgressBundleKeepsImageRoots(t *testing.T) {
 	imageRoot := testCert(t, "image-root.test")
 	block := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: imageRoot.Certificate[0]})
 	cfg := baseConfig(t)
-	cfg.Image = testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{
-		"/etc/ssl/certs/ca-certificates.crt": {Data: append([]byte("# an image's trust store\n"), block...)},
-	})
+	if !onKube { // on kubernetes the bundle is the proxy's CA alone (the driver does not read the image's roots)
+		cfg.Image = testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{
+			"/etc/ssl/certs/ca-certificates.crt": {Data: append([]byte("# an image's trust store\n"), block...)},
+		})
+	}
 	cfg.Network = &sandkeep.Network{Mode: "allowlist", Rules: []string{"api.example.test"}, Inspect: "on"}
 	s := newSuite(t, cfg)
 	key := s.key("acme", "bundle")
@@ -540,9 +571,65 @@ func TestEgressBundleKeepsImageRoots(t *testing.T) {
 		}
 		subjects = append(subjects, c.Subject.CommonName)
 	}
+	if onKube {
+		// Placed by the agent on the pod's secrets tmpfs, where no secret file may go; a recreated pod gets it
+		// again (its tmpfs starts empty).
+		if len(subjects) != 1 || !strings.Contains(subjects[0], "sandkeep") {
+			t.Errorf("bundle subjects = %q, want the proxy's CA", subjects)
+		}
+		if err := s.m.Stop(t.Context(), key); err != nil {
+			t.Fatal(err)
+		}
+		if out := s.sh(key, "cat $SSL_CERT_FILE"); !strings.Contains(out, "BEGIN CERTIFICATE") {
+			t.Errorf("the bundle after the pod was made again: %q", out)
+		}
+		return
+	}
 	if len(subjects) != 2 || subjects[1] != "image-root.test" || !strings.Contains(subjects[0], "sandkeep") {
 		t.Errorf("bundle subjects = %q, want the proxy's CA then the image's root", subjects)
 	}
+}
+
+// kubeObjects is the sandbox's pod and record (ConfigMap) as JSON, what `kubectl get -o yaml` shows.
+func (s *suite) kubeObjects(key sandkeep.Key) string {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pod, err := s.kc.API.CoreV1().Pods(s.ns).Get(ctx, key.ContainerName(), metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatalf("get pod %s: %v", key.ContainerName(), err)
+	}
+	cm, err := s.kc.API.CoreV1().ConfigMaps(s.ns).Get(ctx, key.ContainerName(), metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatalf("get record %s: %v", key.ContainerName(), err)
+	}
+	a, _ := json.Marshal(pod)
+	b, _ := json.Marshal(cm)
+	return string(a) + string(b)
+}
+
+// kubeLogs is what `kubectl logs` shows of the sandbox's pod (its containers, the init container's included).
+func (s *suite) kubeLogs(key sandkeep.Key) string {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var all []byte
+	for _, c := range []string{kube.ContainerName, kube.InitName} {
+		b, err := s.kc.API.CoreV1().Pods(s.ns).GetLogs(key.ContainerName(), &corev1.PodLogOptions{Container: c}).DoRaw(ctx)
+		if err != nil {
+			s.t.Fatalf("logs of %s/%s: %v", key.ContainerName(), c, err)
+		}
+		all = append(all, b...)
+	}
+	return string(all)
+}
+
+// logs is the sandbox's container logs on Docker (io.EOF-terminated), an error on kubernetes (kubeLogs).
+func (s *suite) logs(key sandkeep.Key) (io.ReadCloser, error) {
+	if s.cli == nil {
+		return nil, errors.New("no Docker on kubernetes")
+	}
+	return s.cli.ContainerLogs(context.Background(), key.ContainerName(), client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
 }
 
 func withStore(t *testing.T, cfg sandkeep.Config, dsn string) sandkeep.Config {

@@ -27,7 +27,7 @@ func (r *Run) runPostAttach(ctx context.Context, pol *egress.Policy, sink lifecy
 	var out bytes.Buffer
 	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
 		Argv: []string{"sh", "-c", r.postAttach}, Stdout: &out, Stderr: &out, OnEvent: sink,
-		Secrets: slices.Clip(r.secrets), Network: pol, Shape: r.shape,
+		Secrets: slices.Clip(r.secrets), Network: pol, NetworkBlock: r.network != nil, Shape: r.shape,
 	})
 	if err != nil {
 		return err
@@ -78,7 +78,7 @@ func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
 		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: sink,
-		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: pol, Shape: r.shape,
+		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: pol, NetworkBlock: req.Network != nil || r.network != nil, Shape: r.shape,
 		TTY: req.TTY.size(), Resize: req.TTY.resize(),
 	})
 	if res == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/doctor"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
@@ -234,8 +235,8 @@ func (st *doctorState) networkPolicy(ctx context.Context) doctor.Result {
 		return doctor.Result{Status: doctor.Pass, Detail: detail}
 	}
 	return doctor.Result{Status: doctor.Warn,
-		Detail: fmt.Sprintf("%s: sandboxes of the %s driver are NOT network-isolated (network none is not enforced; they have the cluster's pod network), and commands with a network block are refused (%s)",
-			detail, p.Driver, fault.NetworkUnenforced),
+		Detail: fmt.Sprintf("%s: sandboxes of the %s driver are NOT network-isolated (network none is not enforced; they have the cluster's pod network), and commands with a network block, none included, are refused (%s; %s=1 accepts none)",
+			detail, p.Driver, fault.NetworkUnenforced, kube.EnvAllowUnenforcedNone),
 		Fix: "use a network plugin that enforces NetworkPolicy (Calico, Cilium, kube-router) and set SANDKEEP_KUBE_CHANNEL_LISTEN; see docs/KUBERNETES.md"}
 }
 

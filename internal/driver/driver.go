@@ -87,6 +87,14 @@ type NetworkPolicyProber interface {
 	ProbeNetworkPolicy(ctx context.Context) (enforced bool, detail string)
 }
 
+// NoNetworkChecker is optional: a driver whose network "none" rests on enforcement it has to prove (the
+// kubernetes driver: a NetworkPolicy the cluster's plugin may not enforce) says whether a command that asked for
+// network none may run in sb. It returns nil where sb has no network, and an error (NETWORK_UNENFORCED, with the
+// fix) where it would in fact have one, unless the operator accepted that.
+type NoNetworkChecker interface {
+	CheckNoNetwork(ctx context.Context, sb *Sandbox) error
+}
+
 // ImageWatcher is optional: a driver that reports image changes lets the lifecycle keep resolved image IDs
 // instead of asking the engine before every command.
 type ImageWatcher interface {

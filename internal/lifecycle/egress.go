@@ -20,6 +20,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
+	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
 // The egress path of a sandbox: it has no network of its own (mode none), and its init forwards EgressListen, on
@@ -33,6 +34,10 @@ const (
 	caBundleName = "ca-bundle.pem"
 	// CABundlePath is where a command finds it.
 	CABundlePath = channel.MountPoint + "/" + caBundleName
+	// AgentCABundlePath is where a command finds it on a driver that serves the egress endpoint itself
+	// (driver.EgressListener: kubernetes), which has no channel directory: the agent writes it (put-file) on the
+	// secrets tmpfs, from which the secret files' checks keep every secret away (checkSecrets).
+	AgentCABundlePath = spec.SecretsDir + "/.sandkeep/" + caBundleName
 	// noProxy: the sandbox's own loopback is never proxied.
 	noProxy = "localhost,127.0.0.1,::1"
 )
@@ -54,10 +59,19 @@ type keyEgress struct {
 // session, so the token stops working and whatever the command opened through the proxy is closed. A command
 // without a network (mode none) gets no proxy environment, and the key's proxy, when there is one, has no
 // session while it runs: nothing reaches it with an earlier command's token or policy.
-func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sandbox, pol *egress.Policy) (env []string, release func(), err error) {
+//
+// block says the command or its run named a network block (ExecRequest.NetworkBlock): a none asked for must then
+// be true, and a driver whose isolation rests on a probe (driver.NoNetworkChecker: kubernetes) refuses it where
+// it is not proven.
+func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sandbox, pol *egress.Policy, block bool) (env []string, release func(), err error) {
 	release = func() {}
 	if pol == nil || pol.Mode == "" || pol.Mode == egress.ModeNone {
 		m.endEgress(key)
+		if nc, ok := m.drv.(driver.NoNetworkChecker); ok && block {
+			if err := nc.CheckNoNetwork(ctx, sb); err != nil {
+				return nil, release, err
+			}
+		}
 		return nil, release, nil
 	}
 	if m.cfg.Runtime == RuntimeGVisor {
@@ -121,17 +135,19 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		"HTTP_PROXY="+proxyURL, "HTTPS_PROXY="+proxyURL, "http_proxy="+proxyURL, "https_proxy="+proxyURL,
 		"NO_PROXY="+noProxy, "no_proxy="+noProxy)
 	if ca, gen := ke.proxy.CA(); ca != nil {
+		bundle := CABundlePath
 		if dir == "" {
-			release()
-			return nil, func() {}, fault.New(fault.NetworkInvalid, "leave TLS inspection and credentials out of the network block on this driver",
-				"the %s driver cannot place the proxy's CA bundle in sandbox %s yet, so TLS inspection (and credential injection) cannot run there", m.drv.Name(), sb.Name)
+			err = m.placeBundle(ctx, key, sb, ke, ca, gen)
+			bundle = AgentCABundlePath
+		} else {
+			err = m.writeBundle(sb, ke, dir, ca, gen)
 		}
-		if err := m.writeBundle(sb, ke, dir, ca, gen); err != nil {
+		if err != nil {
 			release()
 			return nil, func() {}, err
 		}
 		for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
-			env = append(env, k+"="+CABundlePath)
+			env = append(env, k+"="+bundle)
 		}
 	}
 	return env, release, nil
@@ -303,6 +319,37 @@ func (m *Manager) writeBundle(sb *driver.Sandbox, ke *keyEgress, dir string, ca 
 		return fault.Wrap(err, fault.EgressUnavailable, "check that the state home is writable", "cannot write the sandbox's CA bundle")
 	}
 	ke.caGen = gen
+	return nil
+}
+
+// placeBundle puts the CA bundle into sb through its agent (`sandkeep-agent put-file`, as secret files go) at
+// AgentCABundlePath, when the proxy's CA changed or sb's pod is a new one (a pod's tmpfs starts empty: the
+// kubernetes driver gives a recreated pod a new StartedAt). The bundle holds the proxy's CA only: the driver does
+// not read the image's trust store. The caller holds key's gate.
+func (m *Manager) placeBundle(ctx context.Context, key identity.Key, sb *driver.Sandbox, ke *keyEgress, ca []byte, gen uint64) error {
+	stamp := sb.ID + "@" + sb.StartedAt.UTC().Format(time.RFC3339Nano)
+	if gen == ke.caGen && stamp == ke.rootsOf {
+		return nil
+	}
+	var diag bytes.Buffer
+	req := ExecRequest{
+		Argv:  []string{driver.AgentPath, "put-file", AgentCABundlePath, "0444"},
+		Stdin: bytes.NewReader(ca), Stdout: &diag, Stderr: &diag, StdoutLimit: helperOutputLimit, StderrLimit: helperOutputLimit,
+		Timeout: secretPutTimeout,
+	}
+	preq, err := m.agentRequest(req)
+	if err != nil {
+		return err
+	}
+	res, err := m.execIn(ctx, key, sb, preq, driver.Output{Stdin: req.Stdin, Stdout: &diag, Stderr: &diag})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 || res.TimedOut || res.StartError != "" {
+		return fault.New(fault.EgressUnavailable, "check the sandbox's "+spec.SecretsDir+" (the posture's tmpfs) and the agent image; the command did not run",
+			"the proxy's CA bundle could not be placed in sandbox %s: %s", sb.Name, helperFailure(res, diag.Bytes(), nil))
+	}
+	ke.caGen, ke.rootsOf, ke.roots = gen, stamp, nil
 	return nil
 }
 

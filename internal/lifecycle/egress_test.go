@@ -1,10 +1,18 @@
 package lifecycle
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
 
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/fake"
+	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
 // TestBlockTally: a command refused thousands of times, at one host and at many, costs the store at most
@@ -43,5 +51,56 @@ func TestBlockTally(t *testing.T) {
 	}
 	if _, ok := tally.flush(); ok {
 		t.Error("a second flush reported the same repeats again")
+	}
+}
+
+// unprovenNone is a driver whose network none is not proven (the kubernetes driver where NetworkPolicy is not
+// enforced): driver.NoNetworkChecker refuses.
+type unprovenNone struct {
+	*fake.Driver
+	checks atomic.Int32
+	ok     bool
+}
+
+func (d *unprovenNone) CheckNoNetwork(_ context.Context, sb *driver.Sandbox) error {
+	d.checks.Add(1)
+	if d.ok {
+		return nil
+	}
+	return fault.New(fault.NetworkUnenforced, "install an enforcing plugin", "network none is not proven for %s", sb.Name)
+}
+
+// TestNoneBlockChecked: a command whose block asks for network none is refused, and does not run, where the
+// driver cannot prove none holds (NETWORK_UNENFORCED, the driver's hint); the same command without a block runs
+// (doctor warns of it), and so does the block where the driver proves it.
+func TestNoneBlockChecked(t *testing.T) {
+	e := newEnv(t)
+	drv := &unprovenNone{Driver: e.drv}
+	m := e.managerOn(drv)
+	k := key(t, "acme", "none")
+	marker := filepath.Join(t.TempDir(), "ran")
+	none := &egress.Policy{Mode: egress.ModeNone}
+
+	req, _ := sh("touch " + marker)
+	req.Network, req.NetworkBlock = none, true
+	_, err := m.Exec(t.Context(), k, req)
+	var fe *fault.Error
+	if !errors.As(err, &fe) || fe.Code != fault.NetworkUnenforced || fe.Hint == "" {
+		t.Fatalf("network none named where it is not proven: %v; want %s with a hint", err, fault.NetworkUnenforced)
+	}
+	if exists(marker) {
+		t.Fatal("the refused command ran")
+	}
+	req.NetworkBlock = false // the default none: no block named
+	if res, err := m.Exec(t.Context(), k, req); err != nil || res.ExitCode != 0 || !exists(marker) {
+		t.Fatalf("a command without a block: %+v, %v", res, err)
+	}
+	if n := drv.checks.Load(); n != 1 {
+		t.Errorf("CheckNoNetwork called %d times, want once (for the block only)", n)
+	}
+	drv.ok = true
+	req.NetworkBlock = true
+	if res, err := m.Exec(t.Context(), k, req); err != nil || res.ExitCode != 0 {
+		t.Fatalf("network none named where it is proven: %+v, %v", res, err)
 	}
 }

@@ -103,6 +103,10 @@ type ExecRequest struct {
 	Secrets []Secret // files placed under /run/secrets for this command only (secrets.go)
 	// Network is where the command may connect to (ResolveNetwork); nil or mode none: nowhere.
 	Network *egress.Policy
+	// NetworkBlock: Network comes from a block the command or its run named (the Config's, a template's, the
+	// repository's, the request's), not the default. A mode none named so is a promise the driver must keep:
+	// where it cannot prove the sandbox has no network (driver.NoNetworkChecker), the command is refused.
+	NetworkBlock bool
 	// Shape is the sandbox the command runs in (NewShape); nil is the Manager's own Config. A key's sandbox made
 	// for another shape has drifted and is recycled.
 	Shape *Shape
@@ -176,7 +180,7 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 		m.home.Touch(key, m.cfg.Now())
 		// The proxy is up, with this command's policy, before the command can use it (after the ensure: the
 		// CA bundle keeps the sandbox's image roots); its refusals until the command ends belong to its run.
-		netEnv, releaseNet, err := m.egressFor(ctx, key, sb, req.Network)
+		netEnv, releaseNet, err := m.egressFor(ctx, key, sb, req.Network, req.NetworkBlock)
 		if err != nil {
 			return nil, err
 		}

@@ -89,6 +89,8 @@ func checkSecrets(secrets []Secret) error {
 			return fault.New(fault.InvalidArgument, hint, "%s: path %q is not a clean absolute path", label, s.Path)
 		case !strings.HasPrefix(s.Path, spec.SecretsDir+"/"):
 			return fault.New(fault.InvalidArgument, hint, "%s: path %q is not under %s, the tmpfs secrets live on", label, s.Path, spec.SecretsDir)
+		case s.Path == path.Dir(AgentCABundlePath) || strings.HasPrefix(s.Path, path.Dir(AgentCABundlePath)+"/"):
+			return fault.New(fault.InvalidArgument, hint, "%s: path %q is under %s, which sandkeep keeps for the egress proxy's CA bundle", label, s.Path, path.Dir(AgentCABundlePath))
 		case s.Mode&^os.ModePerm != 0 || (s.Mode != 0 && s.Mode&0o400 == 0):
 			return fault.New(fault.InvalidArgument, `use a permission mode that lets the owner read, e.g. 0400`,
 				"%s: mode %v is not a file permission the owner can read", label, s.Mode)

@@ -54,7 +54,13 @@ func theNode(t *testing.T) *cluster {
 // namespace returns a fresh namespace name for this test, deleted (with its claims) when the test ends.
 func (c *cluster) namespace(t *testing.T) string {
 	t.Helper()
-	ns := "sandkeep-test-" + randHex(t, 4)
+	return c.namespacePrefixed(t, "sandkeep-test-")
+}
+
+// namespacePrefixed is namespace with the name's prefix given.
+func (c *cluster) namespacePrefixed(t *testing.T, prefix string) string {
+	t.Helper()
+	ns := prefix + randHex(t, 4)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

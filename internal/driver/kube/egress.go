@@ -134,12 +134,12 @@ func (s *chanServer) handEgress(name string, owner types.UID, c *net.TCPConn) {
 func (d *Driver) ListenEgress(ctx context.Context, sb *driver.Sandbox) (net.Listener, error) {
 	if d.ch == nil {
 		return nil, fault.New(fault.NetworkUnenforced,
-			"set "+EnvChannelListen+" (and "+EnvChannelAddr+"): the pods reach sandkeep's egress proxy over the agent channel's address, or run the command with network none",
+			"set "+EnvChannelListen+" (and "+EnvChannelAddr+"): the pods reach sandkeep's egress proxy over the agent channel's address",
 			"the kubernetes driver has no egress path without the agent channel, so sandbox %s cannot have a network", sb.Name)
 	}
 	if ok, detail := d.ProbeNetworkPolicy(ctx); !ok {
 		return nil, fault.New(fault.NetworkUnenforced,
-			"install a network plugin that enforces NetworkPolicy (Calico, Cilium, kube-router) and check with `sandkeep doctor`, or run the command with network none",
+			"install a network plugin that enforces NetworkPolicy (Calico, Cilium, kube-router) and check with `sandkeep doctor`",
 			"the cluster's NetworkPolicy enforcement is not proven (%s), so sandbox %s cannot be confined to sandkeep's egress proxy; the command was not run", detail, sb.Name)
 	}
 	l := &egressListener{s: d.ch, name: sb.Name, owner: types.UID(sb.ID), conns: make(chan net.Conn, egressBacklog), done: make(chan struct{})}
@@ -153,6 +153,28 @@ func (d *Driver) ListenEgress(ctx context.Context, sb *driver.Sandbox) (net.List
 	}
 	d.ch.egress[sb.Name] = l
 	return l, nil
+}
+
+// CheckNoNetwork (driver.NoNetworkChecker) lets a command whose network block says none run in sb only where
+// that is true: where the cluster enforces NetworkPolicy (the probe, run on the first call), so the isolation
+// policy keeps the pod off the network. Elsewhere the pod has the cluster's pod network, and the command is
+// refused with NETWORK_UNENFORCED, unless the operator accepted that (Options.AllowUnenforcedNone).
+func (d *Driver) CheckNoNetwork(ctx context.Context, sb *driver.Sandbox) error {
+	if d.opts.AllowUnenforcedNone {
+		return nil
+	}
+	const accept = ", or set " + EnvAllowUnenforcedNone + "=1 to run such commands with the cluster's pod network"
+	if d.ch == nil {
+		return fault.New(fault.NetworkUnenforced,
+			"set "+EnvChannelListen+" (and "+EnvChannelAddr+") so sandkeep can prove the cluster enforces NetworkPolicy"+accept,
+			"the kubernetes driver cannot prove NetworkPolicy is enforced without the agent channel, so network none is not known to hold for sandbox %s; the command was not run", sb.Name)
+	}
+	if ok, detail := d.ProbeNetworkPolicy(ctx); !ok {
+		return fault.New(fault.NetworkUnenforced,
+			"install a network plugin that enforces NetworkPolicy (Calico, Cilium, kube-router) and check with `sandkeep doctor`"+accept,
+			"the cluster's NetworkPolicy enforcement is not proven (%s), so sandbox %s would have the pod network although the command asked for network none; the command was not run", detail, sb.Name)
+	}
+	return nil
 }
 
 // npVerdict is what the probe found.

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
@@ -46,15 +45,7 @@ const (
 // (the NetworkPolicies the driver made included) when the test ends.
 func (c *cluster) egressNamespace(t *testing.T) string {
 	t.Helper()
-	ns := "sk15a-" + randHex(t, 4)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := c.api.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete namespace %s: %v", ns, err)
-		}
-	})
-	return ns
+	return c.namespacePrefixed(t, "sk15a-")
 }
 
 // hostListener counts the TCP connections that reach one port of nodeHostIP (the sandkeep server's host).
@@ -175,12 +166,13 @@ type outcome struct {
 	stdout, stderr string
 }
 
-// exec runs argv in key's sandbox through the lifecycle with network pol (nil: none).
+// exec runs argv in key's sandbox through the lifecycle with network pol (nil: none, no block named; else the
+// command's block).
 func (w *egressWorld) exec(t *testing.T, ctx context.Context, key identity.Key, pol *egress.Policy, stdin io.Reader, argv ...string) (outcome, error) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	res, err := w.m.Exec(ctx, key, lifecycle.ExecRequest{Argv: argv, Timeout: time.Minute, Stdin: stdin, Stdout: &out, Stderr: &errb,
-		Network: pol, OnEvent: func(name string, payload any) {
+		Network: pol, NetworkBlock: pol != nil, OnEvent: func(name string, payload any) {
 			if b, ok := payload.(events.NetworkBlocked); ok && name == events.NameNetworkBlocked {
 				w.mu.Lock()
 				w.evs = append(w.evs, b)
@@ -421,6 +413,24 @@ func TestEgressUnenforced(t *testing.T) {
 		t.Errorf("the upstream was reached")
 	}
 
+	// A block that says none: the pod would have the pod network, so none is not true: refused the same way,
+	// unless the operator accepted it.
+	none := &egress.Policy{Mode: egress.ModeNone}
+	_, err = w.exec(t, ctx, key, none, nil, "sh", "-c", "echo ran > /workspace/ran-none")
+	if !errors.As(err, &fe) || fe.Code != fault.NetworkUnenforced || !strings.Contains(fe.Hint, kube.EnvAllowUnenforcedNone) {
+		t.Fatalf("network none named where NetworkPolicy is not enforced: %v; want %s naming %s", err, fault.NetworkUnenforced, kube.EnvAllowUnenforcedNone)
+	}
+	t.Logf("refused: %v (hint: %s)", err, fe.Hint)
+	if o := w.must(t, ctx, key, nil, "sh", "-c", "cat /workspace/ran-none 2>/dev/null; echo checked"); o.stdout != "checked\n" {
+		t.Errorf("the refused none command ran: %+v", o)
+	}
+	opts := c.k.Options(ns)
+	opts.AllowUnenforcedNone = true
+	accepted := newEgressWorld(t, c, ns, c.newDriver(t, opts))
+	if o, err := accepted.exec(t, ctx, accepted.key(t, "accepted"), none, nil, "sh", "-c", "echo accepted"); err != nil || o.stdout != "accepted\n" {
+		t.Errorf("network none with %s: %+v, %v", kube.EnvAllowUnenforcedNone, o, err)
+	}
+
 	// No channel: no way to the proxy.
 	dx := c.driverExec(t, ns)
 	if ok, detail := dx.ProbeNetworkPolicy(ctx); ok || !strings.Contains(detail, kube.EnvChannelListen) {
@@ -445,5 +455,17 @@ func TestListenEgressNoChannel(t *testing.T) {
 	}
 	if d.Capabilities().NetworkPolicy {
 		t.Error("Capabilities().NetworkPolicy without a probe")
+	}
+	// Nor can it prove network none: a block that says none is refused too, unless the operator accepted it.
+	err = d.CheckNoNetwork(context.Background(), &driver.Sandbox{Name: "sandkeep-u-x", ID: "x"})
+	if !errors.As(err, &fe) || fe.Code != fault.NetworkUnenforced || !strings.Contains(fe.Hint, kube.EnvAllowUnenforcedNone) {
+		t.Fatalf("CheckNoNetwork = %v; want %s naming %s", err, fault.NetworkUnenforced, kube.EnvAllowUnenforcedNone)
+	}
+	d, err = kube.New(kube.Options{REST: &rest.Config{Host: "https://127.0.0.1:1"}, AgentImage: testAgentImage, AllowUnenforcedNone: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CheckNoNetwork(context.Background(), &driver.Sandbox{Name: "sandkeep-u-x", ID: "x"}); err != nil {
+		t.Errorf("CheckNoNetwork with AllowUnenforcedNone: %v", err)
 	}
 }

@@ -55,6 +55,9 @@ const (
 	// EnvChannelAddr is the address pods dial (an IP and port: sandkeep's pod IP in a cluster); default: the
 	// listen address when it names an IP.
 	EnvChannelAddr = "SANDKEEP_KUBE_CHANNEL_ADDR"
+	// EnvAllowUnenforcedNone, set to 1, lets a command that asked for network none run where the cluster does not
+	// (provably) enforce NetworkPolicy, with the cluster's pod network (Options.AllowUnenforcedNone).
+	EnvAllowUnenforcedNone = "SANDKEEP_KUBE_ALLOW_UNENFORCED_NONE"
 )
 
 // Defaults.
@@ -104,6 +107,10 @@ type Options struct {
 	ChannelListen string
 	// ChannelAddr is the address pods dial; empty: the listener's address, which must then name an IP.
 	ChannelAddr string
+	// AllowUnenforcedNone: a command whose network block says none runs even where NetworkPolicy enforcement is
+	// not proven (no channel, or the probe found it absent); its pod then has the cluster's pod network. Default:
+	// refused with NETWORK_UNENFORCED (CheckNoNetwork).
+	AllowUnenforcedNone bool
 	// Logger receives the channel's refusals; nil discards.
 	Logger *slog.Logger
 	// REST, when set, is used instead of loading a kubeconfig (tests).
@@ -121,6 +128,8 @@ func FromEnv() Options {
 		WorkspaceSize: os.Getenv(EnvWorkspaceSize),
 		ChannelListen: os.Getenv(EnvChannelListen),
 		ChannelAddr:   os.Getenv(EnvChannelAddr),
+
+		AllowUnenforcedNone: os.Getenv(EnvAllowUnenforcedNone) == "1",
 	}
 }
 
