@@ -56,6 +56,8 @@ func TestCheckSecrets(t *testing.T) {
 		{name: "same path twice", secrets: []Secret{{Path: "/run/secrets/t"}, {Path: "/run/secrets/t"}}, wantErr: "collides"},
 		{name: "a path under another", secrets: []Secret{{Path: "/run/secrets/t"}, {Path: "/run/secrets/t/x"}}, wantErr: "collides"},
 		{name: "too big", secrets: []Secret{{Path: "/run/secrets/t", Value: big}}, wantErr: "over"},
+		{name: "the CA bundle's directory", secrets: []Secret{{Path: "/run/secrets/.sandkeep"}}, wantErr: "CA bundle"},
+		{name: "over the CA bundle", secrets: []Secret{{Path: AgentCABundlePath}}, wantErr: "CA bundle"},
 		{name: "too big together", secrets: []Secret{{Path: "/run/secrets/a", Value: half}, {Path: "/run/secrets/b", Value: half}}, wantErr: "add up"},
 	}
 	for _, tt := range tests {
