@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io/fs"
@@ -75,6 +76,10 @@ type Cluster struct {
 	Config *rest.Config
 	API    kubernetes.Interface
 	Agent  string // the static agent binary
+	// AgentImage is the agent image the suites' drivers use (Options, the CLI's environment): AgentImage's
+	// repository tagged with the agent binary's digest, so that the node's other users (another worktree's tests,
+	// a CI run) importing their own agent under the shared tag never swap it under this binary's pods.
+	AgentImage string
 }
 
 var (
@@ -120,7 +125,11 @@ func setUp(kubeconfig, agent string) (*Cluster, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), imageListBudget+time.Minute)
 	defer cancel()
-	c := &Cluster{Config: cfg, API: api, Agent: agent}
+	c := &Cluster{Config: cfg, API: api, Agent: agent, AgentImage: AgentImage}
+	if b, err := os.ReadFile(agent); err == nil {
+		sum := sha256.Sum256(b)
+		c.AgentImage = AgentImage + "-" + hex.EncodeToString(sum[:6])
+	}
 	if err := c.LoadImages(ctx); err != nil {
 		return nil, err
 	}
@@ -134,8 +143,15 @@ func (c *Cluster) LoadImages(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var agentTar, testTar bytes.Buffer
+	var agentTar, ownTar, testTar bytes.Buffer
 	if _, err := kube.WriteAgentImage(&agentTar, agent, AgentImage); err != nil {
+		return err
+	}
+	own := c.AgentImage
+	if own == "" {
+		own = AgentImage
+	}
+	if _, err := kube.WriteAgentImage(&ownTar, agent, own); err != nil {
 		return err
 	}
 	if err := BusyboxImage(&testTar, Image); err != nil {
@@ -148,7 +164,7 @@ func (c *Cluster) LoadImages(ctx context.Context) error {
 	for _, img := range []struct {
 		repo string
 		tar  *bytes.Buffer
-	}{{agentRepo, &agentTar}, {imageRepo, &testTar}} {
+	}{{agentRepo, &agentTar}, {agentRepo, &ownTar}, {imageRepo, &testTar}} {
 		cmd := exec.CommandContext(ctx, "ctr", "-a", socket, "-n", "k8s.io", "images", "import", "--digests", "--base-name", img.repo, "-")
 		cmd.Stdin = img.tar
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -157,7 +173,7 @@ func (c *Cluster) LoadImages(ctx context.Context) error {
 	}
 	for {
 		nodes, err := c.API.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err == nil && len(nodes.Items) > 0 && NodesHave(nodes.Items, AgentImage) && NodesHave(nodes.Items, Image) {
+		if err == nil && len(nodes.Items) > 0 && NodesHave(nodes.Items, AgentImage) && NodesHave(nodes.Items, own) && NodesHave(nodes.Items, Image) {
 			return nil
 		}
 		select {
@@ -255,7 +271,7 @@ func (c *Cluster) Options(ns string) kube.Options {
 	if listen == "" {
 		listen = NodeHostIP + ":0"
 	}
-	return kube.Options{REST: c.Config, Namespace: ns, AgentImage: AgentImage, StorageClass: StorageClass,
+	return kube.Options{REST: c.Config, Namespace: ns, AgentImage: c.AgentImage, StorageClass: StorageClass,
 		WorkspaceSize: WorkspaceSize, ChannelListen: listen}
 }
 
