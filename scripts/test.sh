@@ -203,6 +203,13 @@ if [ "$k8s_stage" = 1 ]; then
 		go test -race -count=1 -p 1 -timeout 25m -run "^($lib_tests|TestServeSDK|TestServeRestartKube)\$" . ./cmd/sandkeep \
 		|| fail "go test (the suites on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
+	# The library's file API on kubernetes (TestFiles: upload, download, list, tar, the refusals of what a
+	# command planted, the limits, a stopped pod started for it), every operation through the pod's agent
+	# (sandkeep-agent fs); TestServeSDK above runs the API's files subtest on kubernetes too.
+	phase "go test -race (kubernetes): the library's file API (TestFiles)"
+	SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
+		go test -race -count=1 -timeout 10m -run '^TestFiles$' . \
+		|| fail "go test (the file API on kubernetes; node logs in $k8s_log_dir)"
 	phase "kubernetes: scripts/k8s-down.sh"
 	trap k8s_cleanup EXIT
 	bash scripts/k8s-down.sh || fail "scripts/k8s-down.sh"
