@@ -193,26 +193,23 @@ if [ "$k8s_stage" = 1 ]; then
 	# The library's lifecycle suite (every test of sandkeep_test.go; the few that read Docker itself skip on
 	# kubernetes, each saying why) and, through a real `sandkeep serve`, the API suite with its files and the
 	# serve restart (adoption, a pod deleted behind its back): SANDKEEP_TEST_DRIVER=kubernetes points them at the
-	# node (internal/testutil/kubetest); the library's egress suites follow on their own line. -p 1: each test
+	# node (internal/testutil/kubetest); -p 1: each test
 	# binary imports the images into the node's containerd when it starts; one at a time, so no import lands
 	# under another binary's running tests.
 	lib_tests=$(grep -o '^func Test[A-Za-z0-9_]*' sandkeep_test.go | sed 's/^func //' | grep -vx TestMain | paste -sd'|')
-	phase "go test -race (kubernetes): the library's lifecycle suite, TestServeSDK, TestServeRestartKube"
+	# Also the library's egress suites (TestEgress* of egress_test.go: allowlist and network_blocked events, no
+	# bypass, address classes, silent hosts, TLS inspection with credential injection and the SNI check, presets,
+	# the CA bundle, per-command policy and token, the refusal flood) through the pod's forwarded proxy under
+	# NetworkPolicy (kube-router), each test in its own namespace with its own enforcement probe; and the library's
+	# file API (TestFiles: upload, download, list, tar, the refusals of what a command planted, the limits, a
+	# stopped pod started for it), every operation through the pod's agent (sandkeep-agent fs). One binary per
+	# package, so the images are imported once each.
+	phase "go test -race (kubernetes): the library's lifecycle, egress and file suites, TestServeSDK, TestServeRestartKube"
 	k8s_suites_start=$(date +%s)
 	SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
-		go test -race -count=1 -p 1 -timeout 25m -run "^($lib_tests|TestServeSDK|TestServeRestartKube)\$" . ./cmd/sandkeep \
+		go test -race -count=1 -p 1 -timeout 40m -run "^($lib_tests|TestEgress[A-Za-z0-9_]*|TestFiles|TestServeSDK|TestServeRestartKube)\$" . ./cmd/sandkeep \
 		|| fail "go test (the suites on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
-	# The library's egress suites (TestEgress* of egress_test.go: allowlist and network_blocked events, no bypass,
-	# address classes, silent hosts, TLS inspection with credential injection and the SNI check, presets, the CA
-	# bundle, per-command policy and token, the refusal flood) on kubernetes: through the pod's forwarded proxy,
-	# under NetworkPolicy (kube-router), each test in its own namespace with its own enforcement probe.
-	phase "go test -race (kubernetes): the library's egress suites (TestEgress*)"
-	k8s_egress_start=$(date +%s)
-	SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 15m -run '^TestEgress' . \
-		|| fail "go test (the egress suites on kubernetes; node logs in $k8s_log_dir)"
-	echo "the egress suites on kubernetes: $(($(date +%s) - k8s_egress_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"
 	trap k8s_cleanup EXIT
 	bash scripts/k8s-down.sh || fail "scripts/k8s-down.sh"

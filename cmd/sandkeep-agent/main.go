@@ -25,6 +25,8 @@
 //	                        writes stdin (a secret, at most 1 MiB) to PATH under /run/secrets, never following links
 //	sandkeep-agent rm-file PATH...
 //	                        removes secret files placed by put-file
+//	sandkeep-agent fs OP    one operation of the file API on /workspace (internal/files/wire.go), as the sandbox's
+//	                        user: the kubernetes driver's upload, download, list and tar
 //	sandkeep-agent dial PORT
 //	                        connects to 127.0.0.1:PORT inside the sandbox and copies stdin/stdout to and from it
 //	                        (one port-forwarded connection)
@@ -69,6 +71,9 @@ func main() {
 		os.Exit(runInit(f.channel, f.egress))
 	}
 	if code, ok := fileBuiltin(os.Args[1:]); ok { // put-file, rm-file: see files_linux.go
+		os.Exit(code)
+	}
+	if code, ok := fsBuiltin(os.Args[1:]); ok { // fs OP: the file API through the agent, see fs_linux.go
 		os.Exit(code)
 	}
 	if code, ok := installBuiltin(os.Args[1:]); ok { // install DIR: see install_linux.go
@@ -165,6 +170,6 @@ func parseInitFlags(args []string) (f initFlags, err error) {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT] | --net-channel HOST:PORT --pod NAME --token-file PATH] | serve | version | put-file PATH MODE | rm-file PATH... | dial PORT")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT] | --net-channel HOST:PORT --pod NAME --token-file PATH] | serve | version | put-file PATH MODE | rm-file PATH... | fs OP | dial PORT")
 	os.Exit(2)
 }

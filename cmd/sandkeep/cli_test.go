@@ -118,7 +118,7 @@ func kubeEnv(kc *kubetest.Cluster, ns string) []string {
 		kubeconfig = kubetest.NodeKubeconfig
 	}
 	return []string{"SANDKEEP_HOST_KIND=cloud", "SANDKEEP_HOST_PASSTHROUGH=deny", "KUBECONFIG=" + kubeconfig,
-		kube.EnvNamespace + "=" + ns, kube.EnvAgentImage + "=" + kubetest.AgentImage,
+		kube.EnvNamespace + "=" + ns, kube.EnvAgentImage + "=" + kc.AgentImage,
 		kube.EnvStorageClass + "=" + kubetest.StorageClass, kube.EnvWorkspaceSize + "=" + kubetest.WorkspaceSize}
 }
 

@@ -424,20 +424,8 @@ func TestServeSDK(t *testing.T) {
 
 	t.Run("files", func(t *testing.T) {
 		ctx := bounded(t)
-		if c.kc != nil {
-			// The file API reads and writes workspaces on the host; the kubernetes driver's is a claim in the
-			// cluster: refused with FILES_UNAVAILABLE, nothing written. What the later subtests read is made by
-			// a command instead.
-			_, err := cl.Upload(ctx, "alice", "bin/deep/data.bin", strings.NewReader("x"), 0o644)
-			wantAPIError(t, err, http.StatusUnprocessableEntity, fault.FilesUnavailable)
-			_, err = cl.Download(ctx, "alice", "made.bin", io.Discard)
-			wantAPIError(t, err, http.StatusUnprocessableEntity, fault.FilesUnavailable)
-			res, err := cl.Exec(ctx, "alice", client.ExecRequest{Command: "test ! -e bin && mkdir -p tree/a && echo top > tree/a/top.txt"})
-			if err != nil || res.ExitCode != 0 {
-				t.Fatalf("make the tree by a command: %+v, %v", res, err)
-			}
-			return
-		}
+		// On kubernetes the workspace is the pod's claim: every operation below runs in the pod, through its
+		// agent (sandkeep-agent fs), with the same answers as on Docker.
 		// Binary: every byte value, then random bytes, in a directory that does not exist yet.
 		data := make([]byte, 3<<20)
 		for i := range 256 {
@@ -642,11 +630,7 @@ func TestServeSDK(t *testing.T) {
 		_, err = cl.Sandbox(ctx, "alice")
 		wantAPIError(t, err, http.StatusNotFound, fault.NotFound)
 		_, err = cl.Download(ctx, "alice", "empty", io.Discard)
-		if c.kc != nil {
-			wantAPIError(t, err, http.StatusUnprocessableEntity, fault.FilesUnavailable)
-		} else {
-			wantAPIError(t, err, http.StatusNotFound, fault.FileNotFound)
-		}
+		wantAPIError(t, err, http.StatusNotFound, fault.FileNotFound)
 		wantAPIError(t, cl.Stop(ctx, "alice"), http.StatusNotFound, fault.NotFound)
 		if boxes, err := cl.Sandboxes(ctx); err != nil || len(boxes) != 1 || boxes[0].User != "streamer" {
 			t.Errorf("sandboxes after removing alice: %+v, %v", boxes, err)

@@ -17,6 +17,7 @@ const (
 	MaxRequest     = 1 << 20  // largest encoded Request, in bytes
 	DefaultLimit   = 1 << 20  // default per-stream output limit
 	MaxOutputLimit = 64 << 20 // largest per-stream output limit a request may ask for
+	MaxStreamLimit = 1 << 62  // largest stdout limit of a Stream request
 )
 
 // ErrProtocol marks a broken channel: garbage, a forged or oversized frame, or a stream cut before the report.
@@ -41,6 +42,11 @@ type Request struct {
 	// StdoutLimit), and FrameResize frames change the size. A Ctrl-C byte on stdin becomes SIGINT for the
 	// terminal's foreground process group, by the terminal's own line discipline.
 	TTY *WindowSize `json:"tty,omitempty"`
+	// Stream marks a command whose stdout is data the host passes on as it comes and never keeps (the file API's
+	// downloads through the agent, `sandkeep-agent fs`): its StdoutLimit may be up to MaxStreamLimit instead of
+	// MaxOutputLimit. Everything else is as for any command; an agent that predates the field refuses such a
+	// limit, so nothing goes unbounded by mistake.
+	Stream bool `json:"stream,omitempty"`
 }
 
 // Result is the agent's final report of one command.

@@ -17,8 +17,12 @@ var ErrBadRequest = errors.New("invalid agent request")
 
 // Validate checks what both sides rely on: the version, a non-empty argv, an absolute workdir (or none: the
 // agent's own), "K=V" env entries, a positive timeout, a grace that is not negative, and limits in
-// 1..MaxOutputLimit.
+// 1..MaxOutputLimit (stdout: 1..MaxStreamLimit for a Stream request).
 func (r *Request) Validate() error {
+	stdoutMax := int64(MaxOutputLimit)
+	if r.Stream {
+		stdoutMax = MaxStreamLimit
+	}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, a...))
 	}
@@ -33,8 +37,8 @@ func (r *Request) Validate() error {
 		return bad("timeout %dms is not positive", r.TimeoutMS)
 	case r.GraceMS < 0:
 		return bad("grace %dms is negative", r.GraceMS)
-	case r.StdoutLimit <= 0 || r.StdoutLimit > MaxOutputLimit:
-		return bad("stdout limit %d outside 1..%d", r.StdoutLimit, MaxOutputLimit)
+	case r.StdoutLimit <= 0 || r.StdoutLimit > stdoutMax:
+		return bad("stdout limit %d outside 1..%d", r.StdoutLimit, stdoutMax)
 	case r.StderrLimit <= 0 || r.StderrLimit > MaxOutputLimit:
 		return bad("stderr limit %d outside 1..%d", r.StderrLimit, MaxOutputLimit)
 	}

@@ -91,8 +91,15 @@ type TarSummary struct {
 }
 
 // FS is one workspace, opened for host-side access. It is safe for concurrent use.
+//
+// An FS is one of two kinds: a host directory (Open), every access through an os.Root of it; or a workspace in
+// a sandbox elsewhere (OpenRemote: a Kubernetes pod's claim), every operation run inside the sandbox by the
+// agent, which applies this same code there (Serve). Both have the same methods, limits and faults.
 type FS struct {
-	root     *os.Root // the workspace directory; every access goes through it
+	run Runner          // OpenRemote's: operations run in the sandbox; nil for a host directory
+	ctx context.Context // OpenRemote's: bounds the operations that take no context
+
+	root     *os.Root // the workspace directory; every access goes through it (nil when remote)
 	uid, gid int      // owner of what FS creates; -1 leaves that id as the creating process's
 	lim      Limits   // with defaults applied
 	folder   string   // where the workspace is also mounted (a devcontainer.json's workspaceFolder); "" for none
@@ -141,7 +148,9 @@ func Open(dir string, uid, gid int, lim Limits) (*FS, error) {
 func (f *FS) Close() error {
 	var err error
 	f.closeOnce.Do(func() {
-		err = f.root.Close()
+		if f.root != nil {
+			err = f.root.Close()
+		}
 		for _, fn := range f.onClose {
 			fn()
 		}
@@ -160,6 +169,9 @@ func (f *FS) Stat(path string) (Entry, error) {
 	comps, err := f.parse(path)
 	if err != nil {
 		return Entry{}, err
+	}
+	if f.run != nil {
+		return f.remoteStat(comps)
 	}
 	if len(comps) == 0 {
 		fi, err := f.root.Lstat(".")
@@ -205,6 +217,9 @@ func (f *FS) Write(ctx context.Context, path string, r io.Reader, mode fs.FileMo
 	if mode.Perm() == 0 {
 		mode = 0o644
 	}
+	if f.run != nil {
+		return f.remoteWrite(ctx, comps, r, mode)
+	}
 	parent, err := walk(f.root, nil, comps[:len(comps)-1], f.owner(), fault.PathConflict)
 	if err != nil {
 		return 0, err
@@ -226,6 +241,9 @@ func (f *FS) OpenFile(path string) (io.ReadCloser, Entry, error) {
 	if len(comps) == 0 {
 		return nil, Entry{}, fault.New(fault.FileType, "list it or download it as a tar instead",
 			"/workspace is a directory, not a file")
+	}
+	if f.run != nil {
+		return f.remoteOpen(comps)
 	}
 	parent, err := walk(f.root, nil, comps[:len(comps)-1], nil, fault.PathConflict)
 	if err != nil {
@@ -253,6 +271,9 @@ func (f *FS) List(path string) ([]Entry, error) {
 	comps, err := f.parse(path)
 	if err != nil {
 		return nil, err
+	}
+	if f.run != nil {
+		return f.remoteList(comps)
 	}
 	dir, err := walk(f.root, nil, comps, nil, fault.FileType)
 	if err != nil {

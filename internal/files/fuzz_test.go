@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -90,6 +92,79 @@ func FuzzExtractTar(f *testing.F) {
 		e.untouched(t)
 		if fi, err := os.Lstat(e.ws); err != nil || fi.Mode() != fs.ModeDir|0o700 {
 			t.Fatalf("the workspace itself changed: %v, %v", fi, err)
+		}
+	})
+}
+
+// FuzzParseOp checks that what ParseOp accepts is an operation Serve can run: a known op, a clean relative path
+// (a fixed point of CleanPath), a mode within 0777, limits that are not negative.
+func FuzzParseOp(f *testing.F) {
+	for _, s := range []string{`{"op":"stat","path":".","limits":{}}`, `{"op":"write","path":"a/b","mode":420,"limits":{"MaxFileBytes":10}}`,
+		`{"op":"read","path":"../x","limits":{}}`, `{"op":"tar","path":"x","limits":{"MaxTarEntries":-1}}`, `{}`, `null`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		op, err := ParseOp(in)
+		if err != nil {
+			return
+		}
+		if c, err := CleanPath(op.Path); err != nil || c != op.Path || strings.HasPrefix(op.Path, "/") {
+			t.Fatalf("accepted path %q", op.Path)
+		}
+		if op.Mode > 0o777 || op.Limits.MaxFileBytes < 0 || op.Limits.MaxTarBytes < 0 || op.Limits.MaxTarEntries < 0 {
+			t.Fatalf("accepted %+v", op)
+		}
+	})
+}
+
+// FuzzParseReply checks that a reply from the agent becomes a file fault, a read error or an ErrAgent, never
+// anything else, and that its text is printable and bounded.
+func FuzzParseReply(f *testing.F) {
+	for _, s := range []string{`{"code":"FILE_NOT_FOUND","message":"m","hint":"h"}`, `{"code":"UNAUTHORIZED","message":"m"}`,
+		`{"message":"cut","read_error":true}`, `garbage`, `{"code":"FILE_TYPE","message":"a\u001bb"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		err := ParseReply(in, "/workspace/p")
+		if err == nil {
+			t.Fatal("no error")
+		}
+		var re *ReadError
+		code := fault.CodeOf(err)
+		switch {
+		case code != "":
+			if !fileCodes[code] {
+				t.Fatalf("believed code %s", code)
+			}
+		case errors.As(err, &re), errors.Is(err, ErrAgent):
+		default:
+			t.Fatalf("unexpected error %T %v", err, err)
+		}
+		if len(err.Error()) > 4*maxReplyText {
+			t.Fatalf("unbounded text: %d bytes", len(err.Error()))
+		}
+	})
+}
+
+// FuzzChunkReader checks that a chunked stream either decodes to its chunks (ending at the marker) or fails,
+// and never yields more than the input carried.
+func FuzzChunkReader(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 3, 'a', 'b', 'c', 0, 0, 0, 0})
+	f.Add([]byte{0, 0, 0, 3, 'a'})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		got, err := io.ReadAll(NewChunkReader(bytes.NewReader(in)))
+		if len(got) > len(in) {
+			t.Fatalf("%d bytes out of %d in", len(got), len(in))
+		}
+		if err == nil {
+			// Re-encoding the payload gives a stream that decodes to the same bytes.
+			wire, _ := io.ReadAll(newChunkEncoder(bytes.NewReader(got), func() bool { return false }))
+			back, err := io.ReadAll(NewChunkReader(bytes.NewReader(wire)))
+			if err != nil || !bytes.Equal(back, got) {
+				t.Fatalf("re-encoded: %v", err)
+			}
 		}
 	})
 }

@@ -57,6 +57,10 @@ func newEnv(t testing.TB, lim Limits) *env {
 	e.before = snapshot(t, e.out)
 	fsys, err := Open(e.ws, uid, gid, lim)
 	must(t, err)
+	if viaAgent {
+		fsys.Close()
+		fsys = OpenRemote(t.Context(), inProcessAgent(e.ws, uid, gid), lim)
+	}
 	t.Cleanup(func() { fsys.Close() })
 	e.fs = fsys
 	return e

@@ -42,6 +42,9 @@ func (f *FS) ExtractTar(ctx context.Context, dir string, r io.Reader) (TarSummar
 	if err := ctx.Err(); err != nil {
 		return sum, err
 	}
+	if f.run != nil {
+		return f.remoteExtract(ctx, comps, r)
+	}
 	own := f.owner()
 	base, err := walk(f.root, nil, comps, own, fault.PathConflict)
 	if err != nil {
@@ -200,6 +203,9 @@ func (f *FS) WriteTar(ctx context.Context, dir string, w io.Writer) error {
 	comps, err := f.parse(dir)
 	if err != nil {
 		return err
+	}
+	if f.run != nil {
+		return f.remoteTar(ctx, comps, w)
 	}
 	d, err := walk(f.root, nil, comps, nil, fault.FileType)
 	if err != nil {

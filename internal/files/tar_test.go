@@ -386,6 +386,9 @@ func (w *shrinkingWriter) Write(p []byte) (int, error) {
 // TestWriteTarFileShrinks: a file cut short while archived is padded with zeros, so the stream stays a valid
 // tar with the size its header announced.
 func TestWriteTarFileShrinks(t *testing.T) {
+	if viaAgent {
+		t.Skip("the shrink is made by the tar's writer after its first chunk, which through the agent is buffered ahead of it; the agent runs the same code, tested in the first run")
+	}
 	e := newEnv(t, Limits{})
 	p := filepath.Join(e.ws, "f")
 	must(t, os.WriteFile(p, bytes.Repeat([]byte("a"), 2*bufSize), 0o644))

@@ -12,9 +12,10 @@ import (
 func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid int, err error) {
 	if _, elsewhere := m.drv.(driver.WorkspaceRemover); elsewhere {
 		// The driver keeps the workspace itself (a Kubernetes claim): the host directory is not what the sandbox
-		// sees, and a write there would look done and never reach it.
-		return "", 0, 0, fault.New(fault.FilesUnavailable, "move files with commands for now (e.g. base64 through exec), or use the docker driver",
-			"the %s driver keeps the workspace of %s in the cluster; the file API reaches only host workspaces", m.drv.Name(), key)
+		// sees, and a write there would look done and never reach it. The file API goes through the agent
+		// (RemoteWorkspace) instead.
+		return "", 0, 0, fault.New(fault.FilesUnavailable, "use the file API (Manager.Files), which reaches it through the sandbox's agent",
+			"the %s driver keeps the workspace of %s in the cluster, not in a host directory", m.drv.Name(), key)
 	}
 	if !create && !m.home.HasWorkspace(key) {
 		return "", 0, 0, fault.New(fault.FileNotFound, "run a command or upload a file first",

@@ -123,9 +123,10 @@ func (s *Service) Remove(ctx context.Context, key sandkeep.Key) error {
 	return s.m.Remove(ctx, key, false)
 }
 
-// Workspace opens key's workspace.
-func (s *Service) Workspace(_ context.Context, key sandkeep.Key, create bool) (*files.FS, error) {
-	return s.m.Files(key, create, s.limit)
+// Workspace opens key's workspace; on a driver that keeps it in the sandbox (kubernetes), ctx bounds the
+// operations that take no context of their own.
+func (s *Service) Workspace(ctx context.Context, key sandkeep.Key, create bool) (*files.FS, error) {
+	return s.m.FilesContext(ctx, key, create, s.limit)
 }
 
 // Runs lists runs.

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io/fs"
@@ -81,6 +82,10 @@ type Cluster struct {
 	API    kubernetes.Interface
 	Agent  string // the static agent binary
 	Probe  string // the static skprobe binary (ProbeImage); "" when the cluster was made without it
+	// AgentImage is the agent image the suites' drivers use (Options, the CLI's environment): AgentImage's
+	// repository tagged with the agent binary's digest, so that the node's other users (another worktree's tests,
+	// a CI run) importing their own agent under the shared tag never swap it under this binary's pods.
+	AgentImage string
 }
 
 var (
@@ -127,7 +132,11 @@ func setUp(kubeconfig, agent, probe string) (*Cluster, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), imageListBudget+time.Minute)
 	defer cancel()
-	c := &Cluster{Config: cfg, API: api, Agent: agent, Probe: probe}
+	c := &Cluster{Config: cfg, API: api, Agent: agent, Probe: probe, AgentImage: AgentImage}
+	if b, err := os.ReadFile(agent); err == nil {
+		sum := sha256.Sum256(b)
+		c.AgentImage = AgentImage + "-" + hex.EncodeToString(sum[:6])
+	}
 	if err := c.LoadImages(ctx); err != nil {
 		return nil, err
 	}
@@ -142,8 +151,15 @@ func (c *Cluster) LoadImages(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var agentTar, testTar, probeTar bytes.Buffer
+	var agentTar, ownTar, testTar, probeTar bytes.Buffer
 	if _, err := kube.WriteAgentImage(&agentTar, agent, AgentImage); err != nil {
+		return err
+	}
+	own := c.AgentImage
+	if own == "" {
+		own = AgentImage
+	}
+	if _, err := kube.WriteAgentImage(&ownTar, agent, own); err != nil {
 		return err
 	}
 	if err := BusyboxImage(&testTar, Image); err != nil {
@@ -152,8 +168,8 @@ func (c *Cluster) LoadImages(ctx context.Context) error {
 	images := []struct {
 		repo string
 		tar  *bytes.Buffer
-	}{{agentRepo, &agentTar}, {imageRepo, &testTar}}
-	want := []string{AgentImage, Image}
+	}{{agentRepo, &agentTar}, {agentRepo, &ownTar}, {imageRepo, &testTar}}
+	want := []string{AgentImage, own, Image}
 	if c.Probe != "" {
 		probe, err := os.ReadFile(c.Probe)
 		if err != nil {
@@ -281,7 +297,7 @@ func (c *Cluster) Options(ns string) kube.Options {
 	if listen == "" {
 		listen = NodeHostIP + ":0"
 	}
-	return kube.Options{REST: c.Config, Namespace: ns, AgentImage: AgentImage, StorageClass: StorageClass,
+	return kube.Options{REST: c.Config, Namespace: ns, AgentImage: c.AgentImage, StorageClass: StorageClass,
 		WorkspaceSize: WorkspaceSize, ChannelListen: listen}
 }
 
