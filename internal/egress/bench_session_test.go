@@ -50,7 +50,7 @@ func BenchmarkSNIPeek(b *testing.B) {
 	})
 	on, onAddr := benchProxy(b, InspectOff)
 	off, offAddr := benchProxy(b, InspectOff)
-	off.noPeek = true
+	ForBench(off, BenchOff{HelloCheck: true})
 	_ = on
 	target := "bench.test:" + up[len("127.0.0.1:"):]
 	hello := clientHello(b, "bench.test")
