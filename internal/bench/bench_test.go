@@ -198,3 +198,20 @@ func BenchmarkCore(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkConnectScenario is `sandkeep bench --scenario connect` as a Go benchmark (SANDKEEP_BENCH_N sets the
+// blocks and the exec samples per side), printing the Markdown report:
+//
+//	SANDKEEP_REQUIRE_DOCKER=1 go test -run '^$' -bench ConnectScenario -benchtime 1x ./internal/bench/
+func BenchmarkConnectScenario(b *testing.B) {
+	e := newEnv(b)
+	for b.Loop() {
+		rep, err := bench.Run(b.Context(), e, bench.Options{Scenarios: []string{bench.ScenarioConnect}, N: samples(0)}, os.Stderr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := bench.WriteMarkdown(os.Stdout, rep); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
