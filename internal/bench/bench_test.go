@@ -70,6 +70,7 @@ func TestScenariosRun(t *testing.T) {
 		{"throughput", func() ([]bench.Result, error) { return rows(bench.Throughput(ctx, e, 3, 2)) }, 1, []string{"agent"}},
 		{"admission", func() ([]bench.Result, error) { return bench.Admission(ctx, e, 3) }, 2, nil},
 		{"hardening", func() ([]bench.Result, error) { return bench.Hardening(ctx, e, 3, 2) }, 2, []string{"agent", "agent"}},
+		{"connect", func() ([]bench.Result, error) { return bench.Connect(ctx, e, 3, 3) }, 4, []string{"", "", "", "agent"}},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			rs, err := sc.run()
@@ -99,6 +100,9 @@ func TestScenariosRun(t *testing.T) {
 			}
 			if sc.name == "hardening" && (rs[0].Extra["target"] != "1.15x" || rs[1].Extra["target"] != "1.05x" || rs[0].Extra["quota"] != "1GiB") {
 				t.Fatalf("hardening rows lack their targets or the quota: %v, %v", rs[0].Extra, rs[1].Extra)
+			}
+			if sc.name == "connect" && (rs[0].Extra["added_ms_per_CONNECT"] == "" || rs[3].Extra["added_ms_per_exec"] == "" || rs[3].Extra["meets"] == "") {
+				t.Fatalf("connect rows lack the added cost: %v, %v", rs[0].Extra, rs[3].Extra)
 			}
 			if sc.name == "throughput" && rs[0].Extra["sandkeep_execs_per_s"] == "" {
 				t.Fatalf("no throughput in %v", rs[0].Extra)
@@ -188,6 +192,23 @@ func BenchmarkCore(b *testing.B) {
 			if r.Sandkeep.N > 0 {
 				b.ReportMetric(float64(r.Sandkeep.Median)/1e6, "sandkeep-median-ms/row"+strconv.Itoa(i))
 			}
+		}
+		if err := bench.WriteMarkdown(os.Stdout, rep); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkConnectScenario is `sandkeep bench --scenario connect` as a Go benchmark (SANDKEEP_BENCH_N sets the
+// blocks and the exec samples per side), printing the Markdown report:
+//
+//	SANDKEEP_REQUIRE_DOCKER=1 go test -run '^$' -bench ConnectScenario -benchtime 1x ./internal/bench/
+func BenchmarkConnectScenario(b *testing.B) {
+	e := newEnv(b)
+	for b.Loop() {
+		rep, err := bench.Run(b.Context(), e, bench.Options{Scenarios: []string{bench.ScenarioConnect}, N: samples(0)}, os.Stderr)
+		if err != nil {
+			b.Fatal(err)
 		}
 		if err := bench.WriteMarkdown(os.Stdout, rep); err != nil {
 			b.Fatal(err)

@@ -32,7 +32,7 @@ const (
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect}
 
 // Defaults of Options' zero fields.
 const (
@@ -183,6 +183,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 		{ScenarioHardening, func() ([]Result, error) {
 			return Hardening(ctx, e, n(DefaultHardeningWarmN), n(DefaultHardeningFirstN))
 		}},
+		{ScenarioConnect, func() ([]Result, error) { return Connect(ctx, e, n(DefaultConnectN), n(DefaultConnectExecN)) }},
 	}
 	begin := time.Now()
 	for _, s := range steps {

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,14 +8,13 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/benchnet"
 	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/egress"
 )
@@ -25,7 +23,6 @@ import (
 const (
 	DefaultTunnelN = 15       // blocks; each moves TunnelBytes up and down over both paths
 	TunnelBytes    = 64 << 20 // one transfer
-	tunnelChunk    = 256 << 10
 )
 
 // Tunnel: the egress proxy's throughput (issue 12's bar: at least 60% of a direct loopback copy), side by side.
@@ -71,7 +68,7 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 			connsMu.Lock()
 			conns = append(conns, c)
 			connsMu.Unlock()
-			wg.Go(func() { serveTunnel(c, size) })
+			wg.Go(func() { benchnet.Serve(c, size) })
 		}
 	})
 
@@ -89,7 +86,7 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 		return nil, rerrs[0]
 	}
 	p, err := egress.New(egress.Config{Policy: egress.Policy{Mode: egress.ModeAllowlist, Rules: rules, Inspect: egress.InspectOff},
-		Token: token, Resolver: loopbackResolver{}})
+		Token: token, Resolver: benchnet.Resolver{}})
 	if err != nil {
 		return nil, err
 	}
@@ -169,8 +166,8 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 	defer direct.Close()
 	_, port, _ := net.SplitHostPort(srv.Addr().String())
 	for _, c := range []net.Conn{proxied, copied} {
-		if err := connect(c, "bench.test:"+port, token); err != nil {
-			return nil, err
+		if err := benchnet.Connect(c, "bench.test:"+port, token); err != nil {
+			return nil, fmt.Errorf("tunnel: %w", err)
 		}
 	}
 
@@ -179,7 +176,7 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 	via := [3]net.Conn{proxied, direct, copied}
 	var times [2][3][]time.Duration
 	var ratio [2][3][]float64
-	buf := make([]byte, tunnelChunk)
+	buf := make([]byte, benchnet.Chunk)
 	for block := range blocks {
 		for dir := range 2 {
 			var got [3]time.Duration
@@ -189,7 +186,7 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 				}
 				v := (i + block) % 3 // the order rotates every block
 				start := time.Now()
-				if err := moveTunnel(via[v], buf, size, dir == 0); err != nil {
+				if err := benchnet.Transfer(via[v], buf, size, dir == 0); err != nil {
 					return nil, fmt.Errorf("tunnel: %w", err)
 				}
 				got[v] = time.Since(start)
@@ -237,104 +234,6 @@ func copyBoth(a, b net.Conn) {
 	a.Close()
 	b.Close()
 	<-done
-}
-
-// serveTunnel is the server both paths reach: 'u' reads size bytes and answers one; 'd' writes size bytes.
-func serveTunnel(c net.Conn, size int) {
-	defer c.Close()
-	buf := make([]byte, tunnelChunk)
-	cmd := make([]byte, 1)
-	for {
-		if _, err := io.ReadFull(c, cmd); err != nil {
-			return
-		}
-		switch cmd[0] {
-		case 'u':
-			if err := readN(c, buf, size); err != nil {
-				return
-			}
-			if _, err := c.Write([]byte{'k'}); err != nil {
-				return
-			}
-		case 'd':
-			if err := writeN(c, buf, size); err != nil {
-				return
-			}
-		default:
-			return
-		}
-	}
-}
-
-// moveTunnel is the client: one upload or one download of size bytes over c.
-func moveTunnel(c net.Conn, buf []byte, size int, upload bool) error {
-	if upload {
-		if _, err := c.Write([]byte{'u'}); err != nil {
-			return err
-		}
-		if err := writeN(c, buf, size); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(c, buf[:1])
-		return err
-	}
-	if _, err := c.Write([]byte{'d'}); err != nil {
-		return err
-	}
-	return readN(c, buf, size)
-}
-
-// readN and writeN move n bytes in buf-sized calls (io.Copy with io.Discard would read 8 KiB at a time and
-// measure the endpoints rather than the path).
-func readN(r io.Reader, buf []byte, n int) error {
-	for n > 0 {
-		m, err := r.Read(buf[:min(n, len(buf))])
-		n -= m
-		if err != nil && n > 0 {
-			return err
-		}
-	}
-	return nil
-}
-
-func writeN(w io.Writer, buf []byte, n int) error {
-	for n > 0 {
-		m, err := w.Write(buf[:min(n, len(buf))])
-		n -= m
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// connect sends a CONNECT for target with the proxy token over c and reads the 200; the server sends nothing
-// before it is asked, so nothing of the tunnel is left in the reader.
-func connect(c net.Conn, target, token string) error {
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	if _, err := io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\nProxy-Authorization: Bearer "+token+"\r\n\r\n"); err != nil {
-		return err
-	}
-	br := bufio.NewReader(c)
-	res, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil {
-		return err
-	}
-	if res.StatusCode != http.StatusOK {
-		return fmt.Errorf("tunnel: CONNECT %s: %s", target, res.Status)
-	}
-	if br.Buffered() != 0 {
-		return errors.New("tunnel: bytes after the CONNECT answer")
-	}
-	return nil
-}
-
-// loopbackResolver answers every name with 127.0.0.1 (the policy's IP rule lets the proxy dial it).
-type loopbackResolver struct{}
-
-func (loopbackResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
-	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 }
 
 func medianFloat(v []float64) float64 {

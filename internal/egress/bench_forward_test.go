@@ -1,12 +1,13 @@
 package egress
 
 import (
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"testing"
 	"time"
+
+	"github.com/sandkeep/sandkeep/internal/benchnet"
 )
 
 // BenchmarkForwardBody is the plain-HTTP path's throughput: a GET of 64 MiB through the proxy (absolute form,
@@ -17,7 +18,7 @@ import (
 func BenchmarkForwardBody(b *testing.B) {
 	chunk := make([]byte, 256<<10)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		_ = writeN(w, chunk, tunnelBytes)
+		_ = benchnet.WriteN(w, chunk, tunnelBytes)
 	}))
 	b.Cleanup(srv.Close)
 	_, paddr := benchProxy(b, InspectOff)
@@ -39,7 +40,7 @@ func BenchmarkForwardBody(b *testing.B) {
 		if res.StatusCode != http.StatusOK {
 			b.Fatalf("%s: %s", urls[i], res.Status)
 		}
-		if err := drain(res.Body, buf, tunnelBytes); err != nil {
+		if err := benchnet.ReadN(res.Body, buf, tunnelBytes); err != nil {
 			b.Fatal(err)
 		}
 		if n, _ := res.Body.Read(buf[:1]); n != 0 {
@@ -61,15 +62,4 @@ func BenchmarkForwardBody(b *testing.B) {
 	b.ReportMetric(float64(tunnelBytes)/1e6/d.Seconds(), "direct-MB/s")
 	b.ReportMetric(float64(tunnelBytes)/1e6/p.Seconds(), "proxy-MB/s")
 	b.ReportMetric(float64(d)/float64(p), "ratio")
-}
-
-func writeN(w io.Writer, buf []byte, n int) error {
-	for n > 0 {
-		m, err := w.Write(buf[:min(n, len(buf))])
-		n -= m
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

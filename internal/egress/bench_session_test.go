@@ -50,13 +50,13 @@ func BenchmarkSNIPeek(b *testing.B) {
 	})
 	on, onAddr := benchProxy(b, InspectOff)
 	off, offAddr := benchProxy(b, InspectOff)
-	off.noPeek = true
+	ForBench(off, BenchOff{HelloCheck: true})
 	_ = on
 	target := "bench.test:" + up[len("127.0.0.1:"):]
 	hello := clientHello(b, "bench.test")
 	once := func(addr string) (time.Duration, error) {
 		t0 := time.Now()
-		c, br, err := dialConnect(addr, target)
+		c, err := dialConnect(addr, target)
 		if err != nil {
 			return 0, err
 		}
@@ -64,7 +64,7 @@ func BenchmarkSNIPeek(b *testing.B) {
 		if _, err := c.Write(hello); err != nil {
 			return 0, err
 		}
-		if _, err := br.ReadByte(); err != nil {
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
 			return 0, err
 		}
 		return time.Since(t0), nil

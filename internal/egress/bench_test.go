@@ -1,15 +1,12 @@
 package egress
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"path/filepath"
 	"runtime"
@@ -18,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandkeep/sandkeep/internal/benchnet"
 )
 
 // The benchmarks compare the proxy with the direct path to the same loopback server, side by side:
@@ -37,20 +36,13 @@ func benchRules(in ...string) []Rule {
 	return rs
 }
 
-// staticResolver answers every name with 127.0.0.1.
-type staticResolver struct{}
-
-func (staticResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
-	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
-}
-
 // benchProxy serves a proxy allowing bench.test and api.test (both 127.0.0.1, unlocked by an IP rule).
 func benchProxy(b *testing.B, inspect string) (*Proxy, string) {
 	b.Helper()
 	p, err := New(Config{
 		Policy:        Policy{Mode: ModeAllowlist, Rules: benchRules("bench.test", "api.test", "127.0.0.1"), Inspect: inspect},
 		Token:         testToken,
-		Resolver:      staticResolver{},
+		Resolver:      benchnet.Resolver{},
 		UpstreamRoots: testPKI(b).roots,
 	})
 	if err != nil {
@@ -86,27 +78,9 @@ func tcpServer(b *testing.B, serve func(net.Conn)) string {
 	return l.Addr().String()
 }
 
-// dialConnect opens a tunnel to target through the proxy at addr.
-func dialConnect(addr, target string) (net.Conn, *bufio.Reader, error) {
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	if _, err := io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\nProxy-Authorization: Bearer "+testToken+"\r\n\r\n"); err != nil {
-		c.Close()
-		return nil, nil, err
-	}
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil {
-		c.Close()
-		return nil, nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		c.Close()
-		return nil, nil, fmt.Errorf("CONNECT %s: %s", target, resp.Status)
-	}
-	return c, br, nil
+// dialConnect opens a tunnel to target through the proxy at addr, with the test token.
+func dialConnect(addr, target string) (net.Conn, error) {
+	return benchnet.DialConnect(addr, target, testToken)
 }
 
 func median(d []time.Duration) time.Duration {
@@ -127,7 +101,7 @@ func BenchmarkConnect(b *testing.B) {
 		return err
 	}
 	proxied := func() error {
-		c, _, err := dialConnect(paddr, target)
+		c, err := dialConnect(paddr, target)
 		if err == nil {
 			c.Close()
 		}
@@ -170,59 +144,16 @@ func BenchmarkConnect(b *testing.B) {
 
 const tunnelBytes = 64 << 20
 
-// drain reads n bytes from r into buf, over and over: io.Discard's own ReadFrom reads 8 KiB at a time, which
-// would make the endpoints, not the path between them, what the benchmark measures.
-func drain(r io.Reader, buf []byte, n int) error {
-	for n > 0 {
-		m, err := r.Read(buf[:min(n, len(buf))])
-		n -= m
-		if err != nil && n > 0 {
-			return err
-		}
-	}
-	return nil
-}
-
 // BenchmarkTunnel moves 64 MiB per op over one open connection, direct or through a CONNECT tunnel: upload
 // (the server reads it all, then acks a byte) and download (the server writes it all on a one-byte request).
 func BenchmarkTunnel(b *testing.B) {
-	up := tcpServer(b, func(c net.Conn) {
-		buf := make([]byte, 256<<10)
-		cmd := make([]byte, 1)
-		for {
-			if _, err := io.ReadFull(c, cmd); err != nil {
-				return
-			}
-			switch cmd[0] {
-			case 'u':
-				if err := drain(c, buf, tunnelBytes); err != nil {
-					return
-				}
-				if _, err := c.Write([]byte{'k'}); err != nil {
-					return
-				}
-			case 'd':
-				for left := tunnelBytes; left > 0; left -= len(buf) {
-					if _, err := c.Write(buf[:min(left, len(buf))]); err != nil {
-						return
-					}
-				}
-			}
-		}
-	})
+	up := tcpServer(b, func(c net.Conn) { benchnet.Serve(c, tunnelBytes) })
 	_, paddr := benchProxy(b, InspectOff)
 	target := "bench.test:" + up[len("127.0.0.1:"):]
 	open := map[string]func() (io.ReadWriteCloser, error){
 		"direct": func() (io.ReadWriteCloser, error) { return net.Dial("tcp", up) },
 		"proxy": func() (io.ReadWriteCloser, error) {
-			c, br, err := dialConnect(paddr, target)
-			if err != nil {
-				return nil, err
-			}
-			return struct {
-				io.Reader
-				io.WriteCloser
-			}{br, c}, nil
+			return dialConnect(paddr, target)
 		},
 	}
 	for _, dir := range []string{"upload", "download"} {
@@ -233,27 +164,10 @@ func BenchmarkTunnel(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer c.Close()
-				buf := make([]byte, 256<<10)
+				buf := make([]byte, benchnet.Chunk)
 				b.SetBytes(tunnelBytes)
 				for b.Loop() {
-					if dir == "upload" {
-						if _, err := c.Write([]byte{'u'}); err != nil {
-							b.Fatal(err)
-						}
-						for left := tunnelBytes; left > 0; left -= len(buf) {
-							if _, err := c.Write(buf[:min(left, len(buf))]); err != nil {
-								b.Fatal(err)
-							}
-						}
-						if _, err := io.ReadFull(c, buf[:1]); err != nil {
-							b.Fatal(err)
-						}
-						continue
-					}
-					if _, err := c.Write([]byte{'d'}); err != nil {
-						b.Fatal(err)
-					}
-					if err := drain(c, buf, tunnelBytes); err != nil {
+					if err := benchnet.Transfer(c, buf, tunnelBytes, dir == "upload"); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -145,7 +145,8 @@ type Proxy struct {
 	inner        *http.Server  // serves decrypted connections, handed to it through innerLn
 	innerLn      *connListener //
 	tunnelIdle   time.Duration
-	noPeek       bool          // benchmarks only: plain tunnels without the ClientHello check
+	noPeek       bool          // benchmarks only (ForBench): plain tunnels without the ClientHello check
+	noAuth       bool          // benchmarks only (ForBench): requests neither authenticated nor tied to a session
 	scans        chan struct{} // one slot per request body being scanned: at most scanSlots*bodyScanLimit held
 	bodyTimeout  time.Duration // bodyReadTimeout; tests shorten it
 
@@ -351,16 +352,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.wg.Done()
-	p.mu.Lock()
-	epoch := p.epoch
-	p.mu.Unlock()
-	if !p.authorized(r.Header.Get("Proxy-Authorization")) {
-		w.Header().Add("Proxy-Authenticate", `Bearer realm="sandkeep"`)
-		w.Header().Add("Proxy-Authenticate", `Basic realm="sandkeep"`)
-		http.Error(w, "sandkeep egress: proxy authentication required", http.StatusProxyAuthRequired)
-		return
+	ctx := r.Context()
+	if !p.noAuth {
+		p.mu.Lock()
+		epoch := p.epoch
+		p.mu.Unlock()
+		if !p.authorized(r.Header.Get("Proxy-Authorization")) {
+			w.Header().Add("Proxy-Authenticate", `Bearer realm="sandkeep"`)
+			w.Header().Add("Proxy-Authenticate", `Basic realm="sandkeep"`)
+			http.Error(w, "sandkeep egress: proxy authentication required", http.StatusProxyAuthRequired)
+			return
+		}
+		ctx = context.WithValue(ctx, epochKey{}, epoch)
 	}
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), epochKey{}, epoch))
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(p.ctx, cancel)()
 	if r.Method == http.MethodConnect {
