@@ -182,3 +182,57 @@ func TestServeSDKForwardPorts(t *testing.T) {
 	cancel()
 	<-served
 }
+
+// TestPortForwardCompanion: a compose-based devcontainer.json's forwardPorts "echo:N" names a companion, which
+// shares the sandbox's network namespace: `sandkeep port-forward` with no port reaches our TCP echo server in it
+// from the host, as commands reach it at localhost; "unused:N" names a service that does not run with the
+// sandbox and is not forwarded, with why.
+func TestPortForwardCompanion(t *testing.T) {
+	c := newCLI(t)
+	data, err := os.ReadFile(testutil.BuildBinary(t, "./test/echoserver", "echoserver", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := testutil.ImageWithFiles(t, testutil.TestImage(t), map[string]testutil.ImageFile{"/bin/echoserver": {Data: data, Mode: 0o755}})
+	n := freePort(t)
+	_, spec := writeRepo(t, map[string]string{
+		".devcontainer/devcontainer.json": fmt.Sprintf(`{"dockerComposeFile": "docker-compose.yml", "service": "app",
+  "runServices": ["echo"], "forwardPorts": ["echo:%d", "unused:%d"]}`, n, n+1),
+		".devcontainer/docker-compose.yml": fmt.Sprintf(`services:
+  app:
+    image: %s
+  echo:
+    image: %s
+    command: ["/bin/echoserver", "serve", "127.0.0.1:%d"]
+    healthcheck:
+      test: ["CMD", "/bin/echoserver", "ask", "127.0.0.1:%d", "health"]
+      interval: 500ms
+      retries: 20
+  unused:
+    image: %s
+`, image, image, n, n, image),
+	})
+	tenant := c.ten("fwdcompanion")
+	who := []string{"--tenant", tenant, "--user", "u", "--spec", spec}
+	c.run(t, append(append([]string{"exec"}, who...), "--", "/bin/echoserver", "ask", fmt.Sprintf("localhost:%d", n), "from-a-command")...).want(t, 0)
+
+	fwd := c.start(t, append([]string{"port-forward"}, who...)...)
+	if got, want := fwd.line(t, "Forwarding from "), fmt.Sprintf("Forwarding from 127.0.0.1:%d -> %d", n, n); got != want {
+		t.Fatalf("port-forward printed %q, want %q", got, want)
+	}
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	fmt.Fprintf(conn, "from-the-host\n")
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || line != "echo: from-the-host\n" {
+		t.Fatalf("through the companion's forward: %q %v; stderr: %s", line, err, fwd.stderr())
+	}
+	if e := fwd.stderr(); !strings.Contains(e, fmt.Sprintf(`forwardPorts "unused:%d" not forwarded: unused is neither the sandbox nor one of its compose companions`, n+1)) {
+		t.Fatalf("port-forward does not say why unused:%d is not forwarded: %s", n+1, e)
+	}
+	c.run(t, "rm", "--tenant", tenant, "--user", "u").want(t, 0)
+}
