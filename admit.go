@@ -192,6 +192,8 @@ type Plan struct {
 	Root                   string         // the repository root; "" without a spec
 	Warnings               []string
 	Dropped                []string // what devcontainer.json asked that would weaken the posture, dropped: one line each with why
+	// ForwardPorts are devcontainer.json's forwardPorts and what port forwarding does with each (forwardports.go).
+	ForwardPorts []ForwardPort
 	// NetworkProbe: the driver's network confinement rests on a probe (driver.NetworkPolicyProber: the kubernetes
 	// driver's probe pod, see Manager.ProbeNetworkPolicy); false for a driver that confines by itself (Docker).
 	NetworkProbe bool
@@ -206,7 +208,8 @@ func (m *Manager) Plan(ctx context.Context, rr RunRequest) (*Plan, error) {
 	}
 	p := &Plan{Mode: a.mode.Mode, Source: string(a.mode.Source), ModeNote: a.mode.Note, Trust: a.trust,
 		Driver: a.d.Driver, Sandboxed: a.d.Action == policy.RunSandboxed, Notice: a.d.CLILine, Template: a.tpl.name(),
-		Spec: a.repo.sb, Root: a.repo.root, Warnings: a.repo.warnings, Dropped: droppedItems(a.repo.dropped)}
+		Spec: a.repo.sb, Root: a.repo.root, Warnings: a.repo.warnings, Dropped: droppedItems(a.repo.dropped),
+		ForwardPorts: a.repo.forwardPorts()}
 	if a.d.Action == policy.Refuse {
 		p.Driver, p.Refusal = "", a.d.Err
 		return p, nil

@@ -68,7 +68,7 @@ func (r *repository) takeCompose(dc *devcontainer.Config) error {
 	for _, d := range p.Dropped {
 		r.drop(dc, "compose service "+d.Service, d.Field, d.Why)
 	}
-	r.companions = p.Companions
+	r.companions, r.service = p.Companions, sb.Name
 	return nil
 }
 

@@ -38,6 +38,7 @@ type repository struct {
 	dcUsers  feature.Users                 // devcontainer.json's users, for install.sh's _REMOTE_USER and _CONTAINER_USER
 
 	companions  []compose.Service // a compose-based devcontainer's runServices (compose.go)
+	service     string            // a compose-based devcontainer's service: the sandbox itself
 	composeUser string            // the compose service's user: not the sandbox's, but install.sh's _CONTAINER_USER fallback
 
 	path          string            // the spec file the repository was read from

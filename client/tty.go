@@ -185,3 +185,23 @@ func (c *Client) dialWS(ctx context.Context, path string, hdr http.Header) (*web
 	}
 	return ws, nil
 }
+
+// ForwardPort is one of the repository's devcontainer.json forwardPorts and what port forwarding does with it
+// (the library's sandkeep.ForwardPort): a Forwarded one is reached with DialPort(ctx, user, Port).
+type ForwardPort struct {
+	Entry     string `json:"entry"`               // as devcontainer.json writes it: 3000, "localhost:3000", "db:5432"
+	Port      int    `json:"port,omitempty"`      // the port inside the sandbox; 0 when Entry is not a port
+	Companion string `json:"companion,omitempty"` // the compose companion listening on Port, for "SERVICE:PORT"
+	Forwarded bool   `json:"forwarded"`
+	Why       string `json:"why,omitempty"` // why not, when not Forwarded
+}
+
+// ForwardPorts lists the forwardPorts of the repository user's runs follow, in the file's order (scope read);
+// empty when it has none. Nothing is connected to.
+func (c *Client) ForwardPorts(ctx context.Context, user string) ([]ForwardPort, error) {
+	var out struct {
+		Ports []ForwardPort `json:"ports"`
+	}
+	err := c.call(ctx, "GET", "/v1/sandboxes/"+escape(user)+"/ports", nil, nil, nil, &out)
+	return out.Ports, err
+}

@@ -96,6 +96,8 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 			}
 			return doctor.Result{Status: doctor.Pass, Detail: "nothing dropped"}
 		}},
+		{Name: "forward ports", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result { return forwardPortsResult(st.plan.ForwardPorts, true) }},
+		{Name: "forward ports not forwarded", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result { return forwardPortsResult(st.plan.ForwardPorts, false) }},
 		{Name: "mode", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
 			p := st.plan
 			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s, from %s (%s)", p.Mode, p.Source, p.ModeNote)}
@@ -156,6 +158,29 @@ func (st *doctorState) planRun(ctx context.Context, pf policyFlags) doctor.Resul
 		return doctor.Result{Status: doctor.Warn, Detail: fmt.Sprintf("%s (%d warning(s): %s)", detail, len(p.Warnings), strings.Join(p.Warnings, "; "))}
 	}
 	return doctor.Result{Status: doctor.Pass, Detail: detail}
+}
+
+// forwardPortsResult is what `sandkeep port-forward` with no port does with devcontainer.json's forwardPorts:
+// the entries it forwards (an information line), or those it does not, with why (a warning).
+func forwardPortsResult(fps []sandkeep.ForwardPort, forwarded bool) doctor.Result {
+	var lines []string
+	for _, fp := range fps {
+		if fp.Forwarded == forwarded {
+			lines = append(lines, fp.String())
+		}
+	}
+	switch {
+	case len(fps) == 0 && forwarded:
+		return doctor.Result{Status: doctor.Pass, Detail: "devcontainer.json has no forwardPorts: port-forward needs a port"}
+	case len(lines) == 0 && forwarded:
+		return doctor.Result{Status: doctor.Pass, Detail: "none of devcontainer.json's forwardPorts can be forwarded"}
+	case len(lines) == 0:
+		return doctor.Result{Status: doctor.Pass, Detail: "nothing: every forwardPorts entry is forwarded"}
+	case forwarded:
+		return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("port-forward with no port forwards %d: %s", len(lines), strings.Join(lines, "; "))}
+	}
+	return doctor.Result{Status: doctor.Warn, Detail: fmt.Sprintf("%d of devcontainer.json's forwardPorts: %s", len(lines), strings.Join(lines, "; ")),
+		Fix: `forward a port on the sandbox's loopback (3000, "localhost:3000") or on a compose companion ("db:5432"); the sandbox has no route to another host`}
 }
 
 func fail(err error) doctor.Result {

@@ -110,6 +110,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"GET /v1/sandboxes/{user}/files/{path...}#tar", req{"GET", "/v1/sandboxes/bob/files/", "", nil}},
 		{"GET /v1/sandboxes/{user}/exec/tty", req{"GET", "/v1/sandboxes/bob/exec/tty", "", nil}},
 		{"GET /v1/sandboxes/{user}/ports/{port}", req{"GET", "/v1/sandboxes/bob/ports/8080", "", nil}},
+		{"GET /v1/sandboxes/{user}/ports", req{"GET", "/v1/sandboxes/bob/ports", "", nil}},
 		{"GET /v1/runs", req{"GET", "/v1/runs", "", nil}},
 		{"GET /v1/runs/{id}", req{"GET", "/v1/runs/" + runID, "", nil}},
 		{"GET /v1/runs/{id}/events", req{"GET", "/v1/runs/" + runID + "/events", "", nil}},

@@ -54,6 +54,7 @@ var statusOf = map[fault.Code]int{
 	fault.PreflightFailed:         http.StatusUnprocessableEntity,
 	fault.TierRefused:             http.StatusUnprocessableEntity,
 	fault.PortForwardUnavailable:  http.StatusUnprocessableEntity,
+	fault.LocalPortInUse:          http.StatusConflict, // the CLI's; no route answers it
 	fault.FilesUnavailable:        http.StatusUnprocessableEntity,
 	fault.FeatureInvalid:          http.StatusUnprocessableEntity,
 	fault.ComposeInvalid:          http.StatusUnprocessableEntity,

@@ -214,6 +214,7 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler) {
 	s.handle("POST /v1/sandboxes/{user}/exec", authToken, s.handleExec, ScopeExec)
 	s.handle("GET /v1/sandboxes/{user}/exec/tty", authToken, s.handleExecTTY, ScopeExec)
 	s.handle("GET /v1/sandboxes/{user}/ports/{port}", authToken, s.handlePortForward, ScopeExec)
+	s.handle("GET /v1/sandboxes/{user}/ports", authToken, s.handleForwardPorts, ScopeRead)
 	s.handle("GET /v1/sandboxes", authToken, s.handleSandboxes, ScopeRead)
 	s.handle("GET /v1/sandboxes/{user}", authToken, s.handleSandbox, ScopeRead)
 	s.handle("POST /v1/sandboxes/{user}/stop", authToken, s.handleStop, ScopeAdmin)

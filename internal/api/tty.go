@@ -204,6 +204,46 @@ func (s *Server) handlePortForward(w http.ResponseWriter, r *http.Request) {
 	spliceClose(ws, conn)
 }
 
+// ForwardPortList answers GET /v1/sandboxes/{user}/ports: the forwardPorts of the repository the user's runs
+// follow (devcontainer.json), each with what port forwarding does with it; a client forwards each forwarded one
+// with GET /v1/sandboxes/{user}/ports/{port}.
+type ForwardPortList struct {
+	Ports []sandkeep.ForwardPort `json:"ports"`
+}
+
+func (s *Server) handleForwardPorts(w http.ResponseWriter, r *http.Request) {
+	key, err := keyOf(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	fl, ok := s.backend.(service.ForwardPortLister)
+	if !ok {
+		s.writeError(w, r, fault.New(fault.PortForwardUnavailable, "use a server over the docker driver",
+			"this server cannot forward ports"))
+		return
+	}
+	ports, err := fl.ForwardPorts(r.Context(), key)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if ports == nil {
+		ports = []sandkeep.ForwardPort{}
+	}
+	writeJSON(w, http.StatusOK, ForwardPortList{Ports: ports})
+}
+
+// ForwardPorts lists the repository's forwardPorts; a Backend without them cannot forward ports.
+func (g *guarded) ForwardPorts(ctx context.Context, key sandkeep.Key) ([]sandkeep.ForwardPort, error) {
+	fl, ok := g.Backend.(service.ForwardPortLister)
+	if !ok {
+		return nil, fault.New(fault.PortForwardUnavailable, "use a server over the docker driver",
+			"this server cannot forward ports")
+	}
+	return fl.ForwardPorts(ctx, key)
+}
+
 // spliceClose copies both ways until either direction ends, then closes both: a WebSocket has no half-close.
 func spliceClose(a, b net.Conn) {
 	var once sync.Once

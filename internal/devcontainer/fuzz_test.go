@@ -66,6 +66,11 @@ func FuzzParse(f *testing.F) {
 		if cfg == nil {
 			return
 		}
+		for _, e := range cfg.ForwardPorts { // what port forwarding reads of each entry: a port or an error
+			if fp, err := ParseForwardPort(e); err == nil && (fp.Port < 1 || fp.Port > 65535) {
+				t.Fatalf("forwardPorts %q read as port %d", e, fp.Port)
+			}
+		}
 		if cfg.Image != "" && cfg.Build != nil {
 			t.Fatalf("image and build both set: %+v", cfg)
 		}

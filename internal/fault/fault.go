@@ -75,6 +75,7 @@ const (
 	// Port forwarding (lifecycle, driver.PortDialer).
 	PortUnreachable        Code = "PORT_UNREACHABLE"         // nothing in the sandbox accepts connections on that port
 	PortForwardUnavailable Code = "PORT_FORWARD_UNAVAILABLE" // the sandbox's driver cannot forward ports
+	LocalPortInUse         Code = "LOCAL_PORT_IN_USE"        // port-forward's local port is taken on this host; nothing was forwarded
 	// FilesUnavailable: the file API reads and writes the workspace on the host, and this driver keeps it
 	// elsewhere (a Kubernetes claim).
 	FilesUnavailable  Code = "FILES_UNAVAILABLE"

@@ -185,3 +185,10 @@ var _ PortDialer = (*Service)(nil)
 func (s *Service) DialPort(ctx context.Context, key sandkeep.Key, port int, pf sandkeep.PortForward) (net.Conn, error) {
 	return s.m.DialPort(ctx, key, port, pf)
 }
+
+var _ ForwardPortLister = (*Service)(nil)
+
+// ForwardPorts are the forwardPorts of the repository key's runs follow, each decided.
+func (s *Service) ForwardPorts(ctx context.Context, key sandkeep.Key) ([]sandkeep.ForwardPort, error) {
+	return s.m.ForwardPorts(ctx, key, "")
+}

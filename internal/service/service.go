@@ -51,3 +51,11 @@ type PortDialer interface {
 	// DialPort opens one connection to 127.0.0.1:port inside key's running sandbox (sandkeep.Manager.DialPort).
 	DialPort(ctx context.Context, key sandkeep.Key, port int, pf sandkeep.PortForward) (net.Conn, error)
 }
+
+// ForwardPortLister is optional: a Backend that reads the forwardPorts of the repository key's runs follow
+// (devcontainer.json) and what port forwarding does with each. Without it GET /v1/sandboxes/{user}/ports answers
+// PORT_FORWARD_UNAVAILABLE.
+type ForwardPortLister interface {
+	// ForwardPorts is sandkeep.Manager.ForwardPorts with the server's own spec.
+	ForwardPorts(ctx context.Context, key sandkeep.Key) ([]sandkeep.ForwardPort, error)
+}
