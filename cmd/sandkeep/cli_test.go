@@ -83,6 +83,11 @@ func newCLI(t *testing.T) *cli {
 	if os.Getenv("SANDKEEP_TRANSPORT") == "exec" {
 		env = append(env, "SANDKEEP_TRANSPORT=exec")
 	}
+	// scripts/test.sh's runsc pass (SANDKEEP_TEST_RUNTIME=runsc): every sandkeep process runs its sandboxes under
+	// that runtime, as an operator's SANDKEEP_RUNTIME would (TestExecRuntime checks the engine's view).
+	if rt := testRuntime(); rt != "" && kc == nil {
+		env = append(env, "SANDKEEP_RUNTIME="+rt)
+	}
 	// scripts/test.sh runs this suite in-process (SANDKEEP_TEST_DAEMON unset: SANDKEEP_DAEMON=off) and once more
 	// through the home's daemon (SANDKEEP_TEST_DAEMON=auto: the first call starts it, later ones go through it).
 	daemonMode := os.Getenv("SANDKEEP_TEST_DAEMON")
@@ -109,6 +114,14 @@ func newCLI(t *testing.T) *cli {
 	}
 	return c
 }
+
+// testRuntime is the sandbox runtime the suite runs under: SANDKEEP_TEST_RUNTIME (scripts/test.sh's runsc pass),
+// or "" for the engine's default.
+func testRuntime() string { return os.Getenv("SANDKEEP_TEST_RUNTIME") }
+
+// gvisor says whether the suite runs under gVisor (runsc): no agent channel and no network there
+// (docs/SECURITY.md, "gVisor").
+func gvisor() bool { return testRuntime() == "runsc" }
 
 // kubeEnv is the environment that points sandkeep at namespace ns of the test cluster (the operator's
 // variables of docs/KUBERNETES.md).

@@ -17,6 +17,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/client"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
@@ -387,7 +388,12 @@ func TestMCPInMemory(t *testing.T) {
 	g := &globals{home: c.home, image: testutil.TestImage(t), agent: testutil.AgentBinary(t),
 		transport: os.Getenv("SANDKEEP_TRANSPORT"), store: filepath.Join(c.home, "sandkeep.db"), logLevel: "warn",
 		stdin: strings.NewReader(""), stdout: logs, stderr: logs}
-	svc, err := g.openService(bounded(t), serverConfig{}, admissionFlags{trust: "trusted"}, files.Limits{}, nil)
+	runtime := func(cfg *sandkeep.Config) { // the runsc pass reaches the in-process service too
+		if rt := testRuntime(); rt != "" {
+			cfg.Runtime = rt
+		}
+	}
+	svc, err := g.openService(bounded(t), serverConfig{}, admissionFlags{trust: "trusted"}, files.Limits{}, runtime)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -153,21 +153,24 @@ func TestExecTTY(t *testing.T) {
 	}
 
 	// Ctrl-C: a byte on the raw terminal, turned into SIGINT by the sandbox's own terminal for its foreground
-	// command; sandkeep neither dies nor stops the shell.
+	// command; sandkeep neither dies nor stops the shell. Not under gVisor: its terminal inside the sandbox
+	// passes the byte through and signals no one (a known gap, docs/SECURITY.md "gVisor").
 	at = term.offset()
-	term.typ("echo sleeping; sleep 100\r")
-	at = term.expect(at, "sleeping\r\n")
-	time.Sleep(300 * time.Millisecond) // sleep is running
-	start := time.Now()
-	term.typ("\x03")
-	at = term.expect(at, "^C")
-	term.typ("echo status-$?\r") // the interactive shell abandons the rest of an interrupted line
-	at = term.expect(at, "status-130")
-	if el := time.Since(start); el > 30*time.Second {
-		t.Fatalf("Ctrl-C took %v to stop sleep", el)
-	}
-	if !term.alive() {
-		t.Fatal("sandkeep died on Ctrl-C")
+	if !gvisor() {
+		term.typ("echo sleeping; sleep 100\r")
+		at = term.expect(at, "sleeping\r\n")
+		time.Sleep(300 * time.Millisecond) // sleep is running
+		start := time.Now()
+		term.typ("\x03")
+		at = term.expect(at, "^C")
+		term.typ("echo status-$?\r") // the interactive shell abandons the rest of an interrupted line
+		at = term.expect(at, "status-130")
+		if el := time.Since(start); el > 30*time.Second {
+			t.Fatalf("Ctrl-C took %v to stop sleep", el)
+		}
+		if !term.alive() {
+			t.Fatal("sandkeep died on Ctrl-C")
+		}
 	}
 	term.typ("echo still-\"here\"\r")
 	term.expect(at, "still-here")

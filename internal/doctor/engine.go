@@ -74,8 +74,8 @@ func sandboxRuntime(e Engine, s Sandboxes) Result {
 		r = coded(Fail, diag.DoctorRuntimeMissing, fmt.Sprintf("sandboxes ask for runtime %q; the engine has %s", s.Runtime, strings.Join(e.Runtimes, ", ")),
 			"register it in /etc/docker/daemon.json (scripts/docker-up.sh with SANDKEEP_RUNSC=1 does it for runsc), or unset SANDKEEP_RUNTIME")
 	case s.Runtime == runsc:
-		r = coded(Warn, diag.DoctorRuntimeGVisor, "gVisor (runsc): system calls are answered by its Sentry, not the host kernel; commands go through the engine's exec (no agent channel) and are not under sandkeep's seccomp profile there (docs/SECURITY.md, \"gVisor\")",
-			"nothing to do: this is the operator's choice; unset SANDKEEP_RUNTIME for runc and the agent channel")
+		r = coded(Warn, diag.DoctorRuntimeGVisor, "gVisor (runsc): system calls are answered by its Sentry, not the host kernel; commands go through the engine's exec (no agent channel) and are not under sandkeep's seccomp profile there; a command that asks for a network is refused with EGRESS_UNAVAILABLE (docs/SECURITY.md, \"gVisor\")",
+			"nothing to do if the sandboxes need no network: this is the operator's choice; unset SANDKEEP_RUNTIME for runc, the agent channel and egress")
 	case s.Runtime == "" && e.DefaultRuntime != "" && e.DefaultRuntime != "runc":
 		r = coded(Warn, diag.DoctorRuntimeDefault, fmt.Sprintf("sandboxes name no runtime and the engine's default is %q, which sandkeep's hardening was not checked against", e.DefaultRuntime),
 			"set SANDKEEP_RUNTIME=runc (or runsc) to choose one")

@@ -97,6 +97,9 @@ func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bo
 		// A driver without a channel (the host passthrough) has only its own way to run a command: the transport
 		// choice is about sandboxes, and a run degraded to the host must not fail over it.
 		if m.cfg.Transport == TransportAgent && m.drv.Capabilities().Channel {
+			if m.cfg.Runtime == RuntimeGVisor {
+				return nil, unavailable("sandboxes under gVisor (runsc) have none (docs/SECURITY.md, \"gVisor\")")
+			}
 			return nil, unavailable("this process cannot serve the sandbox's channel (another process serves it)")
 		}
 		return nil, nil
