@@ -49,7 +49,7 @@ func sockBuf(t *testing.T, c net.Conn, opt int) int {
 // buffers, and the host's heap does not grow with the flood. Once the reader resumes, every byte arrives in
 // order and the exit status is the agent's.
 func TestMuxOutputStalledReader(t *testing.T) {
-	const flood = 48 << 20 // 48 MiB: far more than the bound below, within MaxOutputLimit
+	const flood = 32 << 20 // 32 MiB: far more than the bound below, within MaxOutputLimit
 	m, agent := muxPair(t)
 	host := m.conn.(net.Conn)
 	sockets := sockBuf(t, agent, syscall.SO_SNDBUF) + sockBuf(t, host, syscall.SO_RCVBUF)
@@ -60,6 +60,7 @@ func TestMuxOutputStalledReader(t *testing.T) {
 	}
 
 	req := testRequest(7)
+	req.TimeoutMS = 300_000          // the flood takes a while under -race on a loaded machine; Run's backstop must not end it
 	req.StdoutLimit = MaxOutputLimit // nothing is truncated: every byte must get through
 	var sent atomic.Int64
 	agentDone := make(chan error, 1)
@@ -130,6 +131,10 @@ func TestMuxOutputStalledReader(t *testing.T) {
 
 	close(out.release)
 	r := <-got
+	if r.err != nil {
+		agent.Close() // the agent may still be writing into a channel nobody reads
+		t.Fatalf("Run: %+v, %v", r.res, r.err)
+	}
 	if err := <-agentDone; err != nil {
 		t.Fatalf("agent: %v", err)
 	}
