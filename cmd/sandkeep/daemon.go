@@ -175,7 +175,12 @@ func (g *globals) lost(mode string, err error, accepted bool) (bool, error) {
 	if !accepted && mode == "auto" {
 		return false, nil
 	}
-	return true, fastpath.Lost(err)
+	return true, fromFastPath(fastpath.Lost(err))
+}
+
+// fromFastPath is the fast path's typed error as internal/fault's (the fast path does not import it).
+func fromFastPath(f *fastpath.Failure) error {
+	return fault.Wrap(f.Err, fault.Code(f.Code), f.Hint, "%s", f.Message)
 }
 
 // absoluteFlags rewrites a relative --spec in args to an absolute path: the daemon resolves it elsewhere.
@@ -197,9 +202,9 @@ func (g *globals) relay(ctx context.Context, fc *frameConn) error {
 		}
 	})
 	defer stop()
-	code, err := fastpath.Relay(fc, g.stdin, g.stdout, g.stderr, interrupts)
-	if err != nil {
-		return err
+	code, fail := fastpath.Relay(fc, g.stdin, g.stdout, g.stderr, interrupts)
+	if fail != nil {
+		return fromFastPath(fail)
 	}
 	return forwarded{code}
 }

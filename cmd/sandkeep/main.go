@@ -297,7 +297,8 @@ func (w *who) key(cmd *cobra.Command) (sandkeep.Key, error) {
 // printError writes "sandkeep: CODE: message" and the hint on its own line. An error without a code is a
 // failure sandkeep did not classify: it is reported as INTERNAL with its whole chain.
 func printError(w io.Writer, err error) {
-	fastpath.PrintError(w, asFault(err))
+	fe := asFault(err)
+	fastpath.PrintError(w, string(fe.Code), fe.Message, fe.Hint)
 }
 
 // jsonError is how --json reports sandkeep's own failures on stdout.

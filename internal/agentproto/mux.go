@@ -23,7 +23,9 @@ type MuxConn interface {
 // commandQueue bounds the command frames the Mux holds for a command that has not read them yet. A command's
 // output has no credit of its own (the agent's pumps wait on the channel): when its reader falls this far
 // behind, the Mux stops reading the channel until it catches up, which holds up the forwarded streams too.
-// Run's reader only stops for as long as its stdout and stderr writers block.
+// Run's reader only stops for as long as its stdout and stderr writers block. So a command that floods its
+// output while its reader stalls stays bounded without credit (TestMuxOutputStalledReader measures it), at the
+// price of holding up the channel's streams meanwhile.
 const commandQueue = 64
 
 // Mux is the host's side of a channel that carries commands and forwarded streams at once. Its reader owns the

@@ -4,7 +4,7 @@
 //
 // How: Go initialises packages one at a time, each step taking the first package in import-path order whose
 // imports are all initialised (the Go spec, "Package initialization", since Go 1.21). This package imports
-// the standard library only (and two std-only packages of ours), so its init runs after a handful of small
+// the standard library only (and internal/homedir, std-only itself), so its init runs after a handful of small
 // std packages and before nearly everything else in the binary. cmd/sandkeep imports it for that side effect
 // alone (`_ ".../fastpath"` in main.go). Its init reads os.Args and, when the command line is one it knows
 // (Parse) for a command the daemon serves, SANDKEEP_DAEMON is auto or on, and the home's daemon answers and
@@ -20,13 +20,10 @@
 package fastpath
 
 import (
-	"encoding/json"
 	"os"
 	"os/signal"
 	"sync/atomic"
 	"syscall"
-
-	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
 func init() {
@@ -74,7 +71,7 @@ func serve(args []string) (code int, served bool) {
 	if call.Command == "exec" || call.Command == "doctor" {
 		args = AbsoluteSpec(args, call.Spec)
 	}
-	hello, _ := json.Marshal(Hello{Args: args, Fingerprint: Fingerprint(call.Globals)})
+	hello := Hello{Args: args, Fingerprint: Fingerprint(call.Globals)}.Marshal()
 	if err := fc.Write(FrameHello, hello); err != nil {
 		return fallThrough()
 	}
@@ -94,15 +91,14 @@ func serve(args []string) (code int, served bool) {
 			os.Stderr.WriteString(AlreadyStopping + "\n")
 		}
 	}()
-	code, err = Relay(fc, os.Stdin, os.Stdout, os.Stderr, interrupts)
-	if sig := syscall.Signal(first.Load()); err != nil && sig != 0 {
+	code, fail := Relay(fc, os.Stdin, os.Stdout, os.Stderr, interrupts)
+	if sig := syscall.Signal(first.Load()); fail != nil && sig != 0 {
 		// Whatever failed after the signal failed because of it: report the interruption (as main does).
 		os.Stderr.WriteString("sandkeep: " + InterruptMessage(sig) + "\n")
 		return 128 + int(sig), true
 	}
-	if err != nil {
-		fe, _ := err.(*fault.Error)
-		PrintError(os.Stderr, fe)
+	if fail != nil {
+		PrintError(os.Stderr, fail.Code, fail.Message, fail.Hint)
 		return 125, true
 	}
 	return code, true

@@ -1,8 +1,7 @@
 package fastpath
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
+	"hash/fnv"
 	"os"
 	"slices"
 	"strings"
@@ -42,7 +41,7 @@ func ResolveHome(flag string) string {
 var pathEnv = map[string]bool{"SANDKEEP_HOME": true, "SANDKEEP_SPEC": true, "SANDKEEP_CONFIG": true, "SANDKEEP_STORE": true,
 	"SANDKEEP_AGENT": true, "KUBECONFIG": true}
 
-// Fingerprint digests everything the in-process path reads from the operator besides the command line of the
+// Fingerprint digests (digest) everything the in-process path reads from the operator besides the command line of the
 // call itself: the operator's variables (SANDKEEP_*, DOCKER_*, KUBERNETES_*, XDG_*, KUBECONFIG, HOME, PATH,
 // CONTAINER_HOST; paths made absolute), the global flags and the config file's content. Two processes with the
 // same operator input get the same results in-process; the daemon serves only callers whose input is its own.
@@ -83,11 +82,29 @@ func Fingerprint(g Globals) string {
 		if err != nil {
 			b = []byte("unreadable: " + err.Error())
 		}
-		sum := sha256.Sum256(b)
-		lines = append(lines, "config="+hex.EncodeToString(sum[:]))
+		lines = append(lines, "config="+digest(b))
 	}
-	sum := sha256.Sum256([]byte(strings.Join(lines, "\x00")))
-	return hex.EncodeToString(sum[:])
+	return digest([]byte(strings.Join(lines, "\x00")))
+}
+
+// digest is the 128-bit FNV-1a of b in lowercase hex. The fingerprint only tells one operator environment from
+// another for an equality test: it is not a security boundary (the socket serves only its owner and root, who
+// could run in-process anyway), so a non-cryptographic hash does, and it keeps crypto/sha256 and its FIPS
+// packages out of this package's imports (the init would run after theirs; see the package doc).
+func digest(b []byte) string {
+	h := fnv.New128a()
+	_, _ = h.Write(b)
+	return hexString(h.Sum(nil))
+}
+
+// hexString is encoding/hex's EncodeToString (which imports fmt).
+func hexString(b []byte) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 2*len(b))
+	for i, c := range b {
+		out[2*i], out[2*i+1] = digits[c>>4], digits[c&0x0f]
+	}
+	return string(out)
 }
 
 // AbsoluteSpec rewrites a relative --spec value in args (the command line of a call) to an absolute path: the
