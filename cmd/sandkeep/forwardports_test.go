@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,11 +129,18 @@ func TestPortForwardDevcontainer(t *testing.T) {
 		t.Fatalf("no line says why db:5432 is not forwarded: %s", r.stderr)
 	}
 
+	// stop waits for the running command (the user's gate): end the server first, as TestPortForward does.
+	if err := server.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	server.wait(t, time.Minute)
 	c.run(t, "stop", "--tenant", tenant, "--user", "u").want(t, 0)
 	if code := fwd.wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("port-forward exit %d after the sandbox stopped; stderr: %s", code, fwd.stderr())
 	}
-	server.wait(t, time.Minute)
+	if !strings.Contains(fwd.stderr(), "stopped; port-forward ends") {
+		t.Fatalf("port-forward did not say why it ended: %s", fwd.stderr())
+	}
 }
 
 // TestServeSDKForwardPorts: the server lists its repository's forwardPorts, each decided, through the Go SDK,
