@@ -43,6 +43,9 @@ ratio of medians. Scenarios (in run order):
   hardening   what the hardening costs: first command for a new key and warm 'true' with sandkeep's seccomp
               profile, ulimits, per-key uid and a 1 GiB workspace quota on vs all of them off (the engine's
               defaults), side by side over the agent channel; targets 1.15x and 1.05x
+  connect     what the ClientHello check and the per-command proxy token add: CONNECT + TLS handshake to a
+              loopback server with them on vs off, and warm 'true' with a network block (a proxy session per
+              command) vs without; paired per block, bar 0.1 ms
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created

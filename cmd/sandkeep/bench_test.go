@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -159,4 +160,19 @@ func countLabelled(t *testing.T, label string) int {
 		t.Fatal(err)
 	}
 	return len(list.Items)
+}
+
+// TestBenchHelpListsScenarios: `sandkeep bench --help` describes every scenario --scenario accepts, so a new
+// one cannot land without a line saying what it measures.
+func TestBenchHelpListsScenarios(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run(t.Context(), []string{"bench", "--help"}, strings.NewReader(""), &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, name := range append(slices.Clone(bench.Scenarios), scenarioCLI) {
+		if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(name) + ` +\S`).MatchString(stdout.String()) {
+			t.Errorf("bench --help has no line for scenario %q:\n%s", name, stdout.String())
+		}
+	}
 }
