@@ -33,10 +33,12 @@ const (
 // moves TunnelBytes up (the server reads them all and answers one byte) and down (the server writes them on a
 // one-byte request). The baseline is the same client and the same server over one direct loopback connection.
 // A third path is the same tunnel with init copying the bytes over its Unix connection instead (the path before
-// the handoff, and init's fallback where descriptors do not pass). Each of n blocks times one upload and one
-// download over the three, the order rotating every block; the rows report the transfer times (ratio: proxy
-// over direct, lower is better) and, in the notes, the throughputs, the throughput ratio of the medians (direct
-// time / proxy time: the bar) and the median of the per-block ratios.
+// the handoff, and init's fallback where descriptors do not pass). A fourth is the control: a minimal relay, two
+// TCP sockets and io.Copy (splice) each way with nothing else, the least any userspace forward proxy costs on
+// this machine. Each of n blocks times one upload and one download over the four, the order rotating every
+// block; the rows report the transfer times (ratio: proxy over direct, lower is better) and, in the notes, the
+// throughputs, the throughput ratio of the medians (direct time / proxy time: the bar), the median of the
+// per-block ratios and, for the proxy, its throughput over the minimal relay's in the same blocks.
 // What is not in it: the sandbox's network namespace (the same kernel's loopback) and the command's exec.
 func Tunnel(ctx context.Context, n int) ([]Result, error) { return tunnel(ctx, n, TunnelBytes) }
 
@@ -164,6 +166,11 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 		return nil, err
 	}
 	defer direct.Close()
+	relayed, err := minimalRelay(&wg, srv.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	defer relayed.Close()
 	_, port, _ := net.SplitHostPort(srv.Addr().String())
 	for _, c := range []net.Conn{proxied, copied} {
 		if err := benchnet.Connect(c, "bench.test:"+port, token); err != nil {
@@ -171,38 +178,41 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 		}
 	}
 
-	// times[dir][via]: dir 0 upload, 1 download; via 0 handed off, 1 direct, 2 copied by init. ratio[dir][k]:
-	// the throughput of via k (0 or 2) over direct's, per block.
-	via := [3]net.Conn{proxied, direct, copied}
-	var times [2][3][]time.Duration
-	var ratio [2][3][]float64
+	// times[dir][via]: dir 0 upload, 1 download; via 0 handed off, 1 direct, 2 copied by init, 3 the minimal
+	// relay. ratio[dir][k]: the throughput of via k over direct's, per block; ofRelay[dir]: the handed-off
+	// tunnel's over the minimal relay's, per block.
+	via := [4]net.Conn{proxied, direct, copied, relayed}
+	var times [2][4][]time.Duration
+	var ratio [2][4][]float64
+	var ofRelay [2][]float64
 	buf := make([]byte, benchnet.Chunk)
 	for block := range blocks {
 		for dir := range 2 {
-			var got [3]time.Duration
-			for i := range 3 {
+			var got [4]time.Duration
+			for i := range len(via) {
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
-				v := (i + block) % 3 // the order rotates every block
+				v := (i + block) % len(via) // the order rotates every block
 				start := time.Now()
 				if err := benchnet.Transfer(via[v], buf, size, dir == 0); err != nil {
 					return nil, fmt.Errorf("tunnel: %w", err)
 				}
 				got[v] = time.Since(start)
 			}
-			for v := range 3 {
+			for v := range len(via) {
 				times[dir][v] = append(times[dir][v], got[v])
 				ratio[dir][v] = append(ratio[dir][v], float64(got[1])/float64(got[v]))
 			}
+			ofRelay[dir] = append(ofRelay[dir], float64(got[3])/float64(got[0]))
 		}
 	}
 	mbps := func(d time.Duration) string { return fmt.Sprintf("%.0f", float64(size)/1e6/d.Seconds()) }
-	out := make([]Result, 0, 4)
+	out := make([]Result, 0, 6)
 	for _, path := range []struct {
 		v    int
 		name string
-	}{{0, "socket handed off"}, {2, "init copying, the fallback"}} {
+	}{{0, "socket handed off"}, {2, "init copying, the fallback"}, {3, "control: a minimal splice relay, no proxy"}} {
 		for dir, name := range []string{"upload", "download"} {
 			r := newResult(fmt.Sprintf("egress tunnel %s, %d MiB (CONNECT, hello checked, %s)", name, size>>20, path.name),
 				"direct loopback copy, same client and server", times[dir][path.v], times[dir][1])
@@ -214,11 +224,46 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 			}
 			if path.v == 0 {
 				r.Extra["bar"] = ">=0.60"
+				r.Extra["of_minimal_relay"] = fmt.Sprintf("%.2f", medianFloat(ofRelay[dir]))
 			}
 			out = append(out, r)
 		}
 	}
 	return out, nil
+}
+
+// minimalRelay is the control path: a loopback listener whose one connection is relayed to server by copyBoth,
+// on goroutines counted in wg, and the client's connection to it.
+func minimalRelay(wg *sync.WaitGroup, server string) (net.Conn, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	accepted := make(chan error, 1)
+	wg.Go(func() {
+		c, err := ln.Accept()
+		if err == nil {
+			var up net.Conn
+			if up, err = net.Dial("tcp", server); err != nil {
+				c.Close()
+			} else {
+				accepted <- nil
+				copyBoth(c, up)
+				return
+			}
+		}
+		accepted <- err
+	})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	if err := <-accepted; err != nil {
+		c.Close()
+		return nil, fmt.Errorf("tunnel: minimal relay: %w", err)
+	}
+	return c, nil
 }
 
 // copyBoth copies both ways between a and b and closes both when either direction ends.

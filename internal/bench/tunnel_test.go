@@ -9,8 +9,13 @@ func TestTunnel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 4 {
-		t.Fatalf("%d rows, want upload and download, handed off and copied", len(rows))
+	if len(rows) != 6 {
+		t.Fatalf("%d rows, want upload and download, handed off, copied and the minimal relay", len(rows))
+	}
+	for _, r := range rows[:2] {
+		if r.Extra["of_minimal_relay"] == "" {
+			t.Errorf("row %q has no of_minimal_relay", r.Scenario)
+		}
 	}
 	for _, r := range rows {
 		if r.Sandkeep.N != 2 || r.Base.N != 2 || r.Sandkeep.Median <= 0 || r.Base.Median <= 0 || r.Extra["throughput_ratio"] == "" {
@@ -28,7 +33,7 @@ func BenchmarkTunnelSideBySide(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.SetBytes(4 * TunnelBytes)
-	for i, name := range []string{"up", "down", "copied-up", "copied-down"} {
+	for i, name := range []string{"up", "down", "copied-up", "copied-down", "relay-up", "relay-down"} {
 		r := rows[i]
 		b.ReportMetric(float64(TunnelBytes)/1e6/r.Sandkeep.Median.Seconds(), name+"-proxy-MB/s")
 		b.ReportMetric(float64(TunnelBytes)/1e6/r.Base.Median.Seconds(), name+"-direct-MB/s")
