@@ -39,7 +39,8 @@ ratio of medians. Scenarios (in run order):
   admission   what admission adds to a warm 'true': Manager.Exec (admitted per command) vs Run.Exec on a run
               admitted once; without a store, then with an SQLite run record
   tunnel      the egress proxy's plain tunnel (side listener, socket handoff, hello check) moving 64 MiB up
-              and down vs a direct loopback copy with the same client and server, in rotating blocks
+              and down vs a direct loopback copy with the same client and server, in rotating blocks, with
+              a bare two-socket splice relay beside it as the control (of_minimal_relay)
   hardening   what the hardening costs: first command for a new key and warm 'true' with sandkeep's seccomp
               profile, ulimits, per-key uid and a 1 GiB workspace quota on vs all of them off (the engine's
               defaults), side by side over the agent channel; targets 1.15x and 1.05x
