@@ -362,6 +362,14 @@ func (m *Manager) Remove(ctx context.Context, key Key, keepWorkspace bool) error
 	return lc.Remove(ctx, key, keepWorkspace)
 }
 
+// WhenWaiting returns ctx carrying notice: when a call under it (Stop, Remove, Exec, a file operation) has waited
+// a second for the key's gate, held by another command or operation of the same key, notice is called once with
+// the wait's bound (Config.GateWait), from another goroutine, and the call does not return before it has. The CLI
+// prints what stop and rm wait for with it.
+func WhenWaiting(ctx context.Context, notice func(bound time.Duration)) context.Context {
+	return lifecycle.WhenWaiting(ctx, notice)
+}
+
 // SweepReport says what one sweep pass did.
 type SweepReport = lifecycle.SweepReport
 

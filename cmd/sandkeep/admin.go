@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -85,7 +87,9 @@ func newStop(g *globals) *cobra.Command {
 		Use:   "stop --user U [--tenant T]",
 		Short: "Stop the user's sandbox; the next exec starts the same container again",
 		Long: "Stop the user's sandbox, after the command it runs (if any) is over. Its container, /workspace and\n" +
-			"installed state are kept: the next exec starts the same container again. Prints the sandbox's name.",
+			"installed state are kept: the next exec starts the same container again. Prints the sandbox's name.\n" +
+			"A stop that waits for a running command says so on stderr after a second; it gives up with\n" +
+			"SANDBOX_BUSY after the gate wait (--gate-wait / SANDKEEP_GATE_WAIT), or when interrupted.",
 		Example: "  sandkeep stop --tenant acme --user alice",
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -98,7 +102,7 @@ func newStop(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeM()
-			if err := m.Stop(cmd.Context(), key); err != nil {
+			if err := m.Stop(sayWhenWaiting(cmd.Context(), g.stderr, key, "stopping"), key); err != nil {
 				return err
 			}
 			fmt.Fprintln(g.stdout, key.ContainerName())
@@ -118,7 +122,8 @@ func newRm(g *globals) *cobra.Command {
 		Use:   "rm --user U [--tenant T] [--keep-workspace]",
 		Short: "Remove the user's sandbox and, unless --keep-workspace, its workspace",
 		Long: "Remove the user's sandbox, after the command it runs (if any) is over, and delete its /workspace\n" +
-			"files on the host unless --keep-workspace. The next exec creates a fresh sandbox. Prints the sandbox's name.",
+			"files on the host unless --keep-workspace. The next exec creates a fresh sandbox. Prints the sandbox's name.\n" +
+			"An rm that waits for a running command says so on stderr after a second, as stop does.",
 		Example: "  sandkeep rm --tenant acme --user alice\n" +
 			"  sandkeep rm --tenant acme --user alice --keep-workspace",
 		Args: noArgs,
@@ -132,7 +137,7 @@ func newRm(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeM()
-			if err := m.Remove(cmd.Context(), key, keep); err != nil {
+			if err := m.Remove(sayWhenWaiting(cmd.Context(), g.stderr, key, "removing"), key, keep); err != nil {
 				return err
 			}
 			fmt.Fprintln(g.stdout, key.ContainerName())
@@ -142,6 +147,15 @@ func newRm(g *globals) *cobra.Command {
 	w.bind(cmd)
 	cmd.Flags().BoolVar(&keep, "keep-workspace", false, "keep the user's /workspace files on the host")
 	return cmd
+}
+
+// sayWhenWaiting has a stop or rm (doing: "stopping", "removing") print one line to stderr when it has waited a
+// second for key's gate: without it a user at a terminal sees a hang with nothing saying what it waits for.
+func sayWhenWaiting(ctx context.Context, stderr io.Writer, key sandkeep.Key, doing string) context.Context {
+	return sandkeep.WhenWaiting(ctx, func(bound time.Duration) {
+		fmt.Fprintf(stderr, "sandkeep: %s %s: waiting for the command or file operation it runs to finish (at most %s, then SANDBOX_BUSY; Ctrl-C gives up)\n",
+			doing, key.ContainerName(), bound)
+	})
 }
 
 func newSweep(g *globals) *cobra.Command {

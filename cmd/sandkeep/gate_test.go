@@ -1,8 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestGateAcrossProcesses: sandkeep processes that share a home serialize one key's commands and create its
@@ -67,5 +74,47 @@ func TestGateAcrossProcesses(t *testing.T) {
 		a.finish(t)
 		// Once the holder is done, the key is free again.
 		c.run(t, "exec", "--tenant", c.ten("acme"), "--user", "busy", "--gate-wait", "1m", "--", "true").want(t, 0)
+	})
+
+	// A stop behind a running command says on stderr what it waits for, then stops once the command is over.
+	t.Run("stop says what it waits for", func(t *testing.T) {
+		t.Parallel()
+		c := newCLI(t)
+		tenant := c.ten("acme")
+		a := c.startBlocker(t, tenant, "waited")
+		ctx, cancel := context.WithTimeout(t.Context(), processBound)
+		defer cancel()
+		stop := c.command(ctx, nil, "stop", "--tenant", tenant, "--user", "waited")
+		var stdout bytes.Buffer
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pr.Close()
+		stop.Stdout, stop.Stderr = &stdout, pw
+		err = stop.Start()
+		pw.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = pr.SetReadDeadline(time.Now().Add(processBound)) // a stop that never says it waits fails, not hangs
+		stderr := bufio.NewReader(pr)
+		line, err := stderr.ReadString('\n')
+		name := keyOf(t, tenant, "waited").ContainerName()
+		want := "sandkeep: stopping " + name + ": waiting for the command or file operation it runs to finish (at most "
+		if !strings.HasPrefix(line, want) || !strings.HasSuffix(line, ", then SANDBOX_BUSY; Ctrl-C gives up)\n") {
+			t.Errorf("stop's first stderr line %q (%v), want %q...", line, err, want)
+		}
+		a.wantRunning(t) // the stop is still waiting: the command holds the sandbox
+		a.finish(t)
+		werr := stop.Wait()
+		_ = pr.SetReadDeadline(time.Now().Add(10 * time.Second))
+		rest, _ := io.ReadAll(stderr)
+		if err := werr; err != nil || stdout.String() != name+"\n" || len(rest) != 0 {
+			t.Fatalf("stop after the command ended: %v, stdout %q, more stderr %q", err, stdout.String(), rest)
+		}
+		if rows := c.ps(t); len(rows) != 1 || rows[0].State != "stopped" {
+			t.Errorf("ps after the stop: %+v", rows)
+		}
 	})
 }

@@ -41,9 +41,41 @@ func (g *gates) get(k identity.Key) *gate {
 	return gt
 }
 
+// waitNoticeAfter is how long a caller waits at a gate before the hook WhenWaiting put in its context is called.
+const waitNoticeAfter = time.Second
+
+type waitNoticeKey struct{}
+
+// WhenWaiting returns ctx carrying notice: a gate wait under the returned context that has not ended after
+// waitNoticeAfter calls it once, with the wait's bound, from another goroutine; the wait does not return before
+// notice has. The CLI's stop and rm use it to say what they wait for instead of hanging without a word.
+func WhenWaiting(ctx context.Context, notice func(bound time.Duration)) context.Context {
+	return context.WithValue(ctx, waitNoticeKey{}, notice)
+}
+
+// noticeAfter arms ctx's WhenWaiting hook, if any, for a wait bounded by bound; stop disarms it, or waits for
+// the hook when it already fired (so its output never interleaves with the caller's next).
+func noticeAfter(ctx context.Context, bound time.Duration) (stop func()) {
+	notice, _ := ctx.Value(waitNoticeKey{}).(func(time.Duration))
+	if notice == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	t := time.AfterFunc(waitNoticeAfter, func() {
+		defer close(done)
+		notice(bound)
+	})
+	return func() {
+		if !t.Stop() {
+			<-done
+		}
+	}
+}
+
 // acquire takes k's gate, waiting at most wait. It returns SANDBOX_BUSY when the wait runs out and the ctx
 // error when the caller gives up first.
 func (g *gates) acquire(ctx context.Context, k identity.Key, wait time.Duration) (release func(), err error) {
+	defer noticeAfter(ctx, wait)()
 	gt := g.get(k)
 	gt.waiters.Add(1)
 	timer := time.NewTimer(wait)

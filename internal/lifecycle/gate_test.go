@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -264,5 +265,56 @@ func TestCancelledCallerHoldsGateUntilCommandEnds(t *testing.T) {
 	}
 	if n := e.drv.Calls(fake.OpRemove); n != 0 {
 		t.Errorf("Remove called %d times after a cancellation, want 0", n)
+	}
+}
+
+// TestGateWaitNotice: a Stop that waits at a held gate calls the WhenWaiting hook once, with the wait's bound,
+// before it returns; a Stop at a free gate never calls it.
+func TestGateWaitNotice(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	k := key(t, "acme", "alice")
+	run(t, m, k, "true") // the sandbox exists
+
+	var mu sync.Mutex
+	var calls []time.Duration
+	ctx := WhenWaiting(t.Context(), func(bound time.Duration) {
+		mu.Lock()
+		calls = append(calls, bound)
+		mu.Unlock()
+	})
+	noticed := func() []time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(calls)
+	}
+
+	release := holder(t, m, k)
+	errc := make(chan error, 1)
+	go func() { errc <- m.Stop(ctx, k) }()
+	waitFor(t, "the waiting stop's notice", func() bool { return len(noticed()) > 0 })
+	select {
+	case err := <-errc:
+		t.Fatalf("stop returned while the gate was held: %v", err)
+	default:
+	}
+	release()
+	if err := <-errc; err != nil {
+		t.Fatalf("stop after the holder ended: %v", err)
+	}
+	if got := noticed(); len(got) != 1 || got[0] != m.cfg.GateWait {
+		t.Errorf("notices %v, want one with the gate wait %s", got, m.cfg.GateWait)
+	}
+
+	run(t, m, k, "true")
+	mu.Lock()
+	calls = nil
+	mu.Unlock()
+	if err := m.Stop(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(waitNoticeAfter + 200*time.Millisecond) // a notice armed and not disarmed would fire by now
+	if got := noticed(); len(got) != 0 {
+		t.Errorf("a stop at a free gate noticed %v", got)
 	}
 }
