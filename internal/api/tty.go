@@ -183,8 +183,7 @@ func (s *Server) handlePortForward(w http.ResponseWriter, r *http.Request) {
 	}
 	pd, ok := s.backend.(service.PortDialer)
 	if !ok {
-		s.writeError(w, r, fault.New(fault.PortForwardUnavailable, "use a server over the docker driver",
-			"this server cannot forward ports"))
+		s.writeError(w, r, errNoPortForward())
 		return
 	}
 	conn, err := pd.DialPort(r.Context(), key, port, sandkeep.PortForward{Via: "api", RequestID: infoOf(r).id})
@@ -219,8 +218,7 @@ func (s *Server) handleForwardPorts(w http.ResponseWriter, r *http.Request) {
 	}
 	fl, ok := s.backend.(service.ForwardPortLister)
 	if !ok {
-		s.writeError(w, r, fault.New(fault.PortForwardUnavailable, "use a server over the docker driver",
-			"this server cannot forward ports"))
+		s.writeError(w, r, errNoPortForward())
 		return
 	}
 	ports, err := fl.ForwardPorts(r.Context(), key)
@@ -238,10 +236,14 @@ func (s *Server) handleForwardPorts(w http.ResponseWriter, r *http.Request) {
 func (g *guarded) ForwardPorts(ctx context.Context, key sandkeep.Key) ([]sandkeep.ForwardPort, error) {
 	fl, ok := g.Backend.(service.ForwardPortLister)
 	if !ok {
-		return nil, fault.New(fault.PortForwardUnavailable, "use a server over the docker driver",
-			"this server cannot forward ports")
+		return nil, errNoPortForward()
 	}
 	return fl.ForwardPorts(ctx, key)
+}
+
+// errNoPortForward is the answer of a server whose backend cannot forward ports.
+func errNoPortForward() error {
+	return fault.New(fault.PortForwardUnavailable, "use a server over the docker driver", "this server cannot forward ports")
 }
 
 // spliceClose copies both ways until either direction ends, then closes both: a WebSocket has no half-close.
@@ -269,8 +271,7 @@ func (g *guarded) DialPort(ctx context.Context, key sandkeep.Key, port int, pf s
 	defer g.s.drain.leave()
 	pd, ok := g.Backend.(service.PortDialer)
 	if !ok {
-		return nil, fault.New(fault.PortForwardUnavailable, "use a server over the docker driver",
-			"this server cannot forward ports")
+		return nil, errNoPortForward()
 	}
 	return pd.DialPort(ctx, key, port, pf)
 }
