@@ -178,13 +178,10 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 		}
 	}
 
-	// times[dir][via]: dir 0 upload, 1 download; via 0 handed off, 1 direct, 2 copied by init, 3 the minimal
-	// relay. ratio[dir][k]: the throughput of via k over direct's, per block; ofRelay[dir]: the handed-off
-	// tunnel's over the minimal relay's, per block.
+	// times[dir][via][block]: dir 0 upload, 1 download; via 0 handed off, 1 direct, 2 copied by init, 3 the
+	// minimal relay. The per-block ratios are taken from it (blockRatios).
 	via := [4]net.Conn{proxied, direct, copied, relayed}
 	var times [2][4][]time.Duration
-	var ratio [2][4][]float64
-	var ofRelay [2][]float64
 	buf := make([]byte, benchnet.Chunk)
 	for block := range blocks {
 		for dir := range 2 {
@@ -202,9 +199,7 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 			}
 			for v := range len(via) {
 				times[dir][v] = append(times[dir][v], got[v])
-				ratio[dir][v] = append(ratio[dir][v], float64(got[1])/float64(got[v]))
 			}
-			ofRelay[dir] = append(ofRelay[dir], float64(got[3])/float64(got[0]))
 		}
 	}
 	mbps := func(d time.Duration) string { return fmt.Sprintf("%.0f", float64(size)/1e6/d.Seconds()) }
@@ -220,11 +215,11 @@ func tunnel(ctx context.Context, blocks, size int) (_ []Result, err error) {
 				"proxy_MBps":         mbps(r.Sandkeep.Median),
 				"direct_MBps":        mbps(r.Base.Median),
 				"throughput_ratio":   fmt.Sprintf("%.2f", float64(r.Base.Median)/float64(r.Sandkeep.Median)),
-				"median_block_ratio": fmt.Sprintf("%.2f", medianFloat(ratio[dir][path.v])),
+				"median_block_ratio": fmt.Sprintf("%.2f", medianFloat(blockRatios(times[dir][1], times[dir][path.v]))),
 			}
 			if path.v == 0 {
 				r.Extra["bar"] = ">=0.60"
-				r.Extra["of_minimal_relay"] = fmt.Sprintf("%.2f", medianFloat(ofRelay[dir]))
+				r.Extra["of_minimal_relay"] = fmt.Sprintf("%.2f", medianFloat(blockRatios(times[dir][3], times[dir][0])))
 			}
 			out = append(out, r)
 		}
@@ -243,17 +238,18 @@ func minimalRelay(wg *sync.WaitGroup, server string) (net.Conn, error) {
 	accepted := make(chan error, 1)
 	wg.Go(func() {
 		c, err := ln.Accept()
-		if err == nil {
-			var up net.Conn
-			if up, err = net.Dial("tcp", server); err != nil {
-				c.Close()
-			} else {
-				accepted <- nil
-				copyBoth(c, up)
-				return
-			}
+		if err != nil {
+			accepted <- err
+			return
 		}
-		accepted <- err
+		up, err := net.Dial("tcp", server)
+		if err != nil {
+			c.Close()
+			accepted <- err
+			return
+		}
+		accepted <- nil
+		copyBoth(c, up)
 	})
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -279,6 +275,16 @@ func copyBoth(a, b net.Conn) {
 	a.Close()
 	b.Close()
 	<-done
+}
+
+// blockRatios is num[i]/den[i] for each block i: with times, the throughput of den's path over num's, both
+// halves taken in the same block.
+func blockRatios(num, den []time.Duration) []float64 {
+	r := make([]float64, len(num))
+	for i := range num {
+		r[i] = float64(num[i]) / float64(den[i])
+	}
+	return r
 }
 
 func medianFloat(v []float64) float64 {
