@@ -50,12 +50,16 @@ type RunRequest struct {
 	Template string
 	// Caller marks a request of the caller tier: a network block on its commands may only narrow the run's.
 	Caller bool
+	// Network, when set, is a block for the run's commands, over the run's own (Config's, the template's, the
+	// repository's): merged with it as its Inherit says (append or replace); for a Caller it may only narrow it
+	// (NETWORK_WIDENED) and replaces it.
+	Network *Network
 	// RequestID, when set, is recorded on the run's events.
 	RequestID string
 	// BuildOutput receives the progress of an image build the spec asks for (nil: discarded).
 	BuildOutput io.Writer
-	// OnEvent receives the run's events as they are recorded: the policy's, then every command's.
-	OnEvent EventFunc
+	// Observer is told the run's events as they are recorded and when each of its commands runs.
+	Observer Observer
 }
 
 // Run is one admitted unit of work. Its fields are the admission verdict as recorded; Exec runs a command in it.
@@ -85,9 +89,11 @@ type Run struct {
 	pol     *egress.Policy // network resolved once, for commands without a block of their own
 	secrets []Secret       // the repository's and the template's secret files, delivered to every command
 	caller  bool
-	owned   bool // admitted here: Finish ends it (an attached run stays open)
+	owned   bool           // admitted here: Finish ends it (an attached run stays open)
+	cmdNet  *Network       // RunRequest.Network: the caller's block over the run's
+	cmdPol  *egress.Policy // what the commands get: pol, or cmdNet over network, resolved once
 	rec     *record.Recorder
-	onEvent EventFunc
+	obs     Observer
 
 	postAttach string    // devcontainer.json's postAttachCommand: run before the run's first command
 	attachOnce sync.Once // guards attachErr
@@ -113,7 +119,7 @@ func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
 	trust, tpl, repo, mode, d := a.trust, a.tpl, a.repo, a.mode, a.d
 	r := &Run{Tenant: rr.Key.Tenant, User: rr.Key.User, Mode: mode.Mode, Source: string(mode.Source), Trust: trust,
 		Driver: d.Driver, Admission: store.AdmissionAdmitted, Template: tpl.name(), Warnings: repo.warnings,
-		Notice: d.CLILine, Dropped: droppedLine(repo.dropped), m: m, key: rr.Key, caller: rr.Caller, owned: true, onEvent: rr.OnEvent}
+		Notice: d.CLILine, Dropped: droppedLine(repo.dropped), m: m, key: rr.Key, caller: rr.Caller, owned: true, obs: rr.Observer}
 	if d.Action == policy.Refuse {
 		r.Admission, r.Driver = store.AdmissionRefused, ""
 	}
@@ -283,7 +289,7 @@ func (m *Manager) attach(ctx context.Context, rr RunRequest) (*Run, error) {
 	}
 	r := &Run{ID: row.ID, Tenant: row.Tenant, User: row.User, Mode: row.ResolvedMode, Source: row.Source,
 		Trust: row.Trust, Driver: row.Driver, Admission: row.Admission, Template: tpl.name(), Warnings: repo.warnings,
-		m: m, key: rr.Key, caller: rr.Caller, onEvent: rr.OnEvent}
+		m: m, key: rr.Key, caller: rr.Caller, obs: rr.Observer}
 	r.rec = &record.Recorder{Store: m.st, RunID: row.ID, RequestID: rr.RequestID}
 	if row.Driver == DriverHost && (row.Trust != TrustTrusted || row.ResolvedMode == spec.ModeInline) {
 		// A run recorded on the host must have been admitted there; anything else is a forged or corrupt row.
@@ -398,6 +404,10 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		}
 		r.pol = &pol
 	}
+	if r.cmdPol, err = r.networkFor(rr.Network); err != nil {
+		return err
+	}
+	r.cmdNet = rr.Network
 	if onHost { // the host passthrough cannot deliver secret files; sandbox_skipped said so
 		return nil
 	}
@@ -417,14 +427,7 @@ func (r *Run) Finish(err error) error {
 }
 
 // event records one run-level event and passes it on.
-func (r *Run) event(name string, payload any) {
-	if r.rec != nil {
-		r.rec.Event(name, payload)
-	}
-	if r.onEvent != nil {
-		r.onEvent(name, payload)
-	}
-}
+func (r *Run) event(name string, payload any) { r.sink(name, payload) }
 
 // shapeInputs are the caller's template and the repository's files of rr: what a run's sandbox is made from.
 func (m *Manager) shapeInputs(rr RunRequest) (*template, *repository, error) {
@@ -448,9 +451,6 @@ func (m *Manager) specFor(req string, tpl *template) string {
 }
 
 func parseTrust(s string) (string, error) {
-	if s == "" {
-		return TrustTrusted, nil
-	}
 	t, err := policy.ParseTrust(s)
 	return string(t), err
 }
@@ -497,6 +497,3 @@ func (m *Manager) build(ctx context.Context, r *Run, lc *lifecycle.Manager, repo
 	r.event(events.NameSandboxBuildFinished, events.SandboxBuildFinished{Image: ref, DurationMS: took})
 	return ref, nil
 }
-
-// ParseTrustFlag checks a trust value as a flag or config gives it: trusted, untrusted, or "" (trusted).
-func ParseTrustFlag(s string) (string, error) { return parseTrust(s) }

@@ -64,14 +64,14 @@ func TestDevcontainerAsWritten(t *testing.T) {
 
 	var mu sync.Mutex
 	var dropped *events.DevcontainerDropped
-	run, err := s.m.Admit(ctx, sandkeep.RunRequest{Key: key, OnEvent: func(name string, payload any) {
+	run, err := s.m.Admit(ctx, sandkeep.RunRequest{Key: key, Observer: sandkeep.Observer{Event: func(name string, payload any) {
 		if name == events.NameDevcontainerDropped {
 			mu.Lock()
 			p := payload.(events.DevcontainerDropped)
 			dropped = &p
 			mu.Unlock()
 		}
-	}})
+	}}})
 	if err != nil {
 		t.Fatalf("Admit: %v", err)
 	}

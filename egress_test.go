@@ -212,17 +212,23 @@ func newEgressWorld(t *testing.T, network *sandkeep.Network, silent ...string) *
 	return w
 }
 
-// run runs argv and collects its network_blocked events.
+// run runs req and collects its network_blocked events.
 func (w *egressWorld) run(key sandkeep.Key, req sandkeep.ExecRequest) *sandkeep.ExecResult {
 	w.t.Helper()
-	req.OnEvent = func(name string, payload any) {
+	return w.runNet(key, nil, req)
+}
+
+// runNet runs req in a run with the network block net over the run's, and collects its network_blocked events.
+func (w *egressWorld) runNet(key sandkeep.Key, net *sandkeep.Network, req sandkeep.ExecRequest) *sandkeep.ExecResult {
+	w.t.Helper()
+	obs := sandkeep.Observer{Event: func(name string, payload any) {
 		if b, ok := payload.(events.NetworkBlocked); ok && name == events.NameNetworkBlocked {
 			w.mu.Lock()
 			w.blocked = append(w.blocked, b)
 			w.mu.Unlock()
 		}
-	}
-	return w.execReq(w.m, key, req)
+	}}
+	return w.execRun(w.m, sandkeep.RunRequest{Key: key, Network: net, Observer: obs}, req)
 }
 
 func (w *egressWorld) probe(key sandkeep.Key, args ...string) *sandkeep.ExecResult {
@@ -256,7 +262,7 @@ func TestEgressAllowlist(t *testing.T) {
 	key := w.key("acme", "egress")
 	net := &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test", "127.0.0.1:" + p}}
 
-	res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", "http://allowed.test:" + p + "/x"}, Network: net})
+	res := w.runNet(key, net, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", "http://allowed.test:" + p + "/x"}})
 	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "status 200") || !strings.Contains(res.Stdout, "hello from upstream") {
 		t.Fatalf("allowed host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
 	}
@@ -264,7 +270,7 @@ func TestEgressAllowlist(t *testing.T) {
 		t.Fatalf("upstream got %d requests, want 1", w.plain.hits())
 	}
 
-	res = w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", "http://denied.test:" + p + "/x"}, Network: net})
+	res = w.runNet(key, net, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", "http://denied.test:" + p + "/x"}})
 	if !strings.Contains(res.Stdout, "status 403 denied=not-allowlisted") {
 		t.Fatalf("unlisted host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
 	}
@@ -526,18 +532,18 @@ func TestEgressPresetAndInherit(t *testing.T) {
 		t.Fatalf("preset only: %s%s", res.Stdout, res.Stderr)
 	}
 	add := &sandkeep.Network{Rules: []string{"allowed.test", "127.0.0.1:" + p}}
-	if res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}, Network: add}); !strings.Contains(res.Stdout, "status 200") {
+	if res := w.runNet(key, add, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}}); !strings.Contains(res.Stdout, "status 200") {
 		t.Fatalf("appended rules: %s%s", res.Stdout, res.Stderr)
 	}
 	deny := &sandkeep.Network{Rules: []string{"!allowed.test"}}
-	if res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}, Network: deny}); !strings.Contains(res.Stdout, "status 403") {
+	if res := w.runNet(key, deny, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}}); !strings.Contains(res.Stdout, "status 403") {
 		t.Fatalf("appended negation: %s%s", res.Stdout, res.Stderr)
 	}
 	none := &sandkeep.Network{Mode: "none", Inherit: "replace"}
-	if res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo [$HTTPS_PROXY]"}, Network: none}); trim(res.Stdout) != "[]" {
+	if res := w.runNet(key, none, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo [$HTTPS_PROXY]"}}); trim(res.Stdout) != "[]" {
 		t.Fatalf("replaced by none: %q", res.Stdout)
 	}
-	_, err := w.m.Exec(t.Context(), key, sandkeep.ExecRequest{Argv: []string{"true"}, Network: &sandkeep.Network{Preset: "nope"}})
+	_, err := w.m.ExecWith(t.Context(), sandkeep.RunRequest{Key: key, Network: &sandkeep.Network{Preset: "nope"}}, sandkeep.ExecRequest{Argv: []string{"true"}})
 	if sandkeep.CodeOf(err) != "NETWORK_INVALID" || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("unknown preset: %v", err)
 	}
@@ -682,7 +688,7 @@ func TestEgressPerCommand(t *testing.T) {
 	url := "http://allowed.test:" + p + "/x"
 
 	proxyOf := func(net *sandkeep.Network) string {
-		res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo $HTTP_PROXY; " + testutil.ProbePath + " http " + url}, Network: net})
+		res := w.runNet(key, net, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo $HTTP_PROXY; " + testutil.ProbePath + " http " + url}})
 		first, _, _ := strings.Cut(res.Stdout, "\n")
 		return strings.TrimSpace(first)
 	}
@@ -697,13 +703,13 @@ func TestEgressPerCommand(t *testing.T) {
 
 	// The first command's proxy URL, used by a later command with no network or with another policy.
 	for _, net := range []*sandkeep.Network{nil, {Mode: "none"}, other} {
-		res := w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "HTTP_PROXY=" + first + " " + testutil.ProbePath + " proxied " + url}, Network: net})
+		res := w.runNet(key, net, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "HTTP_PROXY=" + first + " " + testutil.ProbePath + " proxied " + url}})
 		if !strings.Contains(res.Stdout, "status 407") {
 			t.Errorf("network %+v: an earlier command's token: exit %d\n%s%s", net, res.ExitCode, res.Stdout, res.Stderr)
 		}
 	}
 	// A command with no network block after one that had a policy does not inherit it through the proxy.
-	res := w.run(key, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}, Network: other})
+	res := w.runNet(key, other, sandkeep.ExecRequest{Argv: []string{testutil.ProbePath, "http", url}})
 	if !strings.Contains(res.Stdout, "status 403 denied=not-allowlisted") {
 		t.Errorf("another policy still allowed the earlier command's host: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
 	}
@@ -723,7 +729,7 @@ func TestEgressRefusalFlood(t *testing.T) {
 	key := w.key("acme", "flood")
 	const n = 40
 	script := "i=0; while [ $i -lt " + strconv.Itoa(n) + " ]; do " + testutil.ProbePath + " http http://denied.test:" + p + "/x >/dev/null; i=$((i+1)); done"
-	w.run(key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}, Network: &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test"}}})
+	w.runNet(key, &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test"}}, sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}})
 	st, err := stores.Open(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)

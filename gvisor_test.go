@@ -24,9 +24,8 @@ func TestGVisorRefusesNetwork(t *testing.T) {
 	s.sh(key, "true")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	res, err := s.m.Exec(ctx, key, sandkeep.ExecRequest{
-		Argv:    []string{"sh", "-c", "echo ran > /workspace/net-ran"},
-		Network: &sandkeep.Network{Mode: "allowlist", Rules: []string{"127.0.0.1:9"}},
+	res, err := s.m.ExecWith(ctx, sandkeep.RunRequest{Key: key, Network: &sandkeep.Network{Mode: "allowlist", Rules: []string{"127.0.0.1:9"}}}, sandkeep.ExecRequest{
+		Argv: []string{"sh", "-c", "echo ran > /workspace/net-ran"},
 	})
 	if sandkeep.CodeOf(err) != "EGRESS_UNAVAILABLE" || !strings.Contains(err.Error(), "gVisor") {
 		t.Fatalf("networked command under runsc: result %+v, err %v; want EGRESS_UNAVAILABLE naming gVisor", res, err)

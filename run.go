@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,22 +13,19 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
-	"github.com/sandkeep/sandkeep/internal/record"
 )
 
-// Exec runs one command of the run in its sandbox (see Manager.Exec): on the run's driver and in its shape, with
-// the run's network (a caller's block may only narrow it) and secret files, recording its events in the run.
 // postAttachTail bounds the output a failed postAttachCommand's error quotes.
 const postAttachTail = 2 << 10
 
 // runPostAttach runs devcontainer.json's postAttachCommand in the run's sandbox, as the first command of the
 // run (a session attaching). A failure is the run's: its commands do not run, and the error quotes the exit
 // status and the output's tail.
-func (r *Run) runPostAttach(ctx context.Context, pol *egress.Policy, sink lifecycle.Sink) error {
+func (r *Run) runPostAttach(ctx context.Context) error {
 	var out bytes.Buffer
 	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
-		Argv: []string{"sh", "-c", r.postAttach}, Stdout: &out, Stderr: &out, OnEvent: sink,
-		Secrets: slices.Clip(r.secrets), Network: pol, NetworkBlock: r.network != nil, Shape: r.shape,
+		Argv: []string{"sh", "-c", r.postAttach}, Stdout: &out, Stderr: &out, OnEvent: r.sink,
+		Secrets: slices.Clip(r.secrets), Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil, Shape: r.shape,
 	})
 	if err != nil {
 		return err
@@ -43,21 +41,19 @@ func (r *Run) runPostAttach(ctx context.Context, pol *egress.Policy, sink lifecy
 		"postAttachCommand exited %d (timed out: %v) before the run's first command; its output ended with: %q", res.ExitCode, res.TimedOut, strings.TrimSpace(tail))
 }
 
+// Exec checks req and runs it as one command of the run in its sandbox (see Manager.ExecWith): on the run's
+// driver and in its shape, with the run's network and secret files, recording its events in the run.
 func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
+	if err := r.m.checkExec(req); err != nil {
+		return nil, err
+	}
+	return r.exec(ctx, req)
+}
+
+// exec runs req, checked, in the run.
+func (r *Run) exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	if r.lc == nil {
 		return nil, fault.New(fault.InvalidArgument, "admit a new run", "run %s was refused and runs nothing", r.ID)
-	}
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return nil, fault.New(fault.InvalidArgument, "pass the command to run, e.g. [\"sh\", \"-c\", \"ls -la\"]", "no command given")
-	}
-	// The operator's bounds; the lifecycle checks the workdir, the env and the absolute bounds once, as it builds
-	// the agent's request (entry points that want an answer before admission call CheckExec themselves).
-	if err := checkBounds(req, r.m.cfg.MaxTimeout, r.m.cfg.MaxOutputLimit); err != nil {
-		return nil, err
-	}
-	pol, err := r.networkFor(req.Network)
-	if err != nil {
-		return nil, err
 	}
 	var outBuf, errBuf bytes.Buffer
 	stdout, stderr := req.Stdout, req.Stderr
@@ -67,9 +63,8 @@ func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	if stderr == nil {
 		stderr = &errBuf
 	}
-	sink := r.sink(req)
 	if r.postAttach != "" {
-		r.attachOnce.Do(func() { r.attachErr = r.runPostAttach(ctx, pol, sink) })
+		r.attachOnce.Do(func() { r.attachErr = r.runPostAttach(ctx) })
 		if r.attachErr != nil {
 			return nil, r.attachErr
 		}
@@ -77,9 +72,9 @@ func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
-		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: sink,
-		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: pol, NetworkBlock: req.Network != nil || r.network != nil, Shape: r.shape,
-		TTY: req.TTY.size(), Resize: req.TTY.resize(),
+		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: r.sink, OnStarted: r.obs.Started,
+		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil,
+		Shape: r.shape, TTY: req.TTY.size(), Resize: req.TTY.resize(),
 	})
 	if res == nil {
 		return nil, err
@@ -100,25 +95,13 @@ func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	}, err
 }
 
-// sink is where one command's events go: the run's record, the run's OnEvent and the command's.
-func (r *Run) sink(req ExecRequest) lifecycle.Sink {
-	rec, run, cmd := r.rec, r.onEvent, req.OnEvent
-	if rec == nil && run == nil && cmd == nil {
-		return nil
+// sink is where the run's events go: its record, then its observer. It is the one place events fan out.
+func (r *Run) sink(name string, payload any) {
+	if r.rec != nil {
+		r.rec.Event(name, payload)
 	}
-	if req.RequestID != "" && rec != nil && req.RequestID != rec.RequestID {
-		rec = &record.Recorder{Store: rec.Store, RunID: rec.RunID, RequestID: req.RequestID}
-	}
-	return func(name string, payload any) {
-		if rec != nil {
-			rec.Event(name, payload)
-		}
-		if run != nil {
-			run(name, payload)
-		}
-		if cmd != nil {
-			cmd(name, payload)
-		}
+	if r.obs.Event != nil {
+		r.obs.Event(name, payload)
 	}
 }
 
@@ -183,29 +166,23 @@ func narrows(base, cmd *Network, presets map[string][]string) error {
 	return nil
 }
 
-// CheckExec is the one request validator of every entry point (the CLI, the HTTP API, MCP, the library): a
-// command, a timeout and an output limit within the operator's bounds (Config.MaxTimeout, MaxOutputLimit), a
-// workdir under /workspace and an environment the guard accepts. Zero timeout and limit take the defaults.
-func (m *Manager) CheckExec(req ExecRequest) error {
-	return CheckExecWithin(req, m.cfg.MaxTimeout, m.cfg.MaxOutputLimit)
+// checkExec is checkExec within the operator's bounds (Config.MaxTimeout, MaxOutputLimit).
+func (m *Manager) checkExec(req ExecRequest) error {
+	return checkExec(req, m.cfg.MaxTimeout, m.cfg.MaxOutputLimit)
 }
 
-// CheckExecWithin is CheckExec with the bounds given (for callers that validate before opening a Manager).
-func CheckExecWithin(req ExecRequest, maxTimeout time.Duration, maxOutput int64) error {
+// Check is the one validator of a command, within the library's bounds: the engine checks every command with it
+// (within the operator's bounds) before anything is admitted or run; an entry point that wants the answer before
+// it opens a Manager (the CLI) may ask it first.
+func (req ExecRequest) Check() error { return checkExec(req, 0, 0) }
+
+// checkExec checks a command: an argv, a timeout and an output limit within the bounds (0 or past the library's:
+// the library's; zero timeout and limit take the defaults), a terminal size, a workdir under /workspace and an
+// environment the guard accepts. Where the workdir lies is the lifecycle's, which knows the workspace folder.
+func checkExec(req ExecRequest, maxTimeout time.Duration, maxOutput int64) error {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return fault.New(fault.InvalidArgument, "pass the command to run, e.g. [\"sh\", \"-c\", \"ls -la\"]", "no command given")
 	}
-	if err := checkBounds(req, maxTimeout, maxOutput); err != nil {
-		return err
-	}
-	if err := guard.WorkdirText(req.Workdir); err != nil { // where it lies: the lifecycle, with the workspace folder
-		return err
-	}
-	return guard.Env(req.Env)
-}
-
-// checkBounds checks req's timeout and output limit against the bounds (0 or past the library's: the library's).
-func checkBounds(req ExecRequest, maxTimeout time.Duration, maxOutput int64) error {
 	if maxTimeout <= 0 || maxTimeout > lifecycle.MaxTimeout {
 		maxTimeout = lifecycle.MaxTimeout
 	}
@@ -214,11 +191,33 @@ func checkBounds(req ExecRequest, maxTimeout time.Duration, maxOutput int64) err
 	}
 	if req.Timeout != 0 && (req.Timeout < lifecycle.MinTimeout || req.Timeout > maxTimeout) {
 		return fault.New(fault.InvalidTimeout, "use a timeout between 1s and "+maxTimeout.String(),
-			"timeout %s is out of range (1s..%s)", req.Timeout, maxTimeout)
+			"timeout %s is out of range", req.Timeout)
 	}
 	if req.OutputLimit < 0 || req.OutputLimit > maxOutput {
-		return fault.New(fault.InvalidArgument, "use an output limit between 1 byte and the operator's bound",
-			"output limit %d is out of range (1..%d bytes)", req.OutputLimit, maxOutput)
+		return fault.New(fault.InvalidArgument, "use an output limit between 1 byte and "+sizeString(maxOutput),
+			"output limit %s is out of range", sizeString(req.OutputLimit))
 	}
-	return nil
+	if ws := req.TTY.size(); ws != nil {
+		if err := ws.Check(); err != nil {
+			return fault.New(fault.InvalidArgument, "pass a terminal size between 1x1 and 1000x1000",
+				"terminal size %dx%d is out of range", ws.Rows, ws.Cols)
+		}
+	}
+	if err := guard.WorkdirText(req.Workdir); err != nil {
+		return err
+	}
+	return guard.Env(req.Env)
+}
+
+// sizeString writes n bytes exactly, in the largest binary unit that divides it: 0B, 512KiB, 65MiB, 1000B.
+func sizeString(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.n == 0 {
+			return strconv.FormatInt(n/u.n, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
 }

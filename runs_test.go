@@ -38,7 +38,7 @@ func TestLibraryRuns(t *testing.T) {
 		ResolvedMode: "inline", Source: "cli", Admission: store.AdmissionAdmitted}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.m.Exec(t.Context(), key, sandkeep.ExecRequest{Argv: []string{"true"}, RunID: id}); err != nil {
+	if _, err := s.m.ExecWith(t.Context(), sandkeep.RunRequest{Key: key, RunID: id}, sandkeep.ExecRequest{Argv: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
 	if run, _ := st.GetRun(t.Context(), id); run.Status != store.StatusRunning {

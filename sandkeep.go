@@ -172,35 +172,35 @@ const (
 // name (sandbox_started, exec_finished, ...) and its typed payload. See docs/EVENTS.md.
 type EventFunc func(name string, payload any)
 
-// ExecRequest is one command. Argv runs directly, without a shell: use {"sh", "-c", "..."} for shell syntax.
+// Observer is what a caller is told about its run as it happens: every event as it is recorded, and the moment
+// each command is running. Nil fields are skipped. Both are called from the goroutine that runs the command:
+// they must not block for long.
+type Observer struct {
+	// Event receives the run's events (docs/EVENTS.md): the policy's, then every command's.
+	Event EventFunc
+	// Started is told that a command runs: its sandbox is ready and the agent has it. From then on the command's
+	// output and result are the answer, and a failure is the command's, not its setup's (the HTTP API commits
+	// its 200 here). A command that goes out again (its sandbox was recycled under it) is told again.
+	Started func()
+}
+
+// ExecRequest is one command: what runs, where, for how long and with what output. Argv runs directly, without
+// a shell: use {"sh", "-c", "..."} for shell syntax. Who runs it, and under which policy, is the run's
+// (RunRequest).
 type ExecRequest struct {
 	Argv        []string
 	Workdir     string        // relative to /workspace, or absolute under it; created when missing
 	Env         []string      // "K=V", added to the sandbox's environment
-	Timeout     time.Duration // 1s..24h; zero means 120s
-	OutputLimit int64         // per stream, in bytes; zero means 1 MiB, at most 64 MiB
+	Timeout     time.Duration // 1s..24h (Config.MaxTimeout); zero means 120s
+	OutputLimit int64         // per stream, in bytes; zero means 1 MiB, at most 64 MiB (Config.MaxOutputLimit)
 	Stdin       io.Reader     // nil: the command reads /dev/null
 	// Stdout and Stderr, when set, receive output as it is produced, and the result's Stdout/Stderr stay
 	// empty; when nil, output is collected into the result.
 	Stdout io.Writer
 	Stderr io.Writer
-	// OnEvent, when set, receives this command's events: ensure decisions, exec started and finished.
-	OnEvent EventFunc
-	// RunID attaches the command to a running run (same tenant and user) when Config.Store is set; empty: the
-	// command gets a run of its own.
-	RunID string
 	// Secrets are files placed under /run/secrets (a tmpfs owned by the sandbox user) for this command only,
 	// and removed when it ends. Their values travel as the agent's stdin: never in argv, env, logs or events.
 	Secrets []Secret
-	// RequestID, when set, is recorded on the command's events (the service passes its request id).
-	RequestID string
-	// Network, when set, is this command's network block, merged with its run's (Inherit: append or replace); a
-	// caller-tier run's block may only narrow it.
-	Network *Network
-	// Template and Trust are what the command's implicit run (RunID empty) is admitted with: an operator template
-	// by name ("" the tenant's default) and trusted or untrusted ("" trusted). An attached run keeps its own.
-	Template string
-	Trust    string
 	// TTY, when set, runs the command on a pseudo-terminal in the sandbox: its stdin, stdout and stderr are the
 	// terminal, so everything comes out on Stdout (bounded by OutputLimit) and Stderr stays empty. A Ctrl-C byte
 	// (0x03) on Stdin interrupts the terminal's foreground process, as at a local terminal. Deadline, tree kill
@@ -264,27 +264,26 @@ type SandboxRef struct {
 	User   string `json:"user"`
 }
 
-// Exec runs req in key's sandbox, creating or starting it when needed. One key's commands run one at a
-// time; a caller that cancels ctx gets its answer only once the command's process tree is gone. When ctx is
-// cancelled, the partial result is returned together with the ctx error.
-//
-// Exec is admission and one command: req.RunID attaches the command to that running run (which keeps the mode,
-// trust and driver it was admitted with), else the command is admitted as a run of its own (Admit with the
-// Config's defaults: its spec, its mode, trusted) and that run is finished with the command.
+// Exec runs req in key's sandbox, creating or starting it when needed: ExecWith a run of key's own, admitted
+// with the Config's defaults (its spec, its mode, trusted).
 func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResult, error) {
-	if req.RunID != "" {
-		run, err := m.Admit(ctx, RunRequest{Key: key, RunID: req.RunID, RequestID: req.RequestID, OnEvent: req.OnEvent})
-		if err != nil {
-			return nil, err
-		}
-		return run.Exec(ctx, req)
+	return m.ExecWith(ctx, RunRequest{Key: key}, req)
+}
+
+// ExecWith checks req, admits rr (or, with rr.RunID, attaches to that running run, which keeps the mode, trust
+// and driver it was admitted with) and runs req in the run's sandbox; a run admitted here is finished with the
+// command. One key's commands run one at a time; a caller that cancels ctx gets its answer only once the
+// command's process tree is gone, together with the partial result and the ctx error. A malformed req is
+// refused before anything is admitted or recorded.
+func (m *Manager) ExecWith(ctx context.Context, rr RunRequest, req ExecRequest) (*ExecResult, error) {
+	if err := m.checkExec(req); err != nil {
+		return nil, err
 	}
-	run, err := m.Admit(ctx, RunRequest{Key: key, Template: req.Template, Trust: req.Trust, RequestID: req.RequestID,
-		OnEvent: req.OnEvent})
+	run, err := m.Admit(ctx, rr)
 	if err != nil {
 		return nil, err
 	}
-	res, err := run.Exec(ctx, req)
+	res, err := run.exec(ctx, req)
 	run.Finish(err)
 	return res, err
 }

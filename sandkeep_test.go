@@ -230,6 +230,18 @@ func (s *suite) execReq(m *sandkeep.Manager, key sandkeep.Key, req sandkeep.Exec
 	return res
 }
 
+// execRun runs req in the run rr asks for (Manager.ExecWith) and fails the test on error.
+func (s *suite) execRun(m *sandkeep.Manager, rr sandkeep.RunRequest, req sandkeep.ExecRequest) *sandkeep.ExecResult {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(s.t.Context(), 3*time.Minute)
+	defer cancel()
+	res, err := m.ExecWith(ctx, rr, req)
+	if err != nil {
+		s.t.Fatalf("Exec %q for %s: %v", req.Argv, rr.Key, err)
+	}
+	return res
+}
+
 // sh runs a shell script for key and fails the test unless it exits 0; it returns stdout.
 func (s *suite) sh(key sandkeep.Key, script string) string {
 	s.t.Helper()

@@ -150,7 +150,7 @@ func TestAdmissionMatrix(t *testing.T) {
 		}
 		m := c.library(t, false)
 		key, _ := sandkeep.NewKey(tenant, "u")
-		if _, err := m.Exec(t.Context(), key, sandkeep.ExecRequest{Argv: []string{"true"}, RunID: id}); err != nil {
+		if _, err := m.ExecWith(t.Context(), sandkeep.RunRequest{Key: key, RunID: id}, sandkeep.ExecRequest{Argv: []string{"true"}}); err != nil {
 			t.Fatal(err)
 		}
 		var runs []store.Run

@@ -17,7 +17,6 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
@@ -90,7 +89,6 @@ func newExec(g *globals) *cobra.Command {
 			if err := checkAttached(cmd, pf); err != nil {
 				return fail(err)
 			}
-			req.Network = nf.block(cmd)
 			if interactive {
 				req.Stdin = g.stdin
 			}
@@ -112,7 +110,7 @@ func newExec(g *globals) *cobra.Command {
 				req.Stdout = &stopOnError{w: g.stdout, cancel: cancel}
 				req.Stderr = &stopOnError{w: g.stderr, cancel: cancel}
 			}
-			return runExec(ctx, g, key, req, asJSON, gateWait, pf, fail, caller)
+			return runExec(ctx, g, key, req, asJSON, gateWait, pf, nf.block(cmd), fail, caller)
 		},
 	}
 	cmd.Flags().SetInterspersed(false) // everything after the command's name belongs to it
@@ -157,19 +155,21 @@ func (n *networkFlags) block(cmd *cobra.Command) *sandkeep.Network {
 	return &sandkeep.Network{Mode: n.mode, Rules: n.rules, Preset: n.preset, Inherit: n.inherit}
 }
 
-// checkExec refuses a malformed request before anything touches the state home or the Docker engine. The
-// lifecycle checks the same things with the same functions; this only makes the answer immediate.
+// checkExec refuses a malformed command before anything touches the state home or the Docker engine: what the
+// flags cannot say (no command, a zero --timeout or --output-limit, which the library would take as its default,
+// a gate wait that is not positive), then the engine's one validator, which the run checks the command with again
+// within the operator's bounds.
 func checkExec(cmd *cobra.Command, req sandkeep.ExecRequest, gateWait time.Duration) error {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return fault.New(fault.InvalidArgument,
 			fmt.Sprintf("pass the command after the flags, e.g. %s --user alice -- ls -la", cmd.CommandPath()),
 			"no command given")
 	}
-	if req.Timeout < lifecycle.MinTimeout || req.Timeout > lifecycle.MaxTimeout {
+	if req.Timeout <= 0 {
 		return fault.New(fault.InvalidTimeout, "use a --timeout between 1s and 24h, e.g. --timeout 30s or --timeout 2h",
 			"timeout %s is out of range", req.Timeout)
 	}
-	if req.OutputLimit < 1 || req.OutputLimit > agentproto.MaxOutputLimit {
+	if req.OutputLimit <= 0 {
 		return fault.New(fault.InvalidArgument, "use an --output-limit between 1 byte and 64MiB",
 			"output limit %s is out of range", byteSize(req.OutputLimit))
 	}
@@ -177,10 +177,7 @@ func checkExec(cmd *cobra.Command, req sandkeep.ExecRequest, gateWait time.Durat
 		return fault.New(fault.InvalidArgument, "use a positive --gate-wait, e.g. --gate-wait 30s",
 			"gate wait %s is not positive", gateWait)
 	}
-	if err := guard.WorkdirText(req.Workdir); err != nil { // where it lies: the lifecycle, with the workspace folder
-		return err
-	}
-	return guard.Env(req.Env)
+	return req.Check()
 }
 
 // checkAttached refuses admission flags on a command attached to a run (--run): the run keeps the mode, trust and
@@ -203,7 +200,7 @@ func checkAttached(cmd *cobra.Command, pf policyFlags) error {
 }
 
 func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.ExecRequest, asJSON bool,
-	gateWait time.Duration, pf policyFlags, fail func(error) error, caller *callerTTY) error {
+	gateWait time.Duration, pf policyFlags, network *sandkeep.Network, fail func(error) error, caller *callerTTY) error {
 	if os.Getenv("SANDKEEP_PREFLIGHT") == "1" {
 		if err := preflight(ctx, g, pf); err != nil {
 			return fail(err)
@@ -221,7 +218,9 @@ func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.Exe
 	// Admission: the library resolves the mode, selects the driver and records the run before anything runs. A
 	// named run (--run) keeps the mode, trust and driver it was admitted with, and stays open for whoever
 	// started it; an implicit run is this command's own.
-	run, err := m.Admit(ctx, pf.request(key, g.stderr))
+	rr := pf.request(key, g.stderr)
+	rr.Network = network
+	run, err := m.Admit(ctx, rr)
 	if run != nil {
 		for _, w := range run.Warnings {
 			fmt.Fprintf(g.stderr, "sandkeep: %s\n", w)

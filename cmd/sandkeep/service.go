@@ -49,7 +49,7 @@ func (g *globals) openService(ctx context.Context, sc serverConfig, af admission
 	if af.spec != "" {
 		c.Spec = af.spec
 	}
-	if _, err := sandkeep.ParseTrustFlag(af.trust); err != nil {
+	if err := (service.Admission{Trust: af.trust}).Check(); err != nil {
 		return nil, err
 	}
 	st, err := g.openStore(ctx)

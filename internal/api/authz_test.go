@@ -74,7 +74,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 
 	// The victim: tenant globex, user bob, with a sandbox, a workspace file and a run with events.
 	victim, _ := sandkeep.NewKey("globex", "bob")
-	res, err := full.be.Exec(ctx, victim, sandkeep.ExecRequest{Argv: []string{"echo", "secret"}})
+	res, err := full.be.Exec(ctx, victim, service.AdmitRequest{}, sandkeep.ExecRequest{Argv: []string{"echo", "secret"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatal(res, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/service"
 )
 
 // BenchmarkExecOverhead compares one warm command through the backend directly and through the API (auth,
@@ -17,12 +18,12 @@ func BenchmarkExecOverhead(b *testing.B) {
 	e := newEnv(b, nil)
 	key, _ := sandkeep.NewKey("acme", "alice")
 	ctx := context.Background()
-	if _, err := e.be.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"echo", "warm"}}); err != nil {
+	if _, err := e.be.Exec(ctx, key, service.AdmitRequest{}, sandkeep.ExecRequest{Argv: []string{"echo", "warm"}}); err != nil {
 		b.Fatal(err)
 	}
 	b.Run("backend", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := e.be.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"echo", "hi"}}); err != nil {
+			if _, err := e.be.Exec(ctx, key, service.AdmitRequest{}, sandkeep.ExecRequest{Argv: []string{"echo", "hi"}}); err != nil {
 				b.Fatal(err)
 			}
 		}

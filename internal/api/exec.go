@@ -16,8 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandkeep/sandkeep"
-	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/service"
 )
 
 // maxTimeoutSeconds bounds the timeout field before it becomes a time.Duration (the library's own bound,
@@ -57,20 +57,20 @@ type ExecResponse struct {
 }
 
 // decodeExec reads one exec body: one JSON object, no unknown field, nothing after it. It does no I/O besides
-// reading r, so a refused body has had no effect.
-func decodeExec(r io.Reader) (sandkeep.ExecRequest, error) {
+// reading r, so a refused body has had no effect. What the command may be is the engine's to check.
+func decodeExec(r io.Reader) (sandkeep.ExecRequest, service.AdmitRequest, error) {
 	var b ExecBody
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
-		return sandkeep.ExecRequest{}, jsonError(err)
+		return sandkeep.ExecRequest{}, service.AdmitRequest{}, jsonError(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return sandkeep.ExecRequest{}, err
+			return sandkeep.ExecRequest{}, service.AdmitRequest{}, err
 		}
-		return sandkeep.ExecRequest{}, invalid("send exactly one JSON object", "the request body has data after its JSON object")
+		return sandkeep.ExecRequest{}, service.AdmitRequest{}, invalid("send exactly one JSON object", "the request body has data after its JSON object")
 	}
 	return b.request()
 }
@@ -113,24 +113,27 @@ func jsonKind(k string) string {
 	return k
 }
 
-// request checks b and turns it into the library's request.
-func (b ExecBody) request() (sandkeep.ExecRequest, error) {
+// request turns b into the library's command and the caller's admission. It refuses only what does not decode
+// (argv and command both or neither, an env name a "K=V" cannot carry, a timeout that is no number of seconds);
+// the command itself is checked once, by the engine, before its run is admitted.
+func (b ExecBody) request() (sandkeep.ExecRequest, service.AdmitRequest, error) {
 	var req sandkeep.ExecRequest
+	ar := service.AdmitRequest{RunID: b.RunID, Template: b.Template, Trust: b.Trust}
 	switch {
 	case len(b.Argv) > 0 && b.Command != "":
-		return req, invalid("send argv or command, not both", "the request has both argv and command")
+		return req, ar, invalid("send argv or command, not both", "the request has both argv and command")
 	case len(b.Argv) > 0:
 		req.Argv = b.Argv
 	case b.Command != "":
 		req.Argv = []string{"sh", "-c", b.Command}
 	default:
-		return req, invalid(`send "argv": ["ls", "-l"] or "command": "ls -l"`, "the request has no command")
+		return req, ar, invalid(`send "argv": ["ls", "-l"] or "command": "ls -l"`, "the request has no command")
 	}
 	if len(b.Env) > 0 {
 		keys := make([]string, 0, len(b.Env))
 		for k := range b.Env {
 			if k == "" || strings.ContainsAny(k, "=\x00") {
-				return req, fault.New(fault.InvalidEnv, "use names of letters, digits and _", "environment variable name %q is refused", k)
+				return req, ar, fault.New(fault.InvalidEnv, "use names of letters, digits and _", "environment variable name %q is refused", k)
 			}
 			keys = append(keys, k)
 		}
@@ -140,24 +143,18 @@ func (b ExecBody) request() (sandkeep.ExecRequest, error) {
 		}
 	}
 	if b.Timeout < 0 || b.Timeout > maxTimeoutSeconds || math.IsNaN(b.Timeout) {
-		return req, fault.New(fault.InvalidTimeout, "give timeout in seconds, 1 to 86400", "timeout %g is out of range", b.Timeout)
+		return req, ar, fault.New(fault.InvalidTimeout, "give timeout in seconds, 1 to 86400", "timeout %g is out of range", b.Timeout)
 	}
 	req.Timeout = time.Duration(b.Timeout * float64(time.Second))
-	if b.OutputLimit < 0 {
-		return req, fault.New(fault.InvalidArgument, "give output_limit in bytes, or leave it out for 1 MiB",
-			"output_limit %d is negative", b.OutputLimit)
-	}
 	req.OutputLimit = b.OutputLimit
 	if b.Stdin != nil {
 		req.Stdin = strings.NewReader(*b.Stdin)
 	}
-	req.Workdir, req.RunID, req.Template, req.Trust = b.Workdir, b.RunID, b.Template, b.Trust
+	req.Workdir = b.Workdir
 	if n := b.Network; n != nil {
-		req.Network = &sandkeep.Network{Mode: n.Mode, Preset: n.Preset, Rules: n.Rules, Inherit: "replace"}
+		ar.Network = &sandkeep.Network{Mode: n.Mode, Preset: n.Preset, Rules: n.Rules, Inherit: "replace"}
 	}
-	// The one validator every entry point shares (bounds, workdir, env); the server's own bounds apply again
-	// when the run is admitted.
-	return req, sandkeep.CheckExecWithin(req, 0, 0)
+	return req, ar, nil
 }
 
 // Streaming formats an exec answers in, chosen by the Accept header.
@@ -190,16 +187,16 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req, err := decodeExec(http.MaxBytesReader(w, r.Body, s.maxBody))
+	req, ar, err := decodeExec(http.MaxBytesReader(w, r.Body, s.maxBody))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	id := infoOf(r).id
-	req.RequestID = id
+	ar.RequestID = id
 	format := streamFormat(r)
 	if format == "" {
-		res, err := s.backend.Exec(r.Context(), key, req)
+		res, err := s.backend.Exec(r.Context(), key, ar, req)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -209,12 +206,8 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 	st := &streamer{w: w, sse: format == ctSSE}
 	req.Stdout, req.Stderr = st.writer("stdout"), st.writer("stderr")
-	req.OnEvent = func(name string, _ any) {
-		if name == events.NameExecStarted {
-			st.commit() // the command runs: from here on, failures travel in the stream
-		}
-	}
-	res, err := s.backend.Exec(r.Context(), key, req)
+	ar.Observer.Started = st.commit // the command runs: from here on, failures travel in the stream
+	res, err := s.backend.Exec(r.Context(), key, ar, req)
 	if !st.end() { // nothing sent yet: a failure still has its own status
 		if err != nil {
 			s.writeError(w, r, err)

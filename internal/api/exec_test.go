@@ -50,7 +50,7 @@ func TestExecJSON(t *testing.T) {
 	_, req := e.be.Execs()
 	if !slices.Equal(req.Argv, []string{"echo", "hi", "there"}) || !slices.Equal(req.Env, []string{"A=1", "B=2"}) ||
 		req.Timeout != 2500*time.Millisecond || req.Workdir != "src" || req.OutputLimit != 1000 ||
-		req.RequestID != "client-7.a:b" || req.Stdin == nil {
+		e.be.LastAdmit().RequestID != "client-7.a:b" || req.Stdin == nil {
 		t.Errorf("backend got %+v", req)
 	}
 

@@ -13,7 +13,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
-// FuzzDecodeExec: any body either decodes into a request the library can take (a command, sane bounds, env
+// FuzzDecodeExec: any body either decodes into a request the engine's validator accepts and the library can take (a command, sane bounds, env
 // entries that split back into the names given), or is refused with a request-level code; it never panics.
 // Seeds: testdata/fuzz/FuzzDecodeExec.
 func FuzzDecodeExec(f *testing.F) {
@@ -21,7 +21,10 @@ func FuzzDecodeExec(f *testing.F) {
 	f.Add([]byte(`{"command":"echo hi"}`))
 	f.Add([]byte(`{"command":"echo hi","template":"small","trust":"untrusted","workdir":"../x"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := decodeExec(bytes.NewReader(body))
+		req, _, err := decodeExec(bytes.NewReader(body))
+		if err == nil {
+			err = req.Check() // the engine's one validator, which the backend applies before admission
+		}
 		if err != nil {
 			switch fault.CodeOf(err) {
 			case fault.RequestInvalid, fault.InvalidEnv, fault.InvalidTimeout, fault.InvalidArgument, fault.InvalidWorkdir:
@@ -127,7 +130,10 @@ func FuzzDecodeExecTTY(f *testing.F) {
 	f.Add([]byte(`{"command":"top","tty":{"rows":0,"cols":80}}`))
 	f.Add([]byte(`{"argv":["sh"],"stdin":"x"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := decodeExecTTY(body)
+		req, _, err := decodeExecTTY(body)
+		if err == nil {
+			err = req.Check()
+		}
 		if err != nil {
 			switch fault.CodeOf(err) {
 			case fault.RequestInvalid, fault.InvalidEnv, fault.InvalidTimeout, fault.InvalidArgument, fault.InvalidWorkdir:

@@ -21,7 +21,7 @@ type guarded struct {
 var _ service.Backend = (*guarded)(nil)
 
 // Exec admits the command, runs it, and records its outcome.
-func (g *guarded) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+func (g *guarded) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
 	s := g.s
 	if !s.drain.enter() {
 		return nil, errShuttingDown()
@@ -34,14 +34,14 @@ func (g *guarded) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecR
 		}
 		return nil, err
 	}
-	if req.RequestID == "" {
-		req.RequestID = requestIDFrom(ctx)
+	if ar.RequestID == "" {
+		ar.RequestID = requestIDFrom(ctx)
 	}
-	obs := &execObserver{m: s.metrics, next: req.OnEvent}
-	req.OnEvent = obs.event
+	obs := &execObserver{m: s.metrics, next: ar.Observer}
+	ar.Observer = obs.observer() // the one wrap: metrics, then the caller's own
 	s.metrics.execsInFlight.Inc()
 	start := time.Now()
-	res, err := g.Backend.Exec(ctx, key, req)
+	res, err := g.Backend.Exec(ctx, key, ar, req)
 	s.metrics.execsInFlight.Dec()
 	s.metrics.observeExec(ctx, res, err, time.Since(start))
 	release(err == nil)

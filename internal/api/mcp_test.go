@@ -61,8 +61,8 @@ func TestMCPEndToEnd(t *testing.T) {
 	if res.IsError || !strings.Contains(text, `via mcp\n`) {
 		t.Fatalf("exec: %s", text)
 	}
-	if _, req := e.be.Execs(); req.RequestID != "mcp-req-1" {
-		t.Errorf("request id on the command: %q", req.RequestID)
+	if ar := e.be.LastAdmit(); ar.RequestID != "mcp-req-1" {
+		t.Errorf("request id on the command: %q", ar.RequestID)
 	}
 	wantMetric(t, scrape(t, e), `sandkeep_execs_total{outcome="ok"} 1`)
 

@@ -89,11 +89,16 @@ func (m *metrics) observeExec(ctx context.Context, res *sandkeep.ExecResult, err
 // event of its own: it is read from the sandbox events that come before the command starts (none: reuse).
 type execObserver struct {
 	m    *metrics
-	next sandkeep.EventFunc // the caller's own OnEvent, if any
+	next sandkeep.Observer // the caller's own, if any
 
 	mu                                    sync.Mutex // events arrive on the lifecycle's goroutine; be safe anyway
 	recycled, adopted, created, restarted bool
 	decided                               bool
+}
+
+// observer is o in the caller's place, telling the caller's own observer everything too.
+func (o *execObserver) observer() sandkeep.Observer {
+	return sandkeep.Observer{Event: o.event, Started: o.started}
 }
 
 func (o *execObserver) event(name string, payload any) {
@@ -109,12 +114,6 @@ func (o *execObserver) event(name string, payload any) {
 		} else {
 			o.restarted = true
 		}
-	case events.NameExecStarted:
-		// A command that is retried after its sandbox was recycled starts twice: count its first start.
-		if p, ok := deref[events.ExecStarted](payload); !o.decided && (!ok || p.Sandbox != "") {
-			o.decided = true
-			o.m.ensure.WithLabelValues(o.decision()).Inc()
-		}
 	case events.NameNetworkBlocked:
 		o.m.networkBlocks.Inc()
 	}
@@ -122,8 +121,21 @@ func (o *execObserver) event(name string, payload any) {
 	if w, ok := gateWait(payload); ok {
 		o.m.gateWait.Observe(w.Seconds())
 	}
-	if o.next != nil {
-		o.next(name, payload)
+	if o.next.Event != nil {
+		o.next.Event(name, payload)
+	}
+}
+
+// started counts the ensure decision once: a command that is retried after its sandbox was recycled starts twice.
+func (o *execObserver) started() {
+	o.mu.Lock()
+	if !o.decided {
+		o.decided = true
+		o.m.ensure.WithLabelValues(o.decision()).Inc()
+	}
+	o.mu.Unlock()
+	if o.next.Started != nil {
+		o.next.Started()
 	}
 }
 

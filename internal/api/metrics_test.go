@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
 )
 
@@ -31,9 +30,6 @@ func wantMetric(t *testing.T, text string, lines ...string) {
 	}
 }
 
-// gated is a payload that reports a gate wait, as a future exec_started may.
-type gated struct{ GateWaitMS int64 }
-
 func TestMetrics(t *testing.T) {
 	e := newEnv(t, nil)
 	readAll(t, e.exec("alice", `{"argv":["true"]}`))                                   // create
@@ -44,11 +40,7 @@ func TestMetrics(t *testing.T) {
 	readAll(t, e.exec("bob", `{"argv":["true"],"run_id":"missing"}`))                  // error
 	readAll(t, e.req("GET", "/v1/sandboxes/nobody", e.tok, nil))                       // 404
 	readAll(t, e.req("GET", "/v1/nowhere", "", nil))                                   // unmatched
-	e.be.ExecHook = func(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
-		req.OnEvent("anything", &gated{GateWaitMS: 250})
-		return &sandkeep.ExecResult{}, nil
-	}
-	readAll(t, e.exec("alice", `{"argv":["x"]}`))
+	readAll(t, e.exec("alice", `{"argv":["fake","gatewait=250"]}`))
 
 	text := scrape(t, e)
 	wantMetric(t, text,
@@ -135,8 +127,8 @@ func TestEnsureDecisionFromEvents(t *testing.T) {
 					o.event(ev, nil)
 				}
 			}
-			o.event(events.NameExecStarted, events.ExecStarted{Sandbox: "s"})
-			o.event(events.NameExecStarted, events.ExecStarted{Sandbox: "s"}) // a retry counts once
+			o.started()
+			o.started() // a retry counts once
 			wantMetric(t, scrape(t, e), `sandkeep_ensure_decisions_total{decision="`+tc.want+`"} 1`)
 		})
 	}

@@ -72,12 +72,12 @@ func (s *Server) handleExecTTY(w http.ResponseWriter, r *http.Request) {
 		fail(invalid("send the exec request as a JSON text message first", "the first message is binary"))
 		return
 	}
-	req, err := decodeExecTTY(first)
+	req, ar, err := decodeExecTTY(first)
 	if err != nil {
 		fail(err)
 		return
 	}
-	req.RequestID = id
+	ar.RequestID = id
 	stdinR, stdinW := io.Pipe()
 	resize := make(chan sandkeep.WindowSize, 1)
 	req.Stdin, req.TTY.Resize = stdinR, resize
@@ -117,7 +117,7 @@ func (s *Server) handleExecTTY(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
-	res, err := s.backend.Exec(ctx, key, req)
+	res, err := s.backend.Exec(ctx, key, ar, req)
 	stdinR.Close() // unblocks the reader's write to a command that is over
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -146,28 +146,25 @@ type ExecTTYBody struct {
 	TTY *sandkeep.WindowSize `json:"tty,omitempty"`
 }
 
-func decodeExecTTY(data []byte) (sandkeep.ExecRequest, error) {
+func decodeExecTTY(data []byte) (sandkeep.ExecRequest, service.AdmitRequest, error) {
 	var b ExecTTYBody
 	if err := strictJSON(data, &b); err != nil {
-		return sandkeep.ExecRequest{}, err
+		return sandkeep.ExecRequest{}, service.AdmitRequest{}, err
 	}
 	if b.Stdin != nil {
-		return sandkeep.ExecRequest{}, invalid("leave stdin out and send the input as binary messages",
+		return sandkeep.ExecRequest{}, service.AdmitRequest{}, invalid("leave stdin out and send the input as binary messages",
 			"a TTY exec takes its input from the WebSocket")
 	}
-	req, err := b.request()
+	req, ar, err := b.request()
 	if err != nil {
-		return req, err
+		return req, ar, err
 	}
 	size := sandkeep.WindowSize{Rows: 24, Cols: 80}
 	if b.TTY != nil {
 		size = *b.TTY
 	}
-	if size.Check() != nil {
-		return req, invalid("give tty rows and cols between 1 and 1000", "terminal size %dx%d is out of range", size.Rows, size.Cols)
-	}
-	req.TTY = &sandkeep.TTY{Size: size}
-	return req, nil
+	req.TTY = &sandkeep.TTY{Size: size} // its bounds are the engine's to check, with the rest of the command
+	return req, ar, nil
 }
 
 func (s *Server) handlePortForward(w http.ResponseWriter, r *http.Request) {

@@ -136,8 +136,8 @@ type countingBackend struct {
 	results          atomic.Int64
 }
 
-func (b *countingBackend) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
-	res, err := b.Service.Exec(ctx, key, req)
+func (b *countingBackend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	res, err := b.Service.Exec(ctx, key, ar, req)
 	if err == nil && res != nil {
 		b.results.Add(1)
 	}

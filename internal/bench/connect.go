@@ -191,15 +191,16 @@ func connectExec(ctx context.Context, e *Env, n int) (_ Result, err error) {
 	users := []string{"connect-net", "connect-none"}
 	defer func() { err = errors.Join(err, e.removeUsers(ctx, users)) }()
 	network := &sandkeep.Network{Mode: "allowlist", Rules: []string{connectHost}, Inherit: "replace"}
-	reqs := []sandkeep.ExecRequest{{Argv: []string{"true"}, Network: network}, {Argv: []string{"true"}}}
+	nets := []*sandkeep.Network{network, nil}
+	req := sandkeep.ExecRequest{Argv: []string{"true"}}
 	series := make([]func(context.Context) error, len(users))
 	for i := range users {
 		// Untimed: the sandbox, its channel and (for the networked one) its key's proxy.
-		if _, err := e.run(ctx, e.M, users[i], transportAgent, reqs[i]); err != nil {
+		if _, err := e.runNet(ctx, e.M, users[i], transportAgent, nets[i], req); err != nil {
 			return Result{}, fmt.Errorf("connect warm setup: %w", err)
 		}
 		series[i] = func(ctx context.Context) error {
-			_, err := e.run(ctx, e.M, users[i], transportAgent, reqs[i])
+			_, err := e.runNet(ctx, e.M, users[i], transportAgent, nets[i], req)
 			return err
 		}
 	}

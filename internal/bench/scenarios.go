@@ -52,6 +52,11 @@ func (e *Env) key(user string) (sandkeep.Key, error) { return sandkeep.NewKey(e.
 // run runs req through m for user and checks that it exited 0 over the transport wanted: a series labelled
 // "agent" that silently went through Docker exec would measure the wrong thing.
 func (e *Env) run(ctx context.Context, m *sandkeep.Manager, user, transport string, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	return e.runNet(ctx, m, user, transport, nil, req)
+}
+
+// runNet is run in a run with the network block net (nil: the run's own).
+func (e *Env) runNet(ctx context.Context, m *sandkeep.Manager, user, transport string, net *sandkeep.Network, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
 	key, err := e.key(user)
 	if err != nil {
 		return nil, err
@@ -59,7 +64,7 @@ func (e *Env) run(ctx context.Context, m *sandkeep.Manager, user, transport stri
 	if req.Timeout == 0 {
 		req.Timeout = time.Minute
 	}
-	res, err := m.Exec(ctx, key, req)
+	res, err := m.ExecWith(ctx, sandkeep.RunRequest{Key: key, Network: net}, req)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("%v for %s: %w", req.Argv, user, err)

@@ -99,8 +99,10 @@ type ExecRequest struct {
 	// stream (Stdout), and Resize carries its size changes.
 	TTY     *agentproto.WindowSize
 	Resize  <-chan agentproto.WindowSize
-	OnEvent Sink     // receives this command's events (ensure decisions, exec started/finished); may be nil
-	Secrets []Secret // files placed under /run/secrets for this command only (secrets.go)
+	OnEvent Sink // receives this command's events (ensure decisions, exec started/finished); may be nil
+	// OnStarted, when set, is told each time the command goes out to its sandbox's agent (after exec_started).
+	OnStarted func()
+	Secrets   []Secret // files placed under /run/secrets for this command only (secrets.go)
 	// Network is where the command may connect to (ResolveNetwork); nil or mode none: nowhere.
 	Network *egress.Policy
 	// NetworkBlock: Network comes from a block the command or its run named (the Config's, a template's, the
@@ -119,7 +121,7 @@ type ExecResult struct {
 	Transport Transport // how the command reached the agent: TransportAgent or TransportExec
 }
 
-// Exec validates req, takes key's gate, ensures the sandbox and runs the command. A caller that cancels ctx
+// Exec resolves req's workdir, takes key's gate, ensures the sandbox and runs the command. A caller that cancels ctx
 // gets its answer only once the command's process tree is gone: the gate is held until then.
 func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (*ExecResult, error) {
 	preq, err := m.agentRequest(req)
@@ -150,6 +152,9 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	started := func(sb *driver.Sandbox, t Transport) {
 		m.emit(ctx, events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv),
 			Workdir: preq.Workdir, TimeoutMS: preq.TimeoutMS, Transport: string(t), GateWaitMS: gateWait})
+		if req.OnStarted != nil {
+			req.OnStarted()
+		}
 	}
 	res, err := m.exec(ctx, key, req, preq, started)
 	if res != nil {
@@ -254,46 +259,34 @@ func coded(ctx context.Context, err error, key identity.Key) error {
 		"the sandbox for %s could not be provided: %v", key, err)
 }
 
+// agentRequest is req as the agent takes it: defaults applied, the workdir resolved in the shape's workspace
+// folder. What a user's command may be (argv, bounds, env, terminal) was checked once, by the engine, before its
+// run was admitted (sandkeep's checkExec); here only the wire's invariants are (agentproto.Request.Validate), for
+// the lifecycle's own commands too.
 func (m *Manager) agentRequest(req ExecRequest) (agentproto.Request, error) {
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return agentproto.Request{}, fault.New(fault.InvalidArgument, "pass the command after --, e.g. -- ls -la", "no command given")
-	}
 	workdir, err := guard.WorkdirIn(m.shapeOf(req.Shape).cfg.WorkspaceFolder, req.Workdir)
 	if err != nil {
-		return agentproto.Request{}, err
-	}
-	if req.TTY != nil {
-		if err := req.TTY.Check(); err != nil {
-			return agentproto.Request{}, fault.New(fault.InvalidArgument, "pass a terminal size between 1x1 and 1000x1000",
-				"terminal size %dx%d is out of range", req.TTY.Rows, req.TTY.Cols)
-		}
-	}
-	if err := guard.Env(req.Env); err != nil {
 		return agentproto.Request{}, err
 	}
 	timeout := req.Timeout
 	if timeout == 0 {
 		timeout = DefaultTimeout
 	}
-	if timeout < MinTimeout || timeout > MaxTimeout {
-		return agentproto.Request{}, fault.New(fault.InvalidTimeout, "use a timeout between 1s and 24h",
-			"timeout %s is out of range", timeout)
-	}
-	limits := [2]*int64{&req.StdoutLimit, &req.StderrLimit}
-	for _, l := range limits {
+	for _, l := range [2]*int64{&req.StdoutLimit, &req.StderrLimit} {
 		if *l == 0 {
 			*l = agentproto.DefaultLimit
 		}
-		if *l < 0 || *l > agentproto.MaxOutputLimit {
-			return agentproto.Request{}, fault.New(fault.InvalidArgument, "use an output limit between 1 byte and 64 MiB",
-				"output limit %d is out of range", *l)
-		}
 	}
-	return agentproto.Request{
+	preq := agentproto.Request{
 		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: req.Argv, Workdir: workdir, Env: req.Env,
 		TimeoutMS: timeout.Milliseconds(), GraceMS: m.cfg.Grace.Milliseconds(),
 		StdoutLimit: req.StdoutLimit, StderrLimit: req.StderrLimit, Stdin: req.Stdin != nil, TTY: req.TTY,
-	}, nil
+	}
+	// The wire's own invariants, before any gate: a request the agent would refuse never leaves.
+	if err := preq.Validate(); err != nil {
+		return agentproto.Request{}, fault.Wrap(err, fault.InvalidArgument, "check the command's argv, env and bounds", "%v", err)
+	}
+	return preq, nil
 }
 
 // recycle removes a sandbox whose channel broke, before the gate is released: whatever ran in it is over.

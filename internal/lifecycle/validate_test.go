@@ -11,8 +11,9 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
-// TestExecValidatesBeforeTouchingDriver: a malformed request is refused with its code before any gate, image,
-// inspect or create.
+// TestExecValidatesBeforeTouchingDriver: a workdir outside the workspace folder, or a request the agent's wire
+// refuses, is refused with its code before any gate, image, inspect or create. (What a user's command may be is
+// the engine's one validator's: sandkeep's TestExecRequestCheck.)
 func TestExecValidatesBeforeTouchingDriver(t *testing.T) {
 	argv := []string{"true"}
 	tests := []struct {
@@ -28,14 +29,8 @@ func TestExecValidatesBeforeTouchingDriver(t *testing.T) {
 		{"workdir proc inside", ExecRequest{Argv: argv, Workdir: "/workspace/proc/self/cwd"}, fault.InvalidWorkdir},
 		{"workdir root", ExecRequest{Argv: argv, Workdir: "/"}, fault.InvalidWorkdir},
 		{"workdir control char", ExecRequest{Argv: argv, Workdir: "a\nb"}, fault.InvalidWorkdir},
-		{"env without equals", ExecRequest{Argv: argv, Env: []string{"TOKEN"}}, fault.InvalidEnv},
-		{"env empty name", ExecRequest{Argv: argv, Env: []string{"=x"}}, fault.InvalidEnv},
-		{"env control char in name", ExecRequest{Argv: argv, Env: []string{"A\x01B=x"}}, fault.InvalidEnv},
-		{"env NUL in value", ExecRequest{Argv: argv, Env: []string{"A=x\x00y"}}, fault.InvalidEnv},
-		{"env one bad among good", ExecRequest{Argv: argv, Env: []string{"A=1", "B\x7f=2"}}, fault.InvalidEnv},
-		{"timeout half a second", ExecRequest{Argv: argv, Timeout: 500 * time.Millisecond}, fault.InvalidTimeout},
-		{"timeout 25h", ExecRequest{Argv: argv, Timeout: 25 * time.Hour}, fault.InvalidTimeout},
-		{"timeout negative", ExecRequest{Argv: argv, Timeout: -time.Second}, fault.InvalidTimeout},
+		{"env without equals", ExecRequest{Argv: argv, Env: []string{"TOKEN"}}, fault.InvalidArgument},
+		{"env empty name", ExecRequest{Argv: argv, Env: []string{"=x"}}, fault.InvalidArgument},
 		{"empty argv", ExecRequest{}, fault.InvalidArgument},
 		{"empty program", ExecRequest{Argv: []string{"", "x"}}, fault.InvalidArgument},
 		{"negative stdout limit", ExecRequest{Argv: argv, StdoutLimit: -1}, fault.InvalidArgument},

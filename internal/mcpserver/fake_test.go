@@ -33,6 +33,7 @@ type fakeBackend struct {
 // execCall is what one Exec received, stdin read out.
 type execCall struct {
 	key   sandkeep.Key
+	ar    service.AdmitRequest
 	req   sandkeep.ExecRequest
 	stdin string
 }
@@ -43,8 +44,11 @@ func newFakeBackend(t *testing.T) *fakeBackend {
 	return &fakeBackend{dir: t.TempDir(), sandboxes: map[string]sandkeep.Sandbox{}}
 }
 
-func (b *fakeBackend) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
-	c := execCall{key: key, req: req}
+func (b *fakeBackend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	if err := req.Check(); err != nil { // the engine's one validator, before anything is admitted
+		return nil, err
+	}
+	c := execCall{key: key, ar: ar, req: req}
 	if req.Stdin != nil {
 		data, err := io.ReadAll(req.Stdin)
 		if err != nil {

@@ -9,8 +9,8 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
-// FuzzExecRequest decodes exec arguments as the SDK does and checks that what execRequest accepts is within
-// every limit, and that what it refuses carries a code.
+// FuzzExecRequest decodes exec arguments as the SDK does and checks that what execRequest and then the engine's
+// one validator (ExecRequest.Check) accept is within every limit, and that what they refuse carries a code.
 func FuzzExecRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"command":"echo hi"}`,
@@ -28,6 +28,9 @@ func FuzzExecRequest(f *testing.F) {
 			return
 		}
 		req, err := execRequest(in, 0)
+		if err == nil {
+			err = req.Check()
+		}
 		if err != nil {
 			if fault.CodeOf(err) == "" {
 				t.Fatalf("refusal without a code: %v", err)

@@ -164,7 +164,7 @@ func TestHTTP(t *testing.T) {
 		t.Errorf("bob's exec ran as %q", out.Stdout)
 	}
 	calls := f.b.calls()
-	if len(calls) != 2 || calls[0].req.RequestID != "req-1" || calls[1].req.RequestID != "" {
+	if len(calls) != 2 || calls[0].ar.RequestID != "req-1" || calls[1].ar.RequestID != "" {
 		t.Errorf("request ids %+v, want req-1 then none", calls)
 	}
 

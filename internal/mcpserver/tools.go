@@ -21,7 +21,6 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
-	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/service"
 )
 
@@ -276,7 +275,7 @@ func (t *tools) exec(ctx context.Context, in ExecInput) (ExecOutput, error) {
 	if err != nil {
 		return ExecOutput{}, err
 	}
-	req.RequestID = t.requestID
+	ar := service.AdmitRequest{Template: in.Template, RequestID: t.requestID}
 	// The output streams into captures, never whole into the result: each keeps ResultLimit bytes and spills
 	// the whole stream into the workspace past them.
 	open := func() (*files.FS, error) { return t.b.Workspace(ctx, t.key, true) }
@@ -284,7 +283,7 @@ func (t *tools) exec(ctx context.Context, in ExecInput) (ExecOutput, error) {
 	stdout := newCapture(ctx, open, name+".stdout", t.opts.ResultLimit)
 	stderr := newCapture(ctx, open, name+".stderr", t.opts.ResultLimit)
 	req.Stdout, req.Stderr = stdout, stderr
-	res, err := t.b.Exec(ctx, t.key, req)
+	res, err := t.b.Exec(ctx, t.key, ar, req)
 	if err == nil && res == nil {
 		err = errors.New("backend returned neither a result nor an error")
 	}
@@ -307,8 +306,8 @@ func (t *tools) exec(ctx context.Context, in ExecInput) (ExecOutput, error) {
 	return out, nil
 }
 
-// execRequest checks in against the limits and makes the library's request. The library checks the rest
-// (workdir confinement, output limit); env goes through the same guard it uses.
+// execRequest checks in against the tool's own limits and makes the library's request. The engine checks the
+// command itself (argv, workdir, env, bounds) with the one validator every entry point shares.
 func execRequest(in ExecInput, outputLimit int64) (sandkeep.ExecRequest, error) {
 	invalid := func(hint, format string, args ...any) (sandkeep.ExecRequest, error) {
 		return sandkeep.ExecRequest{}, fault.New(fault.InvalidArgument, hint, format, args...)
@@ -366,8 +365,9 @@ func execRequest(in ExecInput, outputLimit int64) (sandkeep.ExecRequest, error) 
 	var env []string
 	for _, name := range slices.Sorted(maps.Keys(in.Env)) {
 		value := in.Env[name]
-		if err := guard.EnvVar(name, value); err != nil {
-			return sandkeep.ExecRequest{}, err
+		if name == "" || strings.ContainsAny(name, "=\x00") { // a name "K=V" cannot carry; the engine checks the rest
+			return sandkeep.ExecRequest{}, fault.New(fault.InvalidEnv, "use names of letters, digits and _",
+				"environment variable name %q is refused", name)
 		}
 		env = append(env, name+"="+value)
 		total += len(name) + 1 + len(value)
@@ -380,13 +380,13 @@ func execRequest(in ExecInput, outputLimit int64) (sandkeep.ExecRequest, error) 
 		return invalid("write large input to a file with write_file and redirect it (< file)",
 			"stdin is %d bytes long, over the limit of %d", len(in.Stdin), MaxStdinBytes)
 	}
-	req := sandkeep.ExecRequest{Argv: argv, Workdir: in.Workdir, Env: env, Template: in.Template,
+	req := sandkeep.ExecRequest{Argv: argv, Workdir: in.Workdir, Env: env,
 		Timeout: time.Duration(timeout) * time.Second, OutputLimit: outputLimit}
 	if in.Stdin != "" {
 		req.Stdin = strings.NewReader(in.Stdin)
 	}
-	// The one validator every entry point shares; the bounds above are the tool's own, tighter ones.
-	return req, sandkeep.CheckExecWithin(req, 0, 0)
+	// The bounds above are the tool's own, tighter ones; the command itself is checked once, by the engine.
+	return req, nil
 }
 
 // checkPath bounds a path before it reaches the workspace, which confines it.

@@ -23,13 +23,16 @@ const (
 	Untrusted Trust = "untrusted"
 )
 
-// ParseTrust reads a --trust value: trusted or untrusted, spelled exactly.
+// ParseTrust is the one trust parser, for every tier and entry point (a flag, a config, a request body): trusted
+// or untrusted, spelled exactly; "" is trusted.
 func ParseTrust(s string) (Trust, error) {
 	switch t := Trust(s); t {
+	case "":
+		return Trusted, nil
 	case Trusted, Untrusted:
 		return t, nil
 	}
-	return "", fault.New(fault.InvalidArgument, "pass --trust trusted or --trust untrusted", "invalid trust %q", s)
+	return "", fault.New(fault.InvalidArgument, "use trusted or untrusted (--trust, or the request's trust field)", "invalid trust %q", s)
 }
 
 // Action is what happens to a run.

@@ -11,6 +11,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
+	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
@@ -37,45 +38,65 @@ func New(m *sandkeep.Manager, st store.Store, lim files.Limits, adm Admission) *
 	return &Service{m: m, st: st, limit: lim, adm: adm}
 }
 
-// Exec admits the command's run as the caller tier (or attaches it to req.RunID) and runs it: the same admission
-// as every other entry point.
-func (s *Service) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
-	run, err := s.Admit(ctx, key, AdmitRequest{RunID: req.RunID, Template: req.Template, Trust: req.Trust, RequestID: req.RequestID})
+// Exec admits the command's run as the caller tier (or attaches it to ar.RunID) and runs the command in it:
+// Manager.ExecWith, the same admission as every other entry point.
+func (s *Service) Exec(ctx context.Context, key sandkeep.Key, ar AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	rr, err := s.runRequest(key, ar)
 	if err != nil {
 		return nil, err
 	}
-	res, err := run.Exec(ctx, req)
-	run.Finish(err)
-	return res, err
+	return s.m.ExecWith(ctx, rr, req)
 }
 
-// AdmitRequest is what a caller may say about a run: the template, a lower trust, and the request id to record.
+// AdmitRequest is what a caller may say about a run: the template, a lower trust, a narrower network, the request
+// id to record, and the observer to tell.
 type AdmitRequest struct {
 	RunID     string // attach to this running run instead
 	Template  string
 	Trust     string
 	RequestID string
+	Network   *sandkeep.Network // may only narrow the run's (NETWORK_WIDENED)
+	Observer  sandkeep.Observer
 }
 
 // Admit admits a run of key for the caller tier (template and a trust that may only lower the operator's), or
 // attaches to req.RunID. The run is recorded (refused ones too) before this returns.
-func (s *Service) Admit(ctx context.Context, key sandkeep.Key, req AdmitRequest) (*sandkeep.Run, error) {
-	t, err := lower(s.adm.Trust, req.Trust)
+func (s *Service) Admit(ctx context.Context, key sandkeep.Key, ar AdmitRequest) (*sandkeep.Run, error) {
+	rr, err := s.runRequest(key, ar)
 	if err != nil {
 		return nil, err
 	}
-	return s.m.Admit(ctx, sandkeep.RunRequest{Key: key, RunID: req.RunID, Mode: s.adm.Mode, Driver: s.adm.Driver, Trust: t,
-		Template: req.Template, Caller: true, RequestID: req.RequestID})
+	return s.m.Admit(ctx, rr)
+}
+
+// runRequest is a caller's request as admission takes it: the operator's mode and driver, the lower of the two
+// trusts, the caller tier.
+func (s *Service) runRequest(key sandkeep.Key, ar AdmitRequest) (sandkeep.RunRequest, error) {
+	t, err := lower(s.adm.Trust, ar.Trust)
+	if err != nil {
+		return sandkeep.RunRequest{}, err
+	}
+	return sandkeep.RunRequest{Key: key, RunID: ar.RunID, Mode: s.adm.Mode, Driver: s.adm.Driver, Trust: t,
+		Template: ar.Template, Caller: true, RequestID: ar.RequestID, Network: ar.Network, Observer: ar.Observer}, nil
+}
+
+// Check refuses an Admission whose trust is not one (the operator's --trust).
+func (a Admission) Check() error {
+	_, err := policy.ParseTrust(a.Trust)
+	return err
 }
 
 // lower is the trust of a call: the operator's, or untrusted when either says so. A caller cannot raise it.
 func lower(operator, call string) (string, error) {
-	switch call {
-	case "", sandkeep.TrustTrusted, sandkeep.TrustUntrusted:
-	default:
-		return "", fault.New(fault.RequestInvalid, "send trust: trusted or untrusted", "invalid trust %q", call)
+	op, err := policy.ParseTrust(operator)
+	if err != nil {
+		return "", err
 	}
-	if operator == sandkeep.TrustUntrusted || call == sandkeep.TrustUntrusted {
+	c, err := policy.ParseTrust(call)
+	if err != nil {
+		return "", err
+	}
+	if op == policy.Untrusted || c == policy.Untrusted {
 		return sandkeep.TrustUntrusted, nil
 	}
 	return sandkeep.TrustTrusted, nil

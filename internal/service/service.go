@@ -14,9 +14,10 @@ import (
 
 // Backend is the service's contract. Failures are *fault.Error values (sandkeep.CodeOf) where a caller can act.
 type Backend interface {
-	// Exec runs one command in key's sandbox (see sandkeep.Manager.Exec). req.RunID, when set, must name a
-	// running run of the same tenant and user.
-	Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error)
+	// Exec checks req, admits its run for a caller as Admit does (ar.RunID, when set, must name a running run of
+	// the same tenant and user) and runs req in it (sandkeep.Manager.ExecWith). A malformed req is refused before
+	// anything is admitted.
+	Exec(ctx context.Context, key sandkeep.Key, ar AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error)
 	// List returns the sandboxes of tenant, sorted by user.
 	List(ctx context.Context, tenant string) ([]sandkeep.Sandbox, error)
 	// Sandbox describes key's sandbox; none is fault.NotFound.

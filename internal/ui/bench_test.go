@@ -21,6 +21,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/api/apitest"
 	"github.com/sandkeep/sandkeep/internal/auth"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/store/postgres"
 	"github.com/sandkeep/sandkeep/internal/store/sqlite"
@@ -116,7 +117,7 @@ func seeded(b *testing.B, kind string) *fixture {
 	be := apitest.NewBackend(b.TempDir())
 	for i := range benchSandboxes {
 		k, _ := sandkeep.NewKey(fmt.Sprintf("tenant-%02d", i%benchTenants), fmt.Sprintf("user-%02d", i))
-		if _, err := be.Exec(ctx, k, sandkeep.ExecRequest{Argv: []string{"echo"}}); err != nil {
+		if _, err := be.Exec(ctx, k, service.AdmitRequest{}, sandkeep.ExecRequest{Argv: []string{"echo"}}); err != nil {
 			b.Fatal(err)
 		}
 	}

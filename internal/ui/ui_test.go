@@ -22,6 +22,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/api/apitest"
 	"github.com/sandkeep/sandkeep/internal/auth"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/store/sqlite"
 )
@@ -267,7 +268,7 @@ func TestTenantIsolation(t *testing.T) {
 	ra := w.run("acme", "alice", store.StatusSucceeded, blocked, ev(t, events.NameExecStarted, events.ExecStarted{Command: "acme-cmd"}))
 	rb := w.run("globex", "bob", store.StatusRunning)
 	for _, k := range []sandkeep.Key{mustKey(t, "acme", "alice"), mustKey(t, "globex", "bob")} {
-		if _, err := w.be.Exec(t.Context(), k, sandkeep.ExecRequest{Argv: []string{"echo", "hi"}}); err != nil {
+		if _, err := w.be.Exec(t.Context(), k, service.AdmitRequest{}, sandkeep.ExecRequest{Argv: []string{"echo", "hi"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -332,7 +333,7 @@ func mustKey(t *testing.T, tenant, user string) sandkeep.Key {
 func TestActionsCSRF(t *testing.T) {
 	w := newWorld(t)
 	key := mustKey(t, "acme", "alice")
-	if _, err := w.be.Exec(t.Context(), key, sandkeep.ExecRequest{Argv: []string{"echo"}}); err != nil {
+	if _, err := w.be.Exec(t.Context(), key, service.AdmitRequest{}, sandkeep.ExecRequest{Argv: []string{"echo"}}); err != nil {
 		t.Fatal(err)
 	}
 	admin, _ := w.token("acme", auth.ScopeAdmin)
@@ -427,7 +428,7 @@ func withRun(e events.Event, id string) events.Event { e.RunID = id; return e }
 // TestSandboxesLive: the sandboxes stream sends the table's rows, escaped.
 func TestSandboxesLive(t *testing.T) {
 	w := newWorld(t)
-	if _, err := w.be.Exec(t.Context(), mustKey(t, "acme", `<b>x</b>`), sandkeep.ExecRequest{Argv: []string{"echo"}}); err != nil {
+	if _, err := w.be.Exec(t.Context(), mustKey(t, "acme", `<b>x</b>`), service.AdmitRequest{}, sandkeep.ExecRequest{Argv: []string{"echo"}}); err != nil {
 		t.Fatal(err)
 	}
 	secret, _ := w.token("acme", auth.ScopeRead)

@@ -37,14 +37,15 @@ type Backend struct {
 
 	root string // workspaces live in root/<key hex>
 
-	mu      sync.Mutex
-	boxes   map[string]sandkeep.Sandbox // by key hex
-	runs    map[string]store.Run
-	events  []store.Event
-	seq     int64
-	execs   int                    // Exec calls that reached the interpreter or the hook
-	lastReq sandkeep.ExecRequest   // the last one
-	waiters map[string]chan string // "wait=<name>" steps blocked until Release(name)
+	mu        sync.Mutex
+	boxes     map[string]sandkeep.Sandbox // by key hex
+	runs      map[string]store.Run
+	events    []store.Event
+	seq       int64
+	execs     int                    // Exec calls that reached the interpreter or the hook
+	lastReq   sandkeep.ExecRequest   // the last one
+	lastAdmit service.AdmitRequest   // and its admission
+	waiters   map[string]chan string // "wait=<name>" steps blocked until Release(name)
 }
 
 var _ service.Backend = (*Backend)(nil)
@@ -62,29 +63,32 @@ func NewBackend(dir string) *Backend {
 //   - ["cat"]: prints its stdin.
 //   - ["fake", steps...]: each step in order: "out=TEXT" and "err=TEXT" write TEXT to stdout or stderr;
 //     "exit=N" sets the exit code; "timeout" marks it timed out; "sleep" blocks until ctx ends (then the
-//     result is partial and the error is ctx's); "wait=NAME" blocks until Release(NAME); "event=NAME" emits
+//     result is partial and the error is ctx's); "wait=NAME" blocks until Release(NAME); "gatewait=MS" emits an event whose payload waited MS at the gate; "event=NAME" emits
 //     event NAME with a zero payload.
 //   - anything else: prints argv joined by spaces and a newline.
-func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	if err := req.Check(); err != nil { // the engine's one validator, before anything is admitted
+		return nil, err
+	}
 	emit := func(name string, payload any) {
-		if req.OnEvent != nil {
-			req.OnEvent(name, payload)
+		if ar.Observer.Event != nil {
+			ar.Observer.Event(name, payload)
 		}
 	}
-	runID, err := b.runFor(key, req)
+	runID, err := b.runFor(key, ar.RunID)
 	if err != nil {
 		return nil, err
 	}
 	record := func(name string, payload any) {
 		emit(name, payload)
 		if e, err := events.New(runID, name, payload); err == nil {
-			e.RequestID = req.RequestID
+			e.RequestID = ar.RequestID
 			b.AppendEvent(e)
 		}
 	}
 	b.mu.Lock()
 	b.execs++
-	b.lastReq = req
+	b.lastReq, b.lastAdmit = req, ar
 	sb, ok := b.boxes[key.Hex()]
 	started := !ok || sb.State != "running"
 	if started {
@@ -102,6 +106,9 @@ func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecR
 		record(events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: "fake", Created: !ok})
 	}
 	record(events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv), Transport: "exec"})
+	if ar.Observer.Started != nil {
+		ar.Observer.Started()
+	}
 	var res *sandkeep.ExecResult
 	if b.ExecHook != nil {
 		res, err = b.ExecHook(ctx, key, req)
@@ -112,7 +119,7 @@ func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, req sandkeep.ExecR
 		res.Sandbox = sandkeep.SandboxRef{Name: sb.Name, ID: sb.ID, Driver: "fake", Tenant: key.Tenant, User: key.User}
 		record(events.NameExecFinished, events.ExecFinished{ExitCode: res.ExitCode, TimedOut: res.TimedOut, Transport: "exec"})
 	}
-	if req.RunID == "" {
+	if ar.RunID == "" {
 		status := store.StatusSucceeded
 		if err != nil {
 			status = store.StatusFailed
@@ -129,13 +136,13 @@ func orNow(t time.Time) time.Time {
 	return t
 }
 
-func (b *Backend) runFor(key sandkeep.Key, req sandkeep.ExecRequest) (string, error) {
+func (b *Backend) runFor(key sandkeep.Key, runID string) (string, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if req.RunID != "" {
-		r, ok := b.runs[req.RunID]
+	if runID != "" {
+		r, ok := b.runs[runID]
 		if !ok || r.Tenant != key.Tenant || r.User != key.User || r.Status != store.StatusRunning {
-			return "", fault.New(fault.RunNotFound, "start a run first", "no running run %q for this user", req.RunID)
+			return "", fault.New(fault.RunNotFound, "start a run first", "no running run %q for this user", runID)
 		}
 		return r.ID, nil
 	}
@@ -198,6 +205,9 @@ func (b *Backend) interpret(ctx context.Context, key sandkeep.Key, req sandkeep.
 				}
 			case "event":
 				emit(val, nil)
+			case "gatewait":
+				ms, _ := strconv.ParseInt(val, 10, 64)
+				emit("gate_waited", &GateWaited{GateWaitMS: ms})
 			}
 		}
 	default:
@@ -205,6 +215,9 @@ func (b *Backend) interpret(ctx context.Context, key sandkeep.Key, req sandkeep.
 	}
 	return finish(nil)
 }
+
+// GateWaited is the payload of the "gatewait=MS" step: any payload with a GateWaitMS is a gate wait to the metrics.
+type GateWaited struct{ GateWaitMS int64 }
 
 func (b *Backend) waiter(name string) chan string {
 	b.mu.Lock()
@@ -219,6 +232,13 @@ func (b *Backend) waiter(name string) chan string {
 
 // Release lets the commands blocked in "wait=NAME" go on.
 func (b *Backend) Release(name string) { close(b.waiter(name)) }
+
+// LastAdmit returns the admission of the last command that reached the interpreter or the hook.
+func (b *Backend) LastAdmit() service.AdmitRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastAdmit
+}
 
 // Execs returns how many commands reached the interpreter, and the last one's request.
 func (b *Backend) Execs() (int, sandkeep.ExecRequest) {
@@ -350,7 +370,7 @@ func (b *Backend) Admit(ctx context.Context, key sandkeep.Key, req service.Admit
 	if req.Template != "" && !slices.Contains(b.TemplateNames, req.Template) {
 		return nil, fault.New(fault.TemplateNotFound, "list the templates", "no template %q", req.Template)
 	}
-	id, err := b.runFor(key, sandkeep.ExecRequest{RunID: req.RunID})
+	id, err := b.runFor(key, req.RunID)
 	if err != nil {
 		return nil, err
 	}
