@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/driver/fake"
+	"github.com/sandkeep/sandkeep/internal/engine"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 	"github.com/sandkeep/sandkeep/stores"
 )
@@ -18,7 +19,7 @@ import (
 //	go test -run '^$' -bench BenchmarkAdmit -benchtime 2000x .
 func BenchmarkAdmit(b *testing.B) {
 	agent := testutil.AgentBinary(b)
-	offer := []sandkeep.DriverOption{{Name: sandkeep.DriverDocker, New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+	offer := []sandkeep.DriverOption{engine.DriverOption{Name: sandkeep.DriverDocker, New: func(engine.DriverEnv) (engine.Driver, error) {
 		return fake.New(), nil // stands in for Docker: admission only pings it once
 	}}}
 	for _, tc := range []struct {

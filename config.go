@@ -2,31 +2,24 @@ package sandkeep
 
 import (
 	"crypto/x509"
-	"errors"
-	"io/fs"
 	"log/slog"
-	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/engine"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/homedir"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/policy"
-	"github.com/sandkeep/sandkeep/internal/spec"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/internal/tier"
 )
 
 // DefaultImage is the image used when neither Config.Image nor SANDKEEP_IMAGE names one. On a machine with
 // no registry, `make image` (scripts/build-image.sh) builds it from busybox-static.
-const DefaultImage = "sandkeep-busybox:latest"
+const DefaultImage = engine.DefaultImage
 
-// Config configures a Manager. Zero fields take the documented defaults.
+// Config configures a Manager: it is the operator tier. Zero fields take the documented defaults.
 type Config struct {
 	Home      string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
 	Image     string // default SANDKEEP_IMAGE, else DefaultImage
@@ -101,7 +94,7 @@ type Config struct {
 	Store Store
 
 	// Network is where every command may connect to (see docs/SECURITY.md, "Egress"); nil is mode none: nowhere.
-	// A command's ExecRequest.Network is merged with it. NetworkPresets adds the operator's named rule lists to
+	// A run's RunRequest.Network is merged with it. NetworkPresets adds the operator's named rule lists to
 	// the built-in "default" (or replaces it under that name); NetworkSilent lists hosts (rules) refused without a
 	// network_blocked event, e.g. telemetry endpoints.
 	Network        *Network
@@ -118,25 +111,57 @@ type Config struct {
 
 	envErr error // a malformed SANDKEEP_* variable, reported by Open
 
-	egressHooks egressHooks // tests: where the egress proxy resolves and which upstream roots it trusts
+	egressResolver egress.Resolver // tests: where the egress proxy resolves
+	egressRoots    *x509.CertPool  // tests: which upstream roots it trusts
 }
-
-// Network is where a sandbox may connect to: a mode (none, allowlist, denylist, open), a preset, rules (last match
-// wins), credentials injected by the egress proxy, and TLS inspection. On a command, Inherit says whether it is
-// added to the Config's (append, the default) or replaces it.
-type Network = lifecycle.Network
-
-// Credential is a secret the sandbox sees only as a placeholder in the environment variable Name; the egress
-// proxy puts Value in for requests to Hosts, and refuses any other host a request carrying either.
-type Credential = lifecycle.Credential
 
 // Store is where runs, events and API tokens are recorded (package sandkeep/stores opens one).
 type Store = store.Store
 
-// egressHooks let the package's tests point the proxy at local "internet" servers.
-type egressHooks struct {
-	resolver egress.Resolver
-	roots    *x509.CertPool
+// RepositoryPolicy is what the operator lets a repository's files (sandkeep.yaml, devcontainer.json) ask for:
+// the secrets and credentials they may name, the host paths they may bind, the host variables ${localEnv:...}
+// may read, and how wide their network rules may be. Everything else a repository may not set is refused with
+// TIER_REFUSED, a diagnostic naming the field and the setting that would allow it.
+type RepositoryPolicy = tier.Operator
+
+// Network is where a sandbox may connect to: a mode (none, allowlist, denylist, open), a preset, rules (last match
+// wins), credentials injected by the egress proxy, and TLS inspection. On a run's request, Inherit says whether it
+// is added to the Config's (append, the default) or replaces it.
+type Network struct {
+	Mode    string   // none (also ""), allowlist, denylist or open
+	Preset  string   // a preset whose rules come before Rules ("default": common registries and source hosts)
+	Rules   []string // egress rule syntax; last match wins
+	Inherit string   // on a run's block: append (default: added to the Config's block) or replace
+	// Credentials are secrets the sandbox only ever sees as a placeholder: the proxy puts the value in for
+	// requests to the credential's hosts, and refuses a request to any other host that carries either.
+	Credentials []Credential
+	// Inspect is TLS inspection: "" or auto (on when there are credentials), on, or off.
+	Inspect string
+}
+
+// Credential is a secret the sandbox sees only as a placeholder in the environment variable Name; the egress
+// proxy puts Value in for requests to Hosts, and refuses any other host a request carrying either. Header (""
+// is Authorization) is written with Scheme ("" is Bearer; none, Basic, token, ...); Fields opts other places in
+// by name (header:<Name>, form:<field>, json:<member>); plain http:// only with AllowPlaintext.
+type Credential struct {
+	Name           string
+	Value          string
+	Hosts          []string
+	Header         string
+	Scheme         string
+	Fields         []string
+	AllowPlaintext bool
+}
+
+func (n *Network) engine() *engine.Network {
+	if n == nil {
+		return nil
+	}
+	out := &engine.Network{Mode: n.Mode, Preset: n.Preset, Rules: n.Rules, Inherit: n.Inherit, Inspect: n.Inspect}
+	for _, c := range n.Credentials {
+		out.Credentials = append(out.Credentials, engine.Credential(c))
+	}
+	return out
 }
 
 // ConfigFromEnv returns a Config filled from the operator's environment: SANDKEEP_HOME, SANDKEEP_IMAGE,
@@ -165,112 +190,71 @@ func ConfigFromEnv() Config {
 	return c
 }
 
-// DefaultHome is where state lives when nothing says otherwise (internal/homedir: the CLI's fast path shares it).
+// DefaultHome is where state lives when nothing says otherwise (the CLI's fast path shares it).
 func DefaultHome() string { return homedir.Default() }
 
-func (c *Config) lifecycle() (lifecycle.Config, error) {
-	if c.envErr != nil {
-		return lifecycle.Config{}, c.envErr
-	}
-	if c.MaxTimeout <= 0 || c.MaxTimeout > lifecycle.MaxTimeout {
-		c.MaxTimeout = lifecycle.MaxTimeout
-	}
-	if c.MaxOutputLimit <= 0 || c.MaxOutputLimit > agentproto.MaxOutputLimit {
-		c.MaxOutputLimit = agentproto.MaxOutputLimit
-	}
-	if c.Home == "" {
-		c.Home = DefaultHome()
-	}
-	if c.Image == "" {
-		c.Image = DefaultImage
-	}
-	if c.Transport == "" {
-		c.Transport = os.Getenv("SANDKEEP_TRANSPORT")
-	}
-	transport, err := lifecycle.ParseTransport(c.Transport)
-	if err != nil {
-		return lifecycle.Config{}, err
-	}
-	agent, err := findAgent(c.AgentPath)
-	if err != nil {
-		return lifecycle.Config{}, err
-	}
-	mounts, err := parseMounts(c.Mounts)
-	if err != nil {
-		return lifecycle.Config{}, err
-	}
-	uids, err := lifecycle.ParseUIDRange(c.SandboxUIDs)
-	if err != nil {
-		return lifecycle.Config{}, err
-	}
-	refused, err := parseRefused(c.NetworkRefused)
-	if err != nil {
-		return lifecycle.Config{}, err
-	}
-	tmpfs := map[string]string{}
-	for _, t := range c.Tmpfs {
-		target, opts, _ := strings.Cut(t, ":")
-		tmpfs[target] = opts
-	}
-	if list := (spec.Sandbox{Tmpfs: c.Tmpfs}).Validate(); list.HasErrors() {
-		return lifecycle.Config{}, fault.New(fault.InvalidMount, "write /path[:size=64m,mode=0755]", "%s", list[0].Message)
-	}
-	return lifecycle.Config{
-		Image: c.Image, AgentPath: agent, User: c.User, AllowRoot: c.AllowRoot,
-		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
-		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs, UIDs: uids, Runtime: c.Runtime,
-		DiskBytes: c.DiskBytes, DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes,
-		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
-		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
-		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
-		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
-		EgressResolver: c.egressHooks.resolver, EgressUpstreamRoots: c.egressHooks.roots, EgressRefused: refused,
-	}, nil
-}
-
-// parseRefused reads Config.NetworkRefused.
-func parseRefused(in []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range in {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return nil, fault.New(fault.NetworkInvalid, "write an address range such as 203.0.113.7/32 or 2001:db8::/48",
-					"refused network range %q is not a CIDR", s)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
-}
-
-// findAgent locates the static agent binary: the configured path, else next to this executable, else PATH.
-func findAgent(configured string) (string, error) {
-	const hint = "build it with `make build` (bin/sandkeep-agent) or set SANDKEEP_AGENT to its path"
-	if configured != "" {
-		if _, err := os.Stat(configured); err != nil {
-			return "", fault.Wrap(err, fault.AgentMissing, hint, "the agent binary %s cannot be read", configured)
-		}
-		return configured, nil
-	}
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "sandkeep-agent")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			return "", fault.Wrap(err, fault.AgentMissing, hint, "the agent binary %s cannot be read", p)
+// engine is c as the engine takes it.
+func (c Config) engine() engine.Config {
+	e := engine.Config{Home: c.Home, Image: c.Image, AgentPath: c.AgentPath, User: c.User, AllowRoot: c.AllowRoot,
+		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, CPUs: c.CPUs, TmpBytes: c.TmpBytes, Env: c.Env,
+		Mounts: c.Mounts, Tmpfs: c.Tmpfs, SandboxUIDs: c.SandboxUIDs, Runtime: c.Runtime, DiskBytes: c.DiskBytes,
+		DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes, GateWait: c.GateWait,
+		IdleTimeout: c.IdleTimeout, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
+		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
+		SandboxDefault: c.SandboxDefault, Spec: c.Spec, Repository: c.Repository, DefaultTemplate: c.DefaultTemplate,
+		TenantTemplates: c.TenantTemplates, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
+		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
+		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
+		OnEvent: engine.EventFunc(c.OnEvent), Logger: c.Logger, EnvErr: c.envErr,
+		EgressResolver: c.egressResolver, EgressRoots: c.egressRoots}
+	for _, d := range c.Drivers {
+		if d != nil {
+			e.Drivers = append(e.Drivers, d.Option())
 		}
 	}
-	if p, err := exec.LookPath("sandkeep-agent"); err == nil {
-		return p, nil
+	if c.Templates != nil {
+		e.Templates = make(map[string]engine.Template, len(c.Templates))
+		for name, t := range c.Templates {
+			e.Templates[name] = t.engine()
+		}
 	}
-	return "", fault.New(fault.AgentMissing, hint, "the sandkeep-agent binary was not found next to sandkeep or on PATH")
+	return e
 }
 
-// CheckAgent reports whether the agent binary sandkeep would use (configured, else found) is there.
-func CheckAgent(configured string) error {
-	_, err := findAgent(configured)
-	return err
+// Template is an operator-defined sandbox shape that a caller picks by name (RunRequest.Template, the API's and
+// MCP's template field). Its fields replace the Config's for the runs that use it; zero fields keep the
+// Config's. A sandbox remembers its template: asking for another recycles it.
+type Template struct {
+	Image       string   // image ref; "" keeps Config.Image
+	User        string   // sandbox "uid:gid"
+	CPUs        float64  //
+	MemoryBytes int64    //
+	PidsLimit   int64    //
+	Env         []string // added to the Config's, "K=V"
+	PostCreate  string
+	// Spec is a repository spec (sandkeep.yaml) the template's runs follow when the request names none. It is
+	// the repository tier, checked against Config.Repository like any other.
+	Spec string
+	// Network is added to Config.Network (Inherit: append or replace); its credentials are the operator's values.
+	Network *Network
+	// Secrets are secret files by the operator's names (Config.Repository.Secrets), delivered to every command.
+	Secrets []TemplateSecret
+	// Tenants may use the template; empty: every tenant.
+	Tenants []string
+}
+
+// TemplateSecret is one secret file of a template: the operator's secret Name at Path (under /run/secrets).
+type TemplateSecret struct {
+	Name string
+	Path string
+	Mode string // octal, default "0400"
+}
+
+func (t Template) engine() engine.Template {
+	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
+		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants}
+	for _, s := range t.Secrets {
+		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
+	}
+	return e
 }

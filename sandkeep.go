@@ -9,33 +9,27 @@
 //	key, _ := sandkeep.NewKey("acme", "alice")
 //	res, err := m.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo hi"}})
 //
-// Every command is admitted first (Manager.Admit, or implicitly by Exec): the mode (none, auto, inline) is
-// resolved from the operator's Config and the repository's spec, a driver is selected, and the run is
-// sandboxed, degraded to the host (auto, loudly) or refused, and recorded in Config.Store.
+// Every command belongs to a run, admitted first (Manager.Admit, or implicitly by Exec and ExecWith): the mode
+// (none, auto, inline) is resolved from the operator's Config and the repository's spec, a driver is selected,
+// and the run is sandboxed, degraded to the host (auto, loudly) or refused, and recorded in Config.Store. An
+// ExecRequest says what runs; a RunRequest says for whom and under which policy, and carries the Observer that
+// is told what happens.
 //
 // Failures that a caller can act on are *Error values with a stable Code and a Hint.
+//
+// This package is the public API; the engine behind it (admission, the repository's files, templates, network
+// policy, the drivers) lives in internal packages.
 package sandkeep
 
 import (
 	"context"
-	"errors"
-	"io"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync"
+	"net"
 	"time"
 
-	"github.com/sandkeep/sandkeep/internal/agentproto"
-	"github.com/sandkeep/sandkeep/internal/driver"
-	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/engine"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/identity"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
-	"github.com/sandkeep/sandkeep/internal/policy"
-	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 // Key identifies one sandbox: the SHA-256 of a length-prefixed framing of (tenant, user).
@@ -54,214 +48,35 @@ type Code = fault.Code
 func CodeOf(err error) Code { return fault.CodeOf(err) }
 
 // Manager admits runs and runs their commands in per-key sandboxes. It is safe for concurrent use, and several
-// processes may use managers over the same Home at once. Every command goes through admission (Admit): the
-// CLI, the HTTP API, MCP and library callers get the same decisions, run rows and events.
+// processes may use managers over the same Home at once. Every command goes through admission: the CLI, the
+// HTTP API, MCP and library callers get the same decisions, run rows and events.
 type Manager struct {
-	cfg      Config           // the operator tier, defaults applied
-	lcfg     lifecycle.Config // cfg as the lifecycle reads it
-	home     *lifecycle.Home
-	drivers  *driverSet
-	selector *policy.Selector
-	kind     policy.Kind
-	st       store.Store // nil unless Config.Store: then every Exec belongs to a recorded run
-
-	mu  sync.Mutex                    // guards lcs
-	lcs map[string]*lifecycle.Manager // driver name -> the lifecycle over it, made on first admission to it
-
-	policy *egress.Policy // Config.Network resolved once: what a run without a block of its own gets
+	e *engine.Manager
 }
 
 // Open checks cfg and prepares the state home. It does not talk to any engine: admission probes the offered
 // drivers when a run first needs one, so a Manager opens (and a server starts) while its engine is down, and
 // each run is then sandboxed, degraded or refused by its mode.
 func Open(ctx context.Context, cfg Config) (*Manager, error) {
-	lcfg, err := cfg.lifecycle()
+	e, err := engine.Open(ctx, cfg.engine())
 	if err != nil {
 		return nil, err
 	}
-	kind, err := hostKind(cfg.HostKind)
-	if err != nil {
-		return nil, err
-	}
-	home, err := lifecycle.OpenHome(cfg.Home)
-	if err != nil {
-		return nil, err
-	}
-	ds, err := newDriverSet(cfg.Drivers, DriverEnv{AgentPath: lcfg.AgentPath, PullTimeout: cfg.PullTimeout})
-	if err != nil {
-		return nil, err
-	}
-	pol, err := lifecycle.ResolveNetwork(cfg.Network, cfg.NetworkPresets, cfg.NetworkSilent)
-	if err != nil {
-		return nil, err
-	}
-	m := &Manager{cfg: cfg, lcfg: lcfg, home: home, drivers: ds, selector: policy.NewSelector(0),
-		kind: kind, st: cfg.Store, lcs: map[string]*lifecycle.Manager{}, policy: &pol}
-	if err := m.checkTemplates(); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return &Manager{e: e}, nil
 }
 
-// hostKind is the Config's host kind: local, cloud, or "" for local.
-func hostKind(v string) (policy.Kind, error) {
-	return policy.HostKind(func(k string) string {
-		if k == policy.EnvHostKind {
-			return v
-		}
-		return ""
-	})
-}
-
-// lifecycleFor returns the lifecycle over the driver called name, making it on first use.
-func (m *Manager) lifecycleFor(name string) (*lifecycle.Manager, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if lc := m.lcs[name]; lc != nil {
-		return lc, nil
-	}
-	d, err := m.drivers.get(name)
-	if err != nil {
-		return nil, err
-	}
-	lc, err := lifecycle.New(m.home, d, m.lcfg)
-	if err != nil {
-		return nil, err
-	}
-	m.lcs[name] = lc
-	return lc, nil
-}
-
-// primary is the lifecycle of the sandboxing driver this host prefers and can use, for what belongs to no run
-// (ps, stop, rm, files, the sweeper). It probes as admission does, and is SANDBOX_DRIVER_UNAVAILABLE when no
-// sandboxing driver is usable.
-func (m *Manager) primary(ctx context.Context) (*lifecycle.Manager, error) {
-	sel, obstacle := m.selector.Select(ctx, m.kind, "", m.drivers.candidates())
-	if !sel.Sandboxing {
-		return nil, fault.Wrap(obstacle, fault.SandboxDriverUnavailable,
-			"start the container engine (docker info), then try again", "no sandboxing driver is usable: %v", obstacle)
-	}
-	return m.lifecycleFor(sel.Driver)
-}
-
-// PodmanSocket finds podman's Docker-API socket: $XDG_RUNTIME_DIR/podman/podman.sock, else
-// /run/podman/podman.sock.
-func PodmanSocket() (string, error) {
-	var candidates []string
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		candidates = append(candidates, filepath.Join(d, "podman", "podman.sock"))
-	}
-	candidates = append(candidates, "/run/podman/podman.sock")
-	for _, c := range candidates {
-		if fi, err := os.Stat(c); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			return c, nil
-		}
-	}
-	return "", fault.New(fault.DriverUnavailable, "start podman's API service (systemctl start podman.socket)",
-		"no podman Docker-API socket at %s", strings.Join(candidates, " or "))
-}
-
-// Drivers a Config may name.
-const (
-	DriverPodman = "podman" // podman through its Docker-API socket (the docker driver at another address)
-	DriverDocker = "docker"
-	DriverHost   = "host" // runs commands on the host itself, unsandboxed
-)
-
-// EventFunc receives what sandkeep did for a command (or, on Config, for no command: the sweeper): the event's
-// name (sandbox_started, exec_finished, ...) and its typed payload. See docs/EVENTS.md.
-type EventFunc func(name string, payload any)
-
-// Observer is what a caller is told about its run as it happens: every event as it is recorded, and the moment
-// each command is running. Nil fields are skipped. Both are called from the goroutine that runs the command:
-// they must not block for long.
-type Observer struct {
-	// Event receives the run's events (docs/EVENTS.md): the policy's, then every command's.
-	Event EventFunc
-	// Started is told that a command runs: its sandbox is ready and the agent has it. From then on the command's
-	// output and result are the answer, and a failure is the command's, not its setup's (the HTTP API commits
-	// its 200 here). A command that goes out again (its sandbox was recycled under it) is told again.
-	Started func()
-}
-
-// ExecRequest is one command: what runs, where, for how long and with what output. Argv runs directly, without
-// a shell: use {"sh", "-c", "..."} for shell syntax. Who runs it, and under which policy, is the run's
-// (RunRequest).
-type ExecRequest struct {
-	Argv        []string
-	Workdir     string        // relative to /workspace, or absolute under it; created when missing
-	Env         []string      // "K=V", added to the sandbox's environment
-	Timeout     time.Duration // 1s..24h (Config.MaxTimeout); zero means 120s
-	OutputLimit int64         // per stream, in bytes; zero means 1 MiB, at most 64 MiB (Config.MaxOutputLimit)
-	Stdin       io.Reader     // nil: the command reads /dev/null
-	// Stdout and Stderr, when set, receive output as it is produced, and the result's Stdout/Stderr stay
-	// empty; when nil, output is collected into the result.
-	Stdout io.Writer
-	Stderr io.Writer
-	// Secrets are files placed under /run/secrets (a tmpfs owned by the sandbox user) for this command only,
-	// and removed when it ends. Their values travel as the agent's stdin: never in argv, env, logs or events.
-	Secrets []Secret
-	// TTY, when set, runs the command on a pseudo-terminal in the sandbox: its stdin, stdout and stderr are the
-	// terminal, so everything comes out on Stdout (bounded by OutputLimit) and Stderr stays empty. A Ctrl-C byte
-	// (0x03) on Stdin interrupts the terminal's foreground process, as at a local terminal. Deadline, tree kill
-	// and exit status are as without a TTY.
-	TTY *TTY
-}
-
-// WindowSize is a terminal's size in character cells.
-type WindowSize = agentproto.WindowSize
-
-// TTY asks for a pseudo-terminal of Size (zero: 24x80); each value received on Resize, until the command ends,
-// changes its size. Resize may be nil and is never closed by sandkeep.
-type TTY struct {
-	Size   WindowSize
-	Resize <-chan WindowSize
-}
-
-func (t *TTY) size() *agentproto.WindowSize {
-	if t == nil {
-		return nil
-	}
-	ws := t.Size
-	if ws == (WindowSize{}) {
-		ws = agentproto.DefaultWindowSize
-	}
-	return &ws
-}
-
-func (t *TTY) resize() <-chan agentproto.WindowSize {
-	if t == nil {
-		return nil
-	}
-	return t.Resize
-}
-
-// Secret is one secret file for one command. Mode 0 means 0400.
-type Secret = lifecycle.Secret
-
-// ExecResult is the outcome of one command.
-type ExecResult struct {
-	ExitCode        int        `json:"exit_code"` // 0..255; 128+N when killed by signal N; 124 when TimedOut
-	TimedOut        bool       `json:"timed_out"` // the deadline passed and the process tree was killed
-	Stdout          string     `json:"stdout"`
-	Stderr          string     `json:"stderr"`
-	StdoutTruncated bool       `json:"stdout_truncated"`
-	StderrTruncated bool       `json:"stderr_truncated"`
-	DurationMS      int64      `json:"duration_ms"`
-	Transport       string     `json:"transport"` // how the command reached the agent: "agent" (channel) or "exec"
-	Sandbox         SandboxRef `json:"sandbox"`
-}
-
-// exitTimeout is ExecResult.ExitCode of a command killed at its deadline, as timeout(1) reports it.
-const exitTimeout = 124
-
-// SandboxRef names the sandbox a command ran in.
-type SandboxRef struct {
-	Name   string `json:"name"`
-	ID     string `json:"id"`
-	Driver string `json:"driver"`
-	Tenant string `json:"tenant"`
-	User   string `json:"user"`
+// Admit decides whether and how key's work runs, records the run with that verdict before anything runs, and
+// returns it ready for Exec. It gathers the tiers' inputs (the operator's Config, the repository's spec and
+// devcontainer.json, the caller's template), refuses what a tier may not set, resolves the mode (cli > spec >
+// env > default; a repository may raise isolation, never lower it), selects the driver (host kind, preference
+// order, one probe each) and decides: sandbox, degrade to the host (auto, trusted: sandbox_skipped and Notice),
+// or refuse. A refused run is recorded (admission refused, finished) and returned together with its error. With
+// rr.RunID it attaches to that running run instead, which keeps the mode, trust and driver it was admitted with.
+//
+// Input that is not understood (a malformed spec, an unknown template, a bad trust) is an error without a run.
+func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
+	r, err := m.e.Admit(ctx, rr.engine())
+	return runOf(r), err
 }
 
 // Exec runs req in key's sandbox, creating or starting it when needed: ExecWith a run of key's own, admitted
@@ -270,95 +85,78 @@ func (m *Manager) Exec(ctx context.Context, key Key, req ExecRequest) (*ExecResu
 	return m.ExecWith(ctx, RunRequest{Key: key}, req)
 }
 
-// ExecWith checks req, admits rr (or, with rr.RunID, attaches to that running run, which keeps the mode, trust
-// and driver it was admitted with) and runs req in the run's sandbox; a run admitted here is finished with the
-// command. One key's commands run one at a time; a caller that cancels ctx gets its answer only once the
-// command's process tree is gone, together with the partial result and the ctx error. A malformed req is
-// refused before anything is admitted or recorded.
+// ExecWith checks req, admits rr (or attaches to rr.RunID) and runs req in the run's sandbox; a run admitted here
+// is finished with the command. One key's commands run one at a time; a caller that cancels ctx gets its answer
+// only once the command's process tree is gone, together with the partial result and the ctx error. A malformed
+// req is refused before anything is admitted or recorded.
 func (m *Manager) ExecWith(ctx context.Context, rr RunRequest, req ExecRequest) (*ExecResult, error) {
-	if err := m.checkExec(req); err != nil {
-		return nil, err
-	}
-	run, err := m.Admit(ctx, rr)
-	if err != nil {
-		return nil, err
-	}
-	res, err := run.exec(ctx, req)
-	run.Finish(err)
-	return res, err
+	res, err := m.e.ExecWith(ctx, rr.engine(), req.engine())
+	return resultOf(res), err
 }
 
-// Sandbox describes one sandbox, as `sandkeep ps` shows it.
-type Sandbox struct {
-	Tenant    string    `json:"tenant"`
-	User      string    `json:"user"`
-	Key       string    `json:"key"`
-	Name      string    `json:"name"`
-	ID        string    `json:"id"`
-	State     string    `json:"state"`
-	Image     string    `json:"image"`
-	Template  string    `json:"template,omitempty"` // the operator template it was made for
-	CreatedAt time.Time `json:"created_at"`
-	LastUsed  time.Time `json:"last_used,omitzero"`
-	IdleFor   string    `json:"idle_for"`
-	// Disk is the workspace quota's use (resources.disk); nil without one.
-	Disk *DiskUsage `json:"disk,omitempty"`
-}
-
-// DiskUsage is what a quota'd workspace holds: bytes and inodes used, and the file system's size in each.
-type DiskUsage struct {
-	Bytes       int64 `json:"bytes"`
-	BytesLimit  int64 `json:"bytes_limit"`
-	Inodes      int64 `json:"inodes"`
-	InodesLimit int64 `json:"inodes_limit"`
-}
-
-// List returns every sandbox of this installation (this Home) on the preferred sandboxing driver, sorted by
-// tenant and user.
-func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
-	lc, err := m.primary(ctx)
-	if err != nil {
+// Plan decides as Admit would for rr, and records, creates and runs nothing (doctor's view). An input that is not
+// understood, or a repository that asks for what it may not, is its error; a refusal of the verdict is
+// Plan.Refusal.
+func (m *Manager) Plan(ctx context.Context, rr RunRequest) (*Plan, error) {
+	p, err := m.e.Plan(ctx, rr.engine())
+	if p == nil {
 		return nil, err
 	}
-	infos, err := lc.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Sandbox, 0, len(infos))
-	for _, in := range infos {
-		out = append(out, sandboxOf(in))
-	}
-	return out, nil
+	out := &Plan{Mode: p.Mode, Source: p.Source, ModeNote: p.ModeNote, Trust: p.Trust, Driver: p.Driver,
+		Sandboxed: p.Sandboxed, Refusal: p.Refusal, Notice: p.Notice, Capabilities: DriverCapabilities(p.Capabilities),
+		Template: p.Template, Spec: p.Spec, Root: p.Root, Warnings: p.Warnings, Dropped: p.Dropped,
+		ForwardPorts: forwardPortsOf(p.ForwardPorts), NetworkProbe: p.NetworkProbe}
+	return out, err
 }
 
-func sandboxOf(in lifecycle.Info) Sandbox {
-	out := Sandbox{
-		Tenant: in.Key.Tenant, User: in.Key.User, Key: in.Key.Hex(), Name: in.Name, ID: in.ID,
-		State: string(in.State), Image: in.Image, Template: in.Template, CreatedAt: in.CreatedAt, LastUsed: in.LastUsed,
-		IdleFor: in.IdleFor.String(),
-	}
-	if d := in.Disk; d != nil {
-		out.Disk = &DiskUsage{Bytes: d.Bytes, BytesLimit: d.BytesLimit, Inodes: d.Inodes, InodesLimit: d.InodesLimit}
+// ProbeNetworkPolicy runs the network confinement probe of the driver named drv (the kubernetes driver's probe
+// pod, which takes seconds) and returns its verdict and what it found; ok is false for a driver that needs none
+// or is not offered.
+func (m *Manager) ProbeNetworkPolicy(ctx context.Context, drv string) (enforced bool, detail string, ok bool) {
+	return m.e.ProbeNetworkPolicy(ctx, drv)
+}
+
+// Drivers probes the offered drivers of this host kind's preference order, best first.
+func (m *Manager) Drivers(ctx context.Context) []DriverStatus {
+	var out []DriverStatus
+	for _, d := range m.e.Drivers(ctx) {
+		out = append(out, DriverStatus(d))
 	}
 	return out
 }
 
-// Stop stops key's sandbox (waiting for its gate); the next Exec starts the same container again.
-func (m *Manager) Stop(ctx context.Context, key Key) error {
-	lc, err := m.primary(ctx)
+// HostKind is the kind of host this Manager chose drivers for: local or cloud.
+func (m *Manager) HostKind() string { return m.e.HostKind() }
+
+// Templates lists the templates tenant may use, sorted by name.
+func (m *Manager) Templates(tenant string) []string { return m.e.Templates(tenant) }
+
+// List returns every sandbox of this installation (this Home) on the preferred sandboxing driver, sorted by
+// tenant and user.
+func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
+	in, err := m.e.List(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return lc.Stop(ctx, key)
+	out := make([]Sandbox, 0, len(in))
+	for _, sb := range in {
+		out = append(out, sandboxOf(sb))
+	}
+	return out, nil
 }
+
+// Sandbox describes key's sandbox; none is SANDBOX_NOT_FOUND.
+func (m *Manager) Sandbox(ctx context.Context, key Key) (Sandbox, error) {
+	sb, err := m.e.Sandbox(ctx, key)
+	return sandboxOf(sb), err
+}
+
+// Stop stops key's sandbox (waiting for its gate); the next Exec starts the same container again.
+func (m *Manager) Stop(ctx context.Context, key Key) error { return m.e.Stop(ctx, key) }
 
 // Remove deletes key's sandbox, and its workspace unless keepWorkspace.
 func (m *Manager) Remove(ctx context.Context, key Key, keepWorkspace bool) error {
-	lc, err := m.primary(ctx)
-	if err != nil {
-		return err
-	}
-	return lc.Remove(ctx, key, keepWorkspace)
+	return m.e.Remove(ctx, key, keepWorkspace)
 }
 
 // WhenWaiting returns ctx carrying notice: when a call under it (Stop, Remove, Exec, a file operation) has waited
@@ -366,71 +164,126 @@ func (m *Manager) Remove(ctx context.Context, key Key, keepWorkspace bool) error
 // the wait's bound (Config.GateWait), from another goroutine, and the call does not return before it has. The CLI
 // prints what stop and rm wait for with it.
 func WhenWaiting(ctx context.Context, notice func(bound time.Duration)) context.Context {
-	return lifecycle.WhenWaiting(ctx, notice)
+	return engine.WhenWaiting(ctx, notice)
 }
 
-// SweepReport says what one sweep pass did.
-type SweepReport = lifecycle.SweepReport
+// SweepReport says what one sweep pass did: the sandboxes stopped for idleness and removed past retention (by
+// name), and the busy keys left alone.
+type SweepReport struct {
+	Stopped []string
+	Removed []string
+	Skipped []string
+}
 
 // SweepOnce stops idle sandboxes and removes those past retention, skipping busy keys. It does not take the
 // home's sweeper lock; RunSweeper does.
 func (m *Manager) SweepOnce(ctx context.Context) (SweepReport, error) {
-	lc, err := m.primary(ctx)
-	if err != nil {
-		return SweepReport{}, err
-	}
-	return lc.SweepOnce(ctx)
+	r, err := m.e.SweepOnce(ctx)
+	return SweepReport(r), err
 }
 
 // RunSweeper sweeps every interval until ctx ends, as the home's only sweeper (others wait for the lock). While no
 // sandboxing driver is usable it waits and tries again, so a server started before its engine sweeps once the
 // engine is up.
 func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error {
-	for {
-		lc, err := m.primary(ctx)
-		if err == nil {
-			return lc.RunSweeper(ctx, interval)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(interval):
-		}
-	}
+	return m.e.RunSweeper(ctx, interval)
 }
 
-// Close releases the manager's sandboxes' channels and proxies. Sandboxes keep running: they are persistent by
-// design. The store (Config.Store) is the caller's to close.
-func (m *Manager) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var err error
-	for _, lc := range m.lcs {
-		err = errors.Join(err, lc.Close())
-	}
-	// Then the drivers it made that hold something of their own (the kubernetes driver's channel listener and
-	// informer): the next Manager over this home serves the sandboxes, as after a restart.
-	return errors.Join(err, m.drivers.close())
+// Files is one sandbox's workspace, opened for file access: reads and writes confined to it, whatever the
+// sandbox plants in it. On a driver whose workspaces are on this host (Docker) they go to the workspace
+// directory directly; on one that keeps them itself (kubernetes: a claim mounted in the pod) each operation runs
+// in the sandbox through its agent, with the same confinement, limits and faults.
+type Files = files.FS
+
+// FileLimits bound what one file operation may move; zero fields take the defaults (1 GiB per file, 4 GiB and
+// 100000 entries per tar).
+type FileLimits = files.Limits
+
+// Files opens key's workspace (/workspace in its sandbox) for file access; it is FilesContext without a
+// context. The caller closes it.
+func (m *Manager) Files(key Key, create bool, lim FileLimits) (*Files, error) {
+	return m.FilesContext(context.Background(), key, create, lim)
 }
+
+// FilesContext opens key's workspace (/workspace in its sandbox) for file access. The caller closes it. Where the
+// workspace is on this host (the docker driver) it is opened there, without touching the sandbox, and it works
+// while no engine answers; where the driver keeps it (kubernetes), every operation runs inside the sandbox as its
+// user, through the agent, and ctx bounds the operations that take no context of their own. With create, a
+// missing workspace (or sandbox) is made; without, it is FILE_NOT_FOUND.
+func (m *Manager) FilesContext(ctx context.Context, key Key, create bool, lim FileLimits) (*Files, error) {
+	return m.e.FilesContext(ctx, key, create, lim)
+}
+
+// PortForward says who opens a forwarded connection and where its events go.
+type PortForward struct {
+	// Via labels the events: "cli" (sandkeep port-forward), "api" (the server's route) or the embedder's own word.
+	Via string
+	// RequestID, when set, is recorded on the connection's events.
+	RequestID string
+	// OnEvent, when set, also receives port_forward_opened and port_forward_closed.
+	OnEvent EventFunc
+}
+
+// DialPort opens one connection to 127.0.0.1:port inside key's running sandbox, like one connection of
+// `kubectl port-forward`: the sandbox keeps its network (mode none: nothing goes out), and the connection is made
+// from inside it by the agent. Call it once per connection; they run in parallel and do not take the user's
+// gate. A missing sandbox is SANDBOX_NOT_FOUND, a stopped one SANDBOX_NOT_RUNNING, a port nothing listens on
+// PORT_UNREACHABLE, a driver that cannot forward PORT_FORWARD_UNAVAILABLE. Opening and closing are recorded as
+// events (in the store when Config.Store is set, with no run) and also go to Config.OnEvent. Who may open one is
+// the caller's business: the CLI is the operator, the API requires the exec scope for the tenant.
+func (m *Manager) DialPort(ctx context.Context, key Key, port int, pf PortForward) (net.Conn, error) {
+	return m.e.DialPort(ctx, key, port, engine.PortForward{Via: pf.Via, RequestID: pf.RequestID, OnEvent: engine.EventFunc(pf.OnEvent)})
+}
+
+// ForwardPorts are the forwardPorts of the repository key's runs follow (spec, else the template key's sandbox
+// was made for, else the tenant's, else Config.Spec), each with what port forwarding does with it; nil when the
+// repository has none. A file that is not valid is its SPEC_INVALID (or TIER_REFUSED) error.
+func (m *Manager) ForwardPorts(ctx context.Context, key Key, spec string) ([]ForwardPort, error) {
+	fps, err := m.e.ForwardPorts(ctx, key, spec)
+	return forwardPortsOf(fps), err
+}
+
+// Ping checks that a sandboxing driver is usable and answers now; the error says why not.
+func (m *Manager) Ping(ctx context.Context) error { return m.e.Ping(ctx) }
+
+// Close releases the manager's sandboxes' channels and proxies, and the drivers it made. Sandboxes keep running:
+// they are persistent by design. The store (Config.Store) is the caller's to close.
+func (m *Manager) Close() error { return m.e.Close() }
 
 // Installation is the id of this manager's state home.
-func (m *Manager) Installation() string { return m.home.Installation }
+func (m *Manager) Installation() string { return m.e.Installation() }
 
-func logger(l *slog.Logger) *slog.Logger {
-	if l == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return l
+// DriverOption offers one driver to admission (Config.Drivers): package github.com/sandkeep/sandkeep/drivers
+// offers Docker and podman, drivers/kubernetes a cluster, HostDriver the passthrough. The driver contract itself
+// is not exported: a driver is part of sandkeep's isolation, tested against the engine by one conformance suite
+// (internal/driver/drivertest) and changed with the lifecycle that drives it, so it stays in this module.
+type DriverOption interface {
+	Option() engine.DriverOption
 }
 
-func parseMounts(specs []string) ([]driver.Mount, error) {
-	out := make([]driver.Mount, 0, len(specs))
-	for _, s := range specs {
-		m, err := guard.ParseMount(s)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
-	}
-	return out, nil
+// Drivers a Config may name.
+const (
+	DriverPodman = engine.DriverPodman // podman through its Docker-API socket (the docker driver at another address)
+	DriverDocker = engine.DriverDocker
+	DriverHost   = engine.DriverHost // runs commands on the host itself, unsandboxed
+)
+
+// HostDriver offers the host passthrough: commands run on the host itself, unsandboxed, only where policy allows
+// it (mode none, or mode auto for a trusted run when no sandboxing driver is usable). Leave it out of
+// Config.Drivers and nothing ever runs outside a sandbox.
+func HostDriver() DriverOption { return engine.HostDriver() }
+
+// DriverStatus is one offered driver and whether it is usable here.
+type DriverStatus struct {
+	Name string
+	Err  error // nil: usable
+}
+
+// DriverCapabilities are the optional things a driver can do.
+type DriverCapabilities struct {
+	Build         bool // builds images from a Dockerfile
+	HostBinds     bool // binds host paths into a sandbox
+	NetworkPolicy bool // enforces per-sandbox network policy
+	Persistent    bool // sandboxes survive between commands
+	Channel       bool // the agent can dial the host through a bound directory (the persistent channel)
 }

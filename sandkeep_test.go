@@ -38,6 +38,7 @@ import (
 	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/kube"
+	"github.com/sandkeep/sandkeep/internal/engine"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
@@ -122,7 +123,7 @@ func setKubeDrivers(cfg *sandkeep.Config, c *kubetest.Cluster, ns string) {
 	if cfg.Transport == "exec" || (cfg.Transport == "" && os.Getenv("SANDKEEP_TRANSPORT") == "exec") {
 		opts.ChannelListen = ""
 	}
-	cfg.Drivers = []sandkeep.DriverOption{{Name: kubetest.Driver, New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+	cfg.Drivers = []sandkeep.DriverOption{engine.DriverOption{Name: kubetest.Driver, New: func(engine.DriverEnv) (engine.Driver, error) {
 		return kube.New(opts)
 	}}}
 }
@@ -817,7 +818,7 @@ func helperMain() int {
 				kubeconfig = kubetest.NodeKubeconfig
 			}
 			cfg.HostKind = "cloud"
-			cfg.Drivers = []sandkeep.DriverOption{{Name: kubetest.Driver, New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+			cfg.Drivers = []sandkeep.DriverOption{engine.DriverOption{Name: kubetest.Driver, New: func(engine.DriverEnv) (engine.Driver, error) {
 				return kube.New(kube.Options{Kubeconfig: kubeconfig, Namespace: ns, AgentImage: kubetest.AgentImage,
 					StorageClass: kubetest.StorageClass, WorkspaceSize: kubetest.WorkspaceSize})
 			}}}

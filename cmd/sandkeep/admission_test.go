@@ -14,6 +14,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/engine"
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 	"github.com/sandkeep/sandkeep/stores"
@@ -255,9 +256,9 @@ func (c *cli) library(t *testing.T, noDockerEngine bool) *sandkeep.Manager {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	dock := drivers.Docker()
+	dock := drivers.Docker().Option()
 	if noDockerEngine {
-		dock.New = func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+		dock.New = func(engine.DriverEnv) (engine.Driver, error) {
 			return docker.New(docker.Options{Host: strings.TrimPrefix(noDocker[0], "DOCKER_HOST=")})
 		}
 	}

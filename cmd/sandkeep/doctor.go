@@ -18,7 +18,6 @@ import (
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
@@ -217,13 +216,12 @@ func (st *doctorState) hardening(ctx context.Context, g *globals) (doctor.Engine
 	if err != nil {
 		return doctor.Engine{}, doctor.Sandboxes{}, err
 	}
-	r, err := lifecycle.ParseUIDRange(c.SandboxUIDs)
+	sbs, err := doctor.SandboxesOf(c.Runtime, c.SandboxUIDs, c.User)
 	if err != nil {
 		return doctor.Engine{}, doctor.Sandboxes{}, err
 	}
-	eff, why := lifecycle.EffectiveUIDs(r, c.User, "docker")
 	return doctor.Engine{Version: e.Version, Runtimes: e.Runtimes, DefaultRuntime: e.DefaultRuntime, SecurityOptions: e.SecurityOptions},
-		doctor.Sandboxes{Runtime: c.Runtime, UIDs: eff.String(), UIDsOff: why}, nil
+		sbs, nil
 }
 
 func (st *doctorState) chooseDriver() doctor.Result {

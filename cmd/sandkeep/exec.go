@@ -17,7 +17,6 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 const execLong = `Run a command in the (tenant, user) sandbox, creating or starting the sandbox when needed.
@@ -116,7 +115,7 @@ func newExec(g *globals) *cobra.Command {
 	cmd.Flags().SetInterspersed(false) // everything after the command's name belongs to it
 	w.bind(cmd)
 	f := cmd.Flags()
-	f.DurationVar(&timeout, "timeout", lifecycle.DefaultTimeout, "deadline for the command, 1s to 24h; past it the whole process tree is killed")
+	f.DurationVar(&timeout, "timeout", sandkeep.DefaultTimeout, "deadline for the command, 1s to 24h; past it the whole process tree is killed")
 	f.StringVarP(&workdir, "workdir", "w", "", "working directory, relative to /workspace or absolute under it; created when missing")
 	f.StringArrayVarP(&env, "env", "e", nil, "set an environment variable, NAME=VALUE (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "collect the output and print one JSON object with the result instead of streaming")

@@ -7,8 +7,8 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/drivers"
+	"github.com/sandkeep/sandkeep/drivers/kubernetes"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
-	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -67,9 +67,7 @@ const envHostPassthrough = "SANDKEEP_HOST_PASSTHROUGH"
 // or --driver kubernetes; the cluster KUBECONFIG or the in-cluster config names, see docs/KUBERNETES.md), and the
 // host passthrough unless the operator denies it.
 func offeredDrivers() ([]sandkeep.DriverOption, error) {
-	kubernetes := sandkeep.DriverOption{Name: "kubernetes", New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
-		return kube.New(kube.FromEnv())
-	}}
+	kubernetes := kubernetes.FromEnv()
 	switch v := os.Getenv(envHostPassthrough); v {
 	case "", "allow":
 		return append(drivers.Local(), kubernetes), nil

@@ -128,7 +128,8 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 				return nil, err
 			}
 			for _, cr := range creds {
-				t.Network.Credentials = append(t.Network.Credentials, sandkeep.CredentialOf(cr))
+				t.Network.Credentials = append(t.Network.Credentials, sandkeep.Credential{Name: cr.Name, Value: cr.Value,
+					Hosts: cr.Hosts, Header: cr.Header, Scheme: cr.Scheme, Fields: cr.Fields, AllowPlaintext: cr.AllowPlaintext})
 			}
 		}
 		out[name] = t

@@ -13,6 +13,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/engine"
 )
 
 // Defaults of the hardening scenario's series (Options.N overrides both).
@@ -57,7 +58,7 @@ func Hardening(ctx context.Context, e *Env, warmN, firstN int) (_ []Result, err 
 		onCfg.DiskBytes, quota = 0, "off (not root: a quota needs a loop mount)"
 	}
 	offCfg.DiskBytes, offCfg.DiskInodes, offCfg.SandboxUIDs = 0, 0, "off"
-	offCfg.Drivers = []sandkeep.DriverOption{{Name: sandkeep.DriverDocker, New: func(env sandkeep.DriverEnv) (sandkeep.Driver, error) {
+	offCfg.Drivers = []sandkeep.DriverOption{engine.DriverOption{Name: sandkeep.DriverDocker, New: func(env engine.DriverEnv) (engine.Driver, error) {
 		d, err := docker.New(docker.Options{PullTimeout: env.PullTimeout})
 		if err != nil {
 			return nil, err

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/sandkeep/sandkeep/internal/diag"
+	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // Engine is what doctor knows of the container engine (the Docker driver's Engine).
@@ -163,4 +164,15 @@ func HardeningChecks(needs []string, facts func(ctx context.Context) (Engine, Sa
 		}}
 	}
 	return checks
+}
+
+// SandboxesOf is how an operator's config (its runtime, SandboxUIDs and User) runs sandboxes on the docker
+// driver: the per-key uid range in force, or why it is off. A malformed range is its error.
+func SandboxesOf(runtime, uids, user string) (Sandboxes, error) {
+	r, err := lifecycle.ParseUIDRange(uids)
+	if err != nil {
+		return Sandboxes{}, err
+	}
+	eff, why := lifecycle.EffectiveUIDs(r, user, "docker")
+	return Sandboxes{Runtime: runtime, UIDs: eff.String(), UIDsOff: why}, nil
 }

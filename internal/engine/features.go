@@ -1,4 +1,4 @@
-package sandkeep
+package engine
 
 import (
 	"context"

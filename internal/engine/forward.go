@@ -1,9 +1,11 @@
-package sandkeep
+package engine
 
 import (
 	"context"
 	"net"
 
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/record"
 )
@@ -49,4 +51,23 @@ func (m *Manager) DialPort(ctx context.Context, key Key, port int, pf PortForwar
 		}
 	}
 	return lc.DialPort(ctx, key, port, pf.Via, lifecycle.Sink(sink))
+}
+
+// DialPortExec opens a forwarded connection the fallback way, one engine exec of the agent per connection,
+// whether or not this manager has the sandbox's channel: the other side of the port-forward benchmark.
+func (m *Manager) DialPortExec(ctx context.Context, key Key, port int) (net.Conn, error) {
+	lc, err := m.primary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	drv := lc.Driver()
+	sb, err := drv.Inspect(ctx, key.ContainerName())
+	if err != nil {
+		return nil, err
+	}
+	pd, ok := drv.(driver.PortDialer)
+	if !ok {
+		return nil, fault.New(fault.PortForwardUnavailable, "use a driver that forwards ports", "the %s driver cannot forward ports", drv.Name())
+	}
+	return pd.DialPort(ctx, sb, port)
 }

@@ -1,4 +1,4 @@
-package sandkeep
+package engine
 
 import (
 	"context"
@@ -25,6 +25,9 @@ type DriverOption struct {
 	Name string
 	New  func(DriverEnv) (Driver, error)
 }
+
+// Option is o itself: an engine DriverOption is a sandkeep.DriverOption, which only this module can make.
+func (o DriverOption) Option() DriverOption { return o }
 
 // DriverEnv is what a driver's constructor may need of the Manager's Config.
 type DriverEnv struct {
