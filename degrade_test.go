@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/engine"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/testutil"
@@ -17,7 +18,7 @@ import (
 
 // unreachableDocker offers a Docker driver at a socket that does not exist: no sandboxing driver is usable.
 func unreachableDocker() sandkeep.DriverOption {
-	return sandkeep.DriverOption{Name: sandkeep.DriverDocker, New: func(sandkeep.DriverEnv) (sandkeep.Driver, error) {
+	return engine.DriverOption{Name: sandkeep.DriverDocker, New: func(engine.DriverEnv) (engine.Driver, error) {
 		return docker.New(docker.Options{Host: "unix:///nonexistent/sandkeep-test/docker.sock"})
 	}}
 }
@@ -58,7 +59,7 @@ func TestDegradedRunProceeds(t *testing.T) {
 	key := sandkeep.Key{Tenant: "acme", User: "degraded"}
 	var seen []string
 	run, err := m.Admit(t.Context(), sandkeep.RunRequest{Key: key, Mode: "auto", Template: "withsecret",
-		OnEvent: func(name string, _ any) { seen = append(seen, name) }})
+		Observer: sandkeep.Observer{Event: func(name string, _ any) { seen = append(seen, name) }}})
 	if err != nil {
 		t.Fatalf("a degraded run with a build and a template's secret files: %v", err)
 	}
