@@ -41,7 +41,7 @@ type PoolSpec struct {
 
 // refillParallel bounds the members made at once: each create and start keeps the engine busy, and a claim that
 // runs meanwhile should not wait behind many of them.
-const refillParallel = 2
+const refillParallel = 4
 
 // refillRetry is how long a pool waits after a member could not be made before it tries again.
 const refillRetry = 5 * time.Second
@@ -401,14 +401,15 @@ func (m *Manager) drainMember(ctx context.Context, p *pools, mb *member) {
 	}()
 }
 
-// drainStale drains the ready members whose posture or image no longer match their template's shape.
+// drainStale drains the ready members whose posture or image no longer match their template's shape, and those
+// past the pool's size (it was made smaller).
 func (m *Manager) drainStale(ctx context.Context, p *pools) {
 	p.mu.Lock()
 	var stale []*member
 	for _, pl := range p.byTpl {
 		keep := pl.ready[:0]
 		for _, mb := range pl.ready {
-			if m.memberFits(ctx, pl.spec.Shape, mb, "") {
+			if len(keep) < pl.spec.Size && m.memberFits(ctx, pl.spec.Shape, mb, "") {
 				keep = append(keep, mb)
 			} else {
 				stale = append(stale, mb)
@@ -599,6 +600,9 @@ func (m *Manager) reconcileClaim(ctx context.Context, key identity.Key, rec clai
 		sb.Labels[driver.LabelInstallation] == m.home.Installation:
 		rec.Done = true
 		if err := m.home.writeClaim(key, rec); err != nil {
+			return false, err
+		}
+		if err := m.adoptUID(key, rec.member()); err != nil {
 			return false, err
 		}
 		m.cfg.Logger.Info("warm pool: a half-done claim completed", "key", key.Short(), "sandbox", sb.Name)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/events"
@@ -33,14 +34,24 @@ func startPool(t *testing.T, m *Manager, sh *Shape, n int) {
 
 func waitReady(t *testing.T, m *Manager, tpl string, n int) {
 	t.Helper()
-	waitFor(t, "the pool to fill", func() bool {
+	waitReadyFor(t, m, tpl, n, time.Minute)
+}
+
+// waitReadyFor waits up to d for tpl's pool in m to hold exactly n ready members.
+func waitReadyFor(t *testing.T, m *Manager, tpl string, n int, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
 		for _, st := range m.Pools() {
-			if st.Template == tpl {
-				return st.Ready == n
+			if st.Template == tpl && st.Ready == n {
+				return
 			}
 		}
-		return false
-	})
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %s did not hold %d ready members within %s: %+v", tpl, n, d, m.Pools())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // claimedBy runs script for k in shape sh and returns the result and whether the sandbox was claimed.
