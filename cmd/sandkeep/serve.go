@@ -172,6 +172,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		})
 	}
 	defer func() { stopSweep(); sweeping.Wait() }()
+	warmPools(ctx, g, svc.m)
 	served := make(chan error, 1)
 	go func() {
 		if sc.TLS.Cert != "" {
