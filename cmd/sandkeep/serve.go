@@ -132,6 +132,11 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		}
 	}
 	reg := serveRegistry()
+	front, err := g.e2bFront(sc)
+	if err != nil {
+		return err
+	}
+	defer front.Close()
 	srv, err := api.New(api.Config{
 		Backend: svc.backend, Tokens: svc.st, Registry: reg,
 		Limits: sc.Limits.api(), TenantLimits: sc.tenantLimits(),
@@ -143,6 +148,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 				Authorize: func(r *http.Request, tool string) error { return h.Authorize(r, mcpserver.Scope(tool)) },
 			})
 		},
+		E2B: front.Handler,
 	})
 	if err != nil {
 		return err
@@ -159,7 +165,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	if sc.TLS.Cert != "" {
 		scheme = "https"
 	}
-	fmt.Fprintf(g.stderr, "sandkeep: serving %s://%s (API /v1, MCP /mcp)\n", scheme, ln.Addr())
+	fmt.Fprintf(g.stderr, "sandkeep: serving %s://%s (API /v1, MCP /mcp, E2B /e2b)\n", scheme, ln.Addr())
 	// The sweeper stops idle sandboxes and removes old stopped ones (one sweeper per state home: another
 	// process holding the lock keeps it). It ends with the server.
 	sweepCtx, stopSweep := context.WithCancel(context.WithoutCancel(ctx))
@@ -171,6 +177,8 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 			}
 		})
 	}
+	// E2B sandboxes' timeouts (docs/E2B.md), enforced from the records, so they survive a restart.
+	sweeping.Go(func() { front.Sweep(sweepCtx, time.Second) })
 	defer func() { stopSweep(); sweeping.Wait() }()
 	served := make(chan error, 1)
 	go func() {
