@@ -165,7 +165,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	if sc.TLS.Cert != "" {
 		scheme = "https"
 	}
-	fmt.Fprintf(g.stderr, "sandkeep: serving %s://%s (API /v1, MCP /mcp, E2B /e2b)\n", scheme, ln.Addr())
+	fmt.Fprintf(g.stderr, "sandkeep: serving %s://%s (API /v1, MCP /mcp)\n", scheme, ln.Addr())
 	// The sweeper stops idle sandboxes and removes old stopped ones (one sweeper per state home: another
 	// process holding the lock keeps it). It ends with the server.
 	sweepCtx, stopSweep := context.WithCancel(context.WithoutCancel(ctx))

@@ -216,24 +216,31 @@ func (f *Front) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
+	var after time.Time
+	if v := q.Get("startedAfter"); v != "" {
+		if after, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			f.writeError(w, r, badRequest("startedAfter must be an RFC 3339 time, got %q", v))
+			return
+		}
+	}
 	recs, err := f.recs.all(tok.Tenant)
 	if err != nil {
 		f.writeError(w, r, err)
 		return
 	}
 	out := []sandboxJSON{}
-	after := q.Get("nextToken")
-	skipping := after != ""
+	from := q.Get("nextToken")
+	skipping := from != ""
 	next := ""
 	for _, rec := range recs {
 		if skipping {
-			skipping = rec.ID != after
+			skipping = rec.ID != from
 			continue
 		}
 		if len(states) > 0 && !slices.Contains(states, rec.state()) {
 			continue
 		}
-		if tmpl := q.Get("template"); tmpl != "" && tmpl != rec.Template {
+		if tmpl := q.Get("template"); (tmpl != "" && tmpl != rec.Template) || !rec.StartedAt.After(after) {
 			continue
 		}
 		if !matches(rec.Metadata, want) {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 
 	"connectrpc.com/connect"
-
 )
 
 // statusError is an answer of the front's own (not a sandkeep fault): a status and a message.
