@@ -34,7 +34,11 @@ func TestE2BTypeScript(t *testing.T) {
 	t.Parallel()
 	dir := e2bSuiteDir(t)
 	c := newCLI(t)
-	s := c.startServer(t)
+	conf := filepath.Join(t.TempDir(), "server.yaml")
+	if err := os.WriteFile(conf, []byte("e2b:\n  max_timeout: 1h\nfiles:\n  max_file: 1m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := c.startServer(t, "--config", conf)
 	own := c.createToken(t, c.ten("acme"), "e2b", "").Token
 	other := c.createToken(t, c.ten("globex"), "e2b", "").Token
 
@@ -43,7 +47,7 @@ func TestE2BTypeScript(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "node", "suite.mjs")
 	cmd.Dir, cmd.WaitDelay = dir, 10*time.Second
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.url+"/e2b", "E2B_SANDBOX_URL="+s.url+"/e2b/envd",
-		"E2B_API_KEY="+own, "E2B_OTHER_KEY="+other, "E2B_MAX_TIMEOUT_S=86400")
+		"E2B_API_KEY="+own, "E2B_OTHER_KEY="+other, "E2B_MAX_TIMEOUT_S=3600", "E2B_MAX_FILE=1048576")
 	out, err := cmd.CombinedOutput()
 	t.Logf("e2b suite:\n%s", out)
 	if ctx.Err() != nil {

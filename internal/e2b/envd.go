@@ -169,6 +169,9 @@ func (f *Front) handleUpload(w http.ResponseWriter, r *http.Request, sc *sandbox
 		return
 	}
 	defer ws.Close()
+	// Each file is bounded by the file limits as it is written; the body as a whole by one file's bound and
+	// room for the multipart framing, so a body of many parts cannot run on without end.
+	r.Body = http.MaxBytesReader(w, r.Body, ws.Limits().MaxFileBytes+1<<20)
 	dest := r.URL.Query().Get("path")
 	var out []writeInfo
 	write := func(p string, body io.Reader) error {

@@ -209,6 +209,12 @@ await check('bad input gets E2B\'s error shape', async () => {
   ok(/past this server's bound/.test(e2.message), `message: ${e2.message}`)
   const e3 = await rejects(sbx.files.read('/etc/passwd'), SandboxError, 'a path outside the workspace')
   ok(/outside/.test(e3.message), `message: ${e3.message}`)
+  const maxFile = Number(process.env.E2B_MAX_FILE || 0)
+  if (maxFile) {
+    const e4 = await rejects(sbx.files.write('big.bin', new Uint8Array(maxFile + 1024).buffer), SandboxError, 'an upload past the file limit')
+    ok(/FILE_TOO_LARGE|too large/i.test(e4.message), `message: ${e4.message}`)
+    eq(await sbx.files.exists('big.bin'), false, 'nothing left of the refused upload')
+  }
 })
 
 await check('pause then connect keeps the files', async () => {
