@@ -77,6 +77,8 @@ type Config struct {
 	Templates       map[string]Template
 	DefaultTemplate string
 	TenantTemplates map[string]string
+	// PoolCap bounds the warm pools' members in all (Template.Pool); 0: the sum of the pools.
+	PoolCap int
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
@@ -202,7 +204,7 @@ func (c Config) engine() engine.Config {
 		IdleTimeout: c.IdleTimeout, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
 		SandboxDefault: c.SandboxDefault, Spec: c.Spec, Repository: c.Repository, DefaultTemplate: c.DefaultTemplate,
-		TenantTemplates: c.TenantTemplates, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
+		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
 		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
 		OnEvent: engine.EventFunc(c.OnEvent), Logger: c.Logger, EnvErr: c.envErr,
@@ -241,6 +243,8 @@ type Template struct {
 	Secrets []TemplateSecret
 	// Tenants may use the template; empty: every tenant.
 	Tenants []string
+	// Pool is how many sandboxes of the template a warm pool keeps made ahead (Manager.WarmPools); 0: none.
+	Pool int
 }
 
 // TemplateSecret is one secret file of a template: the operator's secret Name at Path (under /run/secrets).
@@ -252,7 +256,7 @@ type TemplateSecret struct {
 
 func (t Template) engine() engine.Template {
 	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
-		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants}
+		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants, Pool: t.Pool}
 	for _, s := range t.Secrets {
 		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
 	}

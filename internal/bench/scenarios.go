@@ -61,10 +61,16 @@ func (e *Env) runNet(ctx context.Context, m *sandkeep.Manager, user, transport s
 	if err != nil {
 		return nil, err
 	}
+	return e.runIn(ctx, m, sandkeep.RunRequest{Key: key, Network: net}, transport, req)
+}
+
+// runIn runs req in the run rr asks for and checks it exited 0 over transport.
+func (e *Env) runIn(ctx context.Context, m *sandkeep.Manager, rr sandkeep.RunRequest, transport string, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	user := rr.Key.User
 	if req.Timeout == 0 {
 		req.Timeout = time.Minute
 	}
-	res, err := m.ExecWith(ctx, sandkeep.RunRequest{Key: key, Network: net}, req)
+	res, err := m.ExecWith(ctx, rr, req)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("%v for %s: %w", req.Argv, user, err)
