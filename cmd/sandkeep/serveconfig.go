@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/api"
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -105,9 +106,9 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 		t := sandkeep.Template{Image: tc.Image, User: tc.User, CPUs: tc.CPUs, PidsLimit: tc.Pids, PostCreate: tc.PostCreate,
 			Spec: tc.Spec, Tenants: tc.Tenants}
 		if tc.Memory != "" {
-			n, err := spec.ParseSize(tc.Memory)
+			n, err := bytesize.Parse(tc.Memory)
 			if err != nil {
-				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m", "template %s: memory %q", name, tc.Memory)
+				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m or 2Gi", "template %s: memory: %v", name, err)
 			}
 			t.MemoryBytes = n
 		}
@@ -198,7 +199,7 @@ func (c serverConfig) check(path string) error {
 		if v == "" {
 			continue
 		}
-		if _, err := spec.ParseSize(v); err != nil {
+		if _, err := bytesize.Parse(v); err != nil {
 			return bad("%s: %v", name, err)
 		}
 	}
@@ -236,7 +237,7 @@ func (c serverConfig) check(path string) error {
 }
 
 func size(s string) int64 {
-	n, _ := spec.ParseSize(s) // checked by check
+	n, _ := bytesize.Parse(s) // checked by check
 	return n
 }
 
