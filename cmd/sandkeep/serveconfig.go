@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"maps"
 	"os"
 	"slices"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/api"
@@ -171,7 +166,7 @@ func operatorNetwork(c *sandkeep.Config) error {
 	return nil
 }
 
-// loadServerConfig reads path ("" is the zero config) strictly.
+// loadServerConfig reads path ("" is the zero config) strictly (tier.DecodeOperator), then checks its values.
 func loadServerConfig(path string) (serverConfig, error) {
 	var c serverConfig
 	if path == "" {
@@ -181,10 +176,10 @@ func loadServerConfig(path string) (serverConfig, error) {
 	if err != nil {
 		return c, fault.Wrap(err, fault.InvalidArgument, "check the --config path", "cannot read the server config %s", path)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return c, fault.New(fault.InvalidArgument, "see docs/API.md, \"Server configuration\", for the fields",
+	// The operator tier's strict decoding (aliases, duplicate keys, unknown fields, several documents refused
+	// with their line), for serve --config and every process that reads $SANDKEEP_CONFIG (the CLI, the daemon).
+	if err := tier.DecodeOperator(data, &c); err != nil {
+		return serverConfig{}, fault.Wrap(err, fault.InvalidArgument, "see docs/API.md, \"Server configuration\", for the fields",
 			"server config %s: %v", path, err)
 	}
 	return c, c.check(path)
