@@ -39,3 +39,9 @@ func (c *keyCache[V]) len() int {
 	defer c.mu.Unlock()
 	return len(c.m)
 }
+
+func (c *keyCache[V]) delete(k string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, k)
+}
