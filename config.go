@@ -84,6 +84,8 @@ type Config struct {
 	Templates       map[string]Template
 	DefaultTemplate string
 	TenantTemplates map[string]string
+	// PoolCap bounds the warm pools' members in all (Template.Pool); 0: the sum of the pools.
+	PoolCap int
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration

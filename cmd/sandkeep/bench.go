@@ -47,6 +47,9 @@ ratio of medians. Scenarios (in run order):
   connect     what the ClientHello check and the per-command proxy token add: CONNECT + TLS handshake to a
               loopback server with them on vs off, and warm 'true' with a network block (a proxy session per
               command) vs without; paired per block, bar 0.1 ms
+  pool        warm pools (issue 23): a new key's first command with its template's pool warm vs 'docker run
+              --rm'; --keys (default 50) new keys at once with a pool of as many (p99 vs one run's median);
+              the on-demand fallback's first command beside them
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created

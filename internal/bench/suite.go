@@ -32,7 +32,7 @@ const (
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect, ScenarioPool}
 
 // Defaults of Options' zero fields.
 const (
@@ -185,6 +185,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 			return Hardening(ctx, e, n(DefaultHardeningWarmN), n(DefaultHardeningFirstN))
 		}},
 		{ScenarioConnect, func() ([]Result, error) { return Connect(ctx, e, n(DefaultConnectN), n(DefaultConnectExecN)) }},
+		{ScenarioPool, func() ([]Result, error) { return Pool(ctx, e, n(DefaultPoolN), orDefault(o.Keys, DefaultPoolBurst)) }},
 	}
 	begin := time.Now()
 	for _, s := range steps {

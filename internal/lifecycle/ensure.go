@@ -25,6 +25,7 @@ const (
 	DecisionRecreate Decision = "recreate" // drifted (image, posture) or in a state that cannot run commands
 	DecisionCreate   Decision = "create"   // absent
 	DecisionAdopt    Decision = "adopt"    // another process created it first
+	DecisionClaim    Decision = "claim"    // absent, and its template's warm pool had a member ready (pool.go)
 )
 
 // ensure returns key's running, compatible sandbox and what it did to get it, within SetupTimeout. The caller
@@ -50,6 +51,12 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 	imageID, err := m.images.resolve(ctx, sh.cfg.Image)
 	if err != nil {
 		return nil, "", err
+	}
+	// A new key whose template keeps a warm pool takes a member that is running and connected already.
+	if sb, ok, err := m.claim(ctx, key, sh, imageID); err != nil {
+		return nil, "", err
+	} else if ok {
+		return sb, DecisionClaim, nil
 	}
 	chanDir := m.channelDir(key)
 	want, hash, err := m.postureOf(key, sh)
@@ -147,9 +154,29 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
 func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
+	return m.createFrom(ctx, key, sh, m.createSpec(key, sh, want, hash, imageID))
+}
+
+// createFrom makes the sandbox of spec for key (a warm pool member's key, for a member) and starts it.
+func (m *Manager) createFrom(ctx context.Context, key identity.Key, sh *Shape, spec *driver.CreateSpec) (*driver.Sandbox, error) {
 	if _, err := m.ensureWorkspace(key, sh, true); err != nil {
 		return nil, err
 	}
+	sb, err := m.drv.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.drv.Start(ctx, sb); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = m.drv.Remove(cctx, sb)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// createSpec is what key's sandbox in shape sh is created from: its name, image, posture and labels.
+func (m *Manager) createSpec(key identity.Key, sh *Shape, want driver.Posture, hash, imageID string) *driver.CreateSpec {
 	spec := &driver.CreateSpec{
 		Key: key, Name: key.ContainerName(), Image: sh.cfg.Image, ImageID: imageID, Posture: want,
 		Labels: map[string]string{
@@ -166,17 +193,7 @@ func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want 
 	if sh.Template != "" {
 		spec.Labels[driver.LabelTemplate] = sh.Template
 	}
-	sb, err := m.drv.Create(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.drv.Start(ctx, sb); err != nil {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		_ = m.drv.Remove(cctx, sb)
-		return nil, err
-	}
-	return sb, nil
+	return spec
 }
 
 // started records a sandbox that was just started as running.
