@@ -67,6 +67,8 @@ type serverConfig struct {
 	Templates       map[string]templateConfig `yaml:"templates"`
 	DefaultTemplate string                    `yaml:"default_template"`
 	TenantTemplates map[string]string         `yaml:"tenant_templates"`
+	// PoolCap bounds the templates' warm pools' members in all (0: the sum of their pool sizes).
+	PoolCap int `yaml:"pool_cap"`
 }
 
 // templateConfig is one template of the server config.
@@ -80,6 +82,7 @@ type templateConfig struct {
 	PostCreate string            `yaml:"post_create"`
 	Spec       string            `yaml:"spec"`
 	Tenants    []string          `yaml:"tenants"`
+	Pool       int               `yaml:"pool"` // sandboxes kept made ahead for new keys (a warm pool)
 	Network    *struct {
 		Mode        string   `yaml:"mode"`
 		Preset      string   `yaml:"preset"`
@@ -103,7 +106,7 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 	out := make(map[string]sandkeep.Template, len(c.Templates))
 	for name, tc := range c.Templates {
 		t := sandkeep.Template{Image: tc.Image, User: tc.User, CPUs: tc.CPUs, PidsLimit: tc.Pids, PostCreate: tc.PostCreate,
-			Spec: tc.Spec, Tenants: tc.Tenants}
+			Spec: tc.Spec, Tenants: tc.Tenants, Pool: tc.Pool}
 		if tc.Memory != "" {
 			n, err := bytesize.Parse(tc.Memory)
 			if err != nil {

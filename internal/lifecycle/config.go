@@ -82,7 +82,10 @@ type Config struct {
 	// Docker driver as root with User unset, see effectiveUIDs); UIDsOff is off. Changing it recycles sandboxes.
 	UIDs UIDRange
 
-	GateWait        time.Duration // bound on waiting for a busy key
+	GateWait time.Duration // bound on waiting for a busy key
+	// MaxKeys bounds the keys this process holds state for at once: gates of keys with a command running or
+	// queued (past it a new key is KEY_LIMIT), cached uids and postures (forgotten past it). 0: DefaultMaxKeys.
+	MaxKeys         int
 	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
 	Retention       time.Duration // a stopped sandbox this old is removed
 	RemoveWorkspace bool          // on retention removal, also delete the workspace
