@@ -45,7 +45,10 @@ type Config struct {
 	DiskBytes, DiskInodes       int64
 	DiskMaxBytes, DiskMaxInodes int64
 
-	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
+	GateWait time.Duration // bound on waiting for a busy key; default 10m
+	// MaxKeys bounds the users this Manager runs or queues commands for at once (past it a new one is
+	// KEY_LIMIT) and the per-key state it caches; 0: 65536.
+	MaxKeys                    int
 	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
 	Retention                  time.Duration // remove a sandbox stopped this long; default 24h
 	RemoveWorkspaceOnRetention bool          // also delete the workspace then; default keep
@@ -201,7 +204,7 @@ func (c Config) engine() engine.Config {
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, CPUs: c.CPUs, TmpBytes: c.TmpBytes, Env: c.Env,
 		Mounts: c.Mounts, Tmpfs: c.Tmpfs, SandboxUIDs: c.SandboxUIDs, Runtime: c.Runtime, DiskBytes: c.DiskBytes,
 		DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes, GateWait: c.GateWait,
-		IdleTimeout: c.IdleTimeout, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
+		MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
 		SandboxDefault: c.SandboxDefault, Spec: c.Spec, Repository: c.Repository, DefaultTemplate: c.DefaultTemplate,
 		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
