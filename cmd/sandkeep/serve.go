@@ -105,9 +105,20 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 			d.fp += fmt.Sprintf("\nserve %+v", af)
 		}
 	}
+	offered, err := offeredDrivers()
+	if err == nil {
+		offered, err = sc.serveDrivers(offered)
+	}
+	if err != nil {
+		if d != nil {
+			d.close(nil)
+		}
+		return err
+	}
 	svc, err := g.openService(ctx, sc, af, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
 		c.Retention = duration(sc.Sweep.Retention, 0)
+		c.Drivers = offered // fail closed: no host passthrough unless the config names its user
 	})
 	if err != nil {
 		if d != nil {
