@@ -43,6 +43,9 @@ type serverConfig struct {
 	} `yaml:"sweep"`
 	// MetricsTokenEnv names the environment variable holding the bearer token /metrics requires; empty: no auth.
 	MetricsTokenEnv string `yaml:"metrics_token_env"`
+	// OperatorTokenEnv names the environment variable holding the installation operator's dashboard credential:
+	// signed in with it, /ui/ shows every tenant. No tenant's token, admin or not, sees past its tenant.
+	OperatorTokenEnv string `yaml:"operator_token_env"`
 	// MetricsOpen serves /metrics without auth when there is no metrics token; false: /metrics is refused then.
 	MetricsOpen bool `yaml:"metrics_open"`
 	// Limits bound every tenant; Tenants replaces them for the tenants it names.
