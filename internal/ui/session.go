@@ -27,7 +27,7 @@ const CookieName = "sandkeep_ui"
 type session struct {
 	id        string
 	tokenHash string
-	operator  bool // opened with Config.OperatorToken, not a tenant's token
+	operator  bool   // opened with Config.OperatorToken, not a tenant's token
 	csrf      string // the per-session CSRF token every action form carries
 	expires   time.Time
 }

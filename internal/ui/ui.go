@@ -75,7 +75,7 @@ type Config struct {
 	// operator_token_env): signed in with it, a session sees every tenant and may stop or remove any sandbox.
 	// It is not a store token, so no tenant's token, admin or not, can stand for it. "": no operator sign-in.
 	OperatorToken string
-	Logger   *slog.Logger
+	Logger        *slog.Logger
 
 	SessionTTL   time.Duration // how long a session lives after sign-in; default 8h
 	MaxSessions  int           // sessions kept at once (the oldest is dropped past it); default 10,000
