@@ -381,7 +381,7 @@ func (m *Manager) removeMemberFiles(ctx context.Context, sh *Shape, mb *member) 
 		m.cfg.Logger.Warn("warm pool: member workspace not removed", "member", mb.key.MemberName(), "err", err)
 	}
 	if sh != nil {
-		sh.postures.Delete(mb.key.Hex())
+		sh.postures.delete(mb.key.Hex())
 	}
 }
 
@@ -485,7 +485,7 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 			}
 			continue
 		}
-		sh.postures.Delete(mb.key.Hex())
+		sh.postures.delete(mb.key.Hex())
 		m.emit(ctx, events.NameSandboxClaimed, events.SandboxClaimed{Sandbox: sb.Name, Driver: m.drv.Name(),
 			Template: sh.Template, Member: mb.key.MemberName(), DurationMS: time.Since(began).Milliseconds()})
 		if err := m.postCreate(ctx, key, sb, sh); err != nil {
@@ -562,8 +562,8 @@ func (m *Manager) adoptUID(key, member identity.Key) error {
 	if err := m.home.assignUID(key, uid); err != nil {
 		return err
 	}
-	m.uids.Store(key.Hex(), uid)
-	m.uids.Delete(member.Hex())
+	m.uids.store(key.Hex(), uid)
+	m.uids.delete(member.Hex())
 	return nil
 }
 
