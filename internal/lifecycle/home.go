@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +24,8 @@ import (
 type Home struct {
 	Dir          string
 	Installation string // created once, kept in Dir/installation-id
+
+	claimed sync.Map // key hex -> identity.Key of the pool member it claimed (claims.go); done claims only
 }
 
 // OpenHome creates dir and its layout when missing and reads (or creates, exactly once across processes)
@@ -84,10 +87,15 @@ func installationID(dir string) (string, error) {
 }
 
 // Workspace is the host directory bound at /workspace for key.
-func (h *Home) Workspace(k identity.Key) string { return filepath.Join(h.Dir, "workspaces", k.Hex()) }
+// A key that claimed a warm pool member has the member's (claims.go).
+func (h *Home) Workspace(k identity.Key) string {
+	return filepath.Join(h.Dir, "workspaces", h.phys(k).Hex())
+}
 
 // Volumes is the host directory that holds key's named volumes, one directory each (Config.Volumes).
-func (h *Home) Volumes(k identity.Key) string { return filepath.Join(h.Dir, "volumes", k.Hex()) }
+func (h *Home) Volumes(k identity.Key) string {
+	return filepath.Join(h.Dir, "volumes", h.phys(k).Hex())
+}
 
 // EnsureVolume creates one of key's volumes, owned by uid:gid with mode 0700, as EnsureWorkspace does.
 func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int) error {
@@ -116,7 +124,9 @@ func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int) error {
 
 // ChannelDir is the key's channel directory: the host's socket for the agent, bound read-only into the
 // sandbox. The short key keeps socket paths well under the 108 bytes of sockaddr_un.
-func (h *Home) ChannelDir(k identity.Key) string { return filepath.Join(h.Dir, "chan", k.Short()) }
+func (h *Home) ChannelDir(k identity.Key) string {
+	return filepath.Join(h.Dir, "chan", h.phys(k).Short())
+}
 
 func (h *Home) lockPath(k identity.Key) string { return filepath.Join(h.Dir, "locks", k.Hex()+".lock") }
 
@@ -206,6 +216,7 @@ func (h *Home) RemoveWorkspace(k identity.Key) error {
 	if err := os.RemoveAll(h.Volumes(k)); err != nil { // the sandbox's volumes go with its workspace
 		return fmt.Errorf("remove volumes: %w", err)
 	}
+	h.dropClaim(k) // a claimed member's files were the key's; with them gone the key is new again
 	return nil
 }
 
