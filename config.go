@@ -52,7 +52,10 @@ type Config struct {
 	DiskBytes, DiskInodes       int64
 	DiskMaxBytes, DiskMaxInodes int64
 
-	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
+	GateWait time.Duration // bound on waiting for a busy key; default 10m
+	// MaxKeys bounds the users this Manager runs or queues commands for at once (past it a new one is
+	// KEY_LIMIT) and the per-key state it caches; 0: 65536.
+	MaxKeys                    int
 	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
 	Retention                  time.Duration // remove a sandbox stopped this long; default 24h
 	RemoveWorkspaceOnRetention bool          // also delete the workspace then; default keep
@@ -222,7 +225,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
 		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs, UIDs: uids, Runtime: c.Runtime,
 		DiskBytes: c.DiskBytes, DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes,
-		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
+		GateWait: c.GateWait, MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,

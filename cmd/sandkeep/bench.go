@@ -64,9 +64,10 @@ func newBench(g *globals) *cobra.Command {
 		keys      int
 		footprint int
 		requests  int
+		postgres  string
 	)
 	cmd := &cobra.Command{
-		Use:   "bench [--json] [--scenario warm,output,...] [--n N] [--keys K] [--footprint K] [--requests R]",
+		Use:   "bench [--json] [--scenario warm,output,...] [--n N] [--keys K] [--footprint K] [--requests R] [--postgres DSN]",
 		Short: "Benchmark sandkeep against the raw Docker Engine API on this machine",
 		Long:  benchLong,
 		Example: "  sandkeep bench\n" +
@@ -84,6 +85,7 @@ func newBench(g *globals) *cobra.Command {
 			if err != nil {
 				return fail(err)
 			}
+			opts.Postgres = postgres
 			cli := slices.Contains(opts.Scenarios, scenarioCLI)
 			opts.Scenarios = slices.DeleteFunc(opts.Scenarios, func(s string) bool { return s == scenarioCLI })
 			var rep bench.Report
@@ -120,6 +122,7 @@ func newBench(g *globals) *cobra.Command {
 	f.IntVar(&keys, "keys", bench.DefaultKeys, "keys running in parallel in the throughput scenario")
 	f.IntVar(&footprint, "footprint", bench.DefaultFootprint, "idle sandboxes in the footprint scenario")
 	f.IntVar(&requests, "requests", bench.DefaultAPIRequests, "requests of the api scenario's sustained load (and as many through the library)")
+	f.StringVar(&postgres, "postgres", "", "a postgres:// DSN the api scenario's served rows also record runs and events into (default: SQLite only)")
 	return cmd
 }
 

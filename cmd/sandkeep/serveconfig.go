@@ -1,18 +1,14 @@
 package main
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"maps"
 	"os"
 	"slices"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/api"
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -112,9 +108,9 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 		t := sandkeep.Template{Image: tc.Image, User: tc.User, CPUs: tc.CPUs, PidsLimit: tc.Pids, PostCreate: tc.PostCreate,
 			Spec: tc.Spec, Tenants: tc.Tenants, Pool: tc.Pool}
 		if tc.Memory != "" {
-			n, err := spec.ParseSize(tc.Memory)
+			n, err := bytesize.Parse(tc.Memory)
 			if err != nil {
-				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m", "template %s: memory %q", name, tc.Memory)
+				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m or 2Gi", "template %s: memory: %v", name, err)
 			}
 			t.MemoryBytes = n
 		}
@@ -177,7 +173,7 @@ func operatorNetwork(c *sandkeep.Config) error {
 	return nil
 }
 
-// loadServerConfig reads path ("" is the zero config) strictly.
+// loadServerConfig reads path ("" is the zero config) strictly (tier.DecodeOperator), then checks its values.
 func loadServerConfig(path string) (serverConfig, error) {
 	var c serverConfig
 	if path == "" {
@@ -187,10 +183,10 @@ func loadServerConfig(path string) (serverConfig, error) {
 	if err != nil {
 		return c, fault.Wrap(err, fault.InvalidArgument, "check the --config path", "cannot read the server config %s", path)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return c, fault.New(fault.InvalidArgument, "see docs/API.md, \"Server configuration\", for the fields",
+	// The operator tier's strict decoding (aliases, duplicate keys, unknown fields, several documents refused
+	// with their line), for serve --config and every process that reads $SANDKEEP_CONFIG (the CLI, the daemon).
+	if err := tier.DecodeOperator(data, &c); err != nil {
+		return serverConfig{}, fault.Wrap(err, fault.InvalidArgument, "see docs/API.md, \"Server configuration\", for the fields",
 			"server config %s: %v", path, err)
 	}
 	return c, c.check(path)
@@ -205,7 +201,7 @@ func (c serverConfig) check(path string) error {
 		if v == "" {
 			continue
 		}
-		if _, err := spec.ParseSize(v); err != nil {
+		if _, err := bytesize.Parse(v); err != nil {
 			return bad("%s: %v", name, err)
 		}
 	}
@@ -243,7 +239,7 @@ func (c serverConfig) check(path string) error {
 }
 
 func size(s string) int64 {
-	n, _ := spec.ParseSize(s) // checked by check
+	n, _ := bytesize.Parse(s) // checked by check
 	return n
 }
 

@@ -54,7 +54,8 @@ type Options struct {
 	Keys      int
 	Footprint int
 	Idle      time.Duration
-	Requests  int // requests of the api scenario's sustained load; zero: DefaultAPIRequests
+	Requests  int    // requests of the api scenario's sustained load; zero: DefaultAPIRequests
+	Postgres  string // a PostgreSQL DSN the api scenario's served rows also record into; empty: SQLite only
 }
 
 // Machine describes where a run happened.
@@ -177,7 +178,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 		}},
 		{ScenarioAdmission, func() ([]Result, error) { return Admission(ctx, e, n(DefaultAdmissionN)) }},
 		{ScenarioAPI, func() ([]Result, error) {
-			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests)})
+			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests), Postgres: o.Postgres})
 		}},
 		{ScenarioTunnel, func() ([]Result, error) { return Tunnel(ctx, n(DefaultTunnelN)) }},
 		{ScenarioHardening, func() ([]Result, error) {

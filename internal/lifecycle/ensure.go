@@ -237,8 +237,7 @@ type keyPosture struct {
 // was made) and the key (its uid, when the operator gave a range), so they are built once per key and shape
 // rather than on every command; the driver only reads them.
 func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string, error) {
-	if v, ok := sh.postures.Load(key.Hex()); ok {
-		kp := v.(keyPosture)
+	if kp, ok := sh.postures.load(key.Hex()); ok {
 		return kp.posture, kp.hash, nil
 	}
 	uid, gid, err := m.idOf(key, sh)
@@ -253,18 +252,17 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	}
 	p.Companions = companionsHash(sh.cfg.Companions) // companions.go; "" without companions
 	kp := keyPosture{posture: p, hash: p.Hash()}
-	sh.postures.Store(key.Hex(), kp)
+	sh.postures.store(key.Hex(), kp)
 	return kp.posture, kp.hash, nil
 }
 
 // idOf is the host uid and gid key's sandbox runs as in shape sh: its User, or with a uid range the key's own uid
-// (its gid is the same number). An allocated uid is remembered for the manager's life.
+// (its gid is the same number). An allocated uid is remembered (a bounded cache: the home keeps it anyway).
 func (m *Manager) idOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
 	if m.cfg.UIDs.Count == 0 {
 		return sh.uid, sh.gid, nil
 	}
-	if v, ok := m.uids.Load(key.Hex()); ok {
-		id := v.(int)
+	if id, ok := m.uids.load(key.Hex()); ok {
 		return id, id, nil
 	}
 	// A key that claimed a pool member has the member's uid: the claim record names the member, whose uid was
@@ -273,7 +271,7 @@ func (m *Manager) idOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	m.uids.Store(key.Hex(), id)
+	m.uids.store(key.Hex(), id)
 	return id, id, nil
 }
 

@@ -16,10 +16,15 @@ import (
 // gates hands out the per-key gate. A gate is two locks taken in order: an in-process semaphore (so
 // goroutines queue without touching the file system) and a flock on the key's lock file (so processes that
 // share the home queue too). Different keys never wait for each other.
+//
+// A key's entry lives only while someone waits for or holds its gate: the last one out removes it, so a
+// long-lived process that has seen millions of keys keeps only the busy ones. At most max entries live at once;
+// past that a new key is refused with KEY_LIMIT (the existing keys go on).
 type gates struct {
 	home *Home
-	mu   sync.Mutex       // guards keys
-	keys map[string]*gate // one per key seen since start; a gate is a few bytes and an fd while held
+	max  int
+	mu   sync.Mutex       // guards keys and every gate's waiters transitions to and from 0
+	keys map[string]*gate // the keys with a waiter or a holder; at most max
 }
 
 type gate struct {
@@ -28,17 +33,57 @@ type gate struct {
 	file    *flock.Flock
 }
 
-func newGates(h *Home) *gates { return &gates{home: h, keys: map[string]*gate{}} }
+// DefaultMaxKeys bounds the keys one process holds or waits for at once (gates, and the build gates).
+const DefaultMaxKeys = 1 << 16
 
-func (g *gates) get(k identity.Key) *gate {
+func newGates(h *Home, max int) *gates {
+	if max <= 0 {
+		max = DefaultMaxKeys
+	}
+	return &gates{home: h, max: max, keys: map[string]*gate{}}
+}
+
+// join counts a caller in at k's gate, making the entry when it is the first; it refuses a new key past the cap.
+func (g *gates) join(k identity.Key) (*gate, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	gt, ok := g.keys[k.Hex()]
 	if !ok {
+		if len(g.keys) >= g.max {
+			return nil, fault.New(fault.KeyLimit, "retry when fewer users' commands are running, or raise the limit (MaxKeys)",
+				"this sandkeep already runs or queues commands for %d users, its limit; sandbox %s was not started", g.max, k.Short())
+		}
 		gt = &gate{sem: make(chan struct{}, 1), file: flock.New(g.home.lockPath(k))}
 		g.keys[k.Hex()] = gt
 	}
-	return gt
+	gt.waiters.Add(1)
+	return gt, nil
+}
+
+// leave counts a caller out of k's gate; the last one out removes the entry.
+func (g *gates) leave(k identity.Key, gt *gate) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gt.waiters.Add(-1) == 0 && g.keys[k.Hex()] == gt {
+		delete(g.keys, k.Hex())
+	}
+}
+
+// waiting is the number of callers waiting for or holding k's gate in this process.
+func (g *gates) waiting(k identity.Key) int32 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gt, ok := g.keys[k.Hex()]; ok {
+		return gt.waiters.Load()
+	}
+	return 0
+}
+
+// size is the number of keys with an entry.
+func (g *gates) size() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.keys)
 }
 
 // waitNoticeAfter is how long a caller waits at a gate before the hook WhenWaiting put in its context is called.
@@ -76,58 +121,63 @@ func noticeAfter(ctx context.Context, bound time.Duration) (stop func()) {
 // error when the caller gives up first.
 func (g *gates) acquire(ctx context.Context, k identity.Key, wait time.Duration) (release func(), err error) {
 	defer noticeAfter(ctx, wait)()
-	gt := g.get(k)
-	gt.waiters.Add(1)
+	gt, err := g.join(k)
+	if err != nil {
+		return nil, err
+	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case gt.sem <- struct{}{}:
 	case <-timer.C:
-		gt.waiters.Add(-1)
+		g.leave(k, gt)
 		return nil, busy(k, wait)
 	case <-ctx.Done():
-		gt.waiters.Add(-1)
+		g.leave(k, gt)
 		return nil, fmt.Errorf("wait for sandbox %s: %w", k.Short(), context.Cause(ctx))
 	}
 	if err := lockFile(ctx, gt.file, timer.C); err != nil {
 		<-gt.sem
-		gt.waiters.Add(-1)
+		g.leave(k, gt)
 		if err == errWaitExpired {
 			return nil, busy(k, wait)
 		}
 		return nil, fmt.Errorf("wait for sandbox %s: %w", k.Short(), err)
 	}
-	return gt.releaser(), nil
+	return g.releaser(k, gt), nil
 }
 
 // tryAcquire takes k's gate only when nobody holds or waits for it (the sweeper's way in).
 func (g *gates) tryAcquire(k identity.Key) (release func(), ok bool) {
-	gt := g.get(k)
-	if gt.waiters.Load() > 0 {
+	if g.waiting(k) > 0 {
+		return nil, false
+	}
+	gt, err := g.join(k)
+	if err != nil {
 		return nil, false
 	}
 	select {
 	case gt.sem <- struct{}{}:
 	default:
+		g.leave(k, gt)
 		return nil, false
 	}
-	gt.waiters.Add(1)
 	locked, err := gt.file.TryLock()
 	if err != nil || !locked {
-		gt.waiters.Add(-1)
 		<-gt.sem
+		g.leave(k, gt)
 		return nil, false
 	}
-	return gt.releaser(), true
+	return g.releaser(k, gt), true
 }
 
-func (gt *gate) releaser() func() {
+func (g *gates) releaser(k identity.Key, gt *gate) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			_ = gt.file.Unlock()
-			gt.waiters.Add(-1)
 			<-gt.sem
+			g.leave(k, gt)
 		})
 	}
 }

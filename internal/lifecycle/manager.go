@@ -41,9 +41,9 @@ type Manager struct {
 	gates    *gates
 	agentDir string
 	images   *images
-	def      *Shape   // the shape of cfg itself: what a command without a Shape of its own gets
-	uids     sync.Map // key hex -> int, the key's host uid from Config.UIDs (see idOf)
-	comps    sync.Map // key hex -> companionsSeen, the companions this process last ensured (companions.go)
+	def      *Shape         // the shape of cfg itself: what a command without a Shape of its own gets
+	uids     *keyCache[int] // the key's host uid from Config.UIDs (see idOf), at most MaxKeys
+	comps    sync.Map       // key hex -> companionsSeen, the companions this process last ensured (companions.go)
 
 	mu        sync.Mutex                   // guards known, listeners and egress
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
@@ -71,11 +71,11 @@ func New(home *Home, drv driver.Driver, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home), agentDir: agentDir,
+		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home, cfg.MaxKeys), agentDir: agentDir, uids: newKeyCache[int](cfg.MaxKeys),
 		known: map[string]*driver.Sandbox{}, listeners: map[string]*channel.Listener{}, egress: map[string]*keyEgress{},
 		images: newImages(drv, cfg.Logger),
 	}
-	m.def = &Shape{cfg: cfg, uid: uid, gid: gid}
+	m.def = &Shape{cfg: cfg, uid: uid, gid: gid, postures: newKeyCache[keyPosture](cfg.MaxKeys)}
 	return m, nil
 }
 

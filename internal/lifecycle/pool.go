@@ -387,7 +387,7 @@ func (m *Manager) removeMemberFiles(ctx context.Context, sh *Shape, mb *member) 
 		m.cfg.Logger.Warn("warm pool: member workspace not removed", "member", mb.key.MemberName(), "err", err)
 	}
 	if sh != nil {
-		sh.postures.Delete(mb.key.Hex())
+		sh.postures.delete(mb.key.Hex())
 	}
 }
 
@@ -497,7 +497,7 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 			}
 			continue
 		}
-		sh.postures.Delete(mb.key.Hex())
+		sh.postures.delete(mb.key.Hex())
 		m.emit(ctx, events.NameSandboxClaimed, events.SandboxClaimed{Sandbox: sb.Name, Driver: m.drv.Name(),
 			Template: sh.Template, Member: mb.key.MemberName(), DurationMS: time.Since(began).Milliseconds()})
 		if err := m.postCreate(ctx, key, sb, sh); err != nil {
@@ -563,9 +563,9 @@ func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) 
 // adoptUID hands the member's uid, as this process knows it, to key (idOf finds it through the claim record
 // otherwise): no write, so a burst of claims does not queue on the uid file's lock.
 func (m *Manager) adoptUID(key, member identity.Key) {
-	if v, ok := m.uids.Load(member.Hex()); ok {
-		m.uids.Store(key.Hex(), v)
-		m.uids.Delete(member.Hex())
+	if v, ok := m.uids.load(member.Hex()); ok {
+		m.uids.store(key.Hex(), v)
+		m.uids.delete(member.Hex())
 	}
 }
 
