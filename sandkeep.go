@@ -15,10 +15,8 @@
 // ExecRequest says what runs; a RunRequest says for whom and under which policy, and carries the Observer that
 // is told what happens.
 //
-// Failures that a caller can act on are *Error values with a stable Code and a Hint.
-//
-// This package is the public API; the engine behind it (admission, the repository's files, templates, network
-// policy, the drivers) lives in internal packages.
+// Failures that a caller can act on are *Error values with a stable Code and a Hint. The engine behind this API
+// (admission, the repository's files, templates, network policy, the drivers) lives in internal packages.
 package sandkeep
 
 import (
@@ -297,6 +295,10 @@ const (
 // it (mode none, or mode auto for a trusted run when no sandboxing driver is usable). Leave it out of
 // Config.Drivers and nothing ever runs outside a sandbox.
 func HostDriver() DriverOption { return engine.HostDriver() }
+
+// HostDriverAs is HostDriver with every command run as the host user uid:gid (never 0) and each workspace
+// handed to it: the only host passthrough a multi-tenant server offers (sandkeep serve's host_passthrough.user).
+func HostDriverAs(uid, gid uint32) DriverOption { return engine.HostDriverAs(uid, gid) }
 
 // DriverStatus is one offered driver and whether it is usable here.
 type DriverStatus struct {
