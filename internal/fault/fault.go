@@ -15,6 +15,7 @@ type Code string
 const (
 	AgentMissing      Code = "AGENT_MISSING"      // the sandkeep-agent binary could not be found or read
 	AgentProtocol     Code = "AGENT_PROTOCOL"     // the agent's report was garbage, forged or cut off
+	CallerFailed      Code = "CALLER_FAILED"      // a run its caller finished as failed (POST /v1/runs/{id}/finish)
 	DriverUnavailable Code = "DRIVER_UNAVAILABLE" // the container engine could not be reached
 	ForeignContainer  Code = "FOREIGN_CONTAINER"  // a container has our name but is not ours
 	ImageUnavailable  Code = "IMAGE_UNAVAILABLE"  // the image is not present and could not be pulled
