@@ -86,6 +86,7 @@ var statusOf = map[fault.Code]int{
 
 	// The server, the engine or the sandbox failed.
 	fault.Internal:             http.StatusInternalServerError,
+	fault.CallerFailed:         http.StatusConflict, // a run's recorded outcome, never a request's error; 409 if one ever is
 	fault.AgentMissing:         http.StatusInternalServerError,
 	fault.AgentProtocol:        http.StatusInternalServerError,
 	fault.ForeignContainer:     http.StatusInternalServerError,
