@@ -55,8 +55,12 @@ type Config struct {
 	GateWait time.Duration // bound on waiting for a busy key; default 10m
 	// MaxKeys bounds the users this Manager runs or queues commands for at once (past it a new one is
 	// KEY_LIMIT) and the per-key state it caches; 0: 65536.
-	MaxKeys                    int
-	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
+	MaxKeys     int
+	IdleTimeout time.Duration // stop a sandbox idle this long; default 30m
+	// NoSweeper: Open starts no sweeper. Without it the Manager sweeps its home every SweepInterval (default 1m)
+	// from Open to Close, as the home's only sweeper (RunSweeper); the CLI sets it and sweeps where it means to.
+	NoSweeper                  bool
+	SweepInterval              time.Duration
 	Retention                  time.Duration // remove a sandbox stopped this long; default 24h
 	RemoveWorkspaceOnRetention bool          // also delete the workspace then; default keep
 	Grace                      time.Duration // SIGTERM-to-SIGKILL grace for a command's tree; default 2s

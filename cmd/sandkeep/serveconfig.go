@@ -4,6 +4,8 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandkeep/sandkeep"
@@ -37,6 +39,9 @@ type serverConfig struct {
 	} `yaml:"sweep"`
 	// MetricsTokenEnv names the environment variable holding the bearer token /metrics requires; empty: no auth.
 	MetricsTokenEnv string `yaml:"metrics_token_env"`
+	// OperatorTokenEnv names the environment variable holding the installation operator's dashboard credential:
+	// signed in with it, /ui/ shows every tenant. No tenant's token, admin or not, sees past its tenant.
+	OperatorTokenEnv string `yaml:"operator_token_env"`
 	// MetricsOpen serves /metrics without auth when there is no metrics token; false: /metrics is refused then.
 	MetricsOpen bool `yaml:"metrics_open"`
 	// E2B is the E2B front's (docs/E2B.md): the longest timeout a sandbox may ask for (default 24h).
@@ -59,6 +64,12 @@ type serverConfig struct {
 		Silent  []string            `yaml:"silent"`
 		Refused []string            `yaml:"refused"` // CIDRs refused like private ranges unless an IP rule names them
 	} `yaml:"network"`
+	// HostPassthrough lets the server run a command on the host when a run degrades (mode auto, no engine) or
+	// asks for mode none: only as User ("uid:gid", never 0), which owns the workspaces it is given. Unset (the
+	// default): the server offers no host passthrough, and such runs are refused (SANDBOX_DRIVER_UNAVAILABLE).
+	HostPassthrough struct {
+		User string `yaml:"user"`
+	} `yaml:"host_passthrough"`
 	// Operator is what a repository's files may ask for: the secrets and credentials they may name (with the
 	// operator's sources), the host paths they may bind, the host variables ${localEnv:...} may read.
 	tier.Operator `yaml:",inline"`
@@ -247,4 +258,38 @@ func (c serverConfig) tenantLimits() map[string]api.Limits {
 		out[t] = l.api()
 	}
 	return out
+}
+
+// serveDrivers are the drivers a multi-tenant server offers: offered without the host passthrough, which comes
+// back only as host_passthrough.user names it (never root) and unless SANDKEEP_HOST_PASSTHROUGH=deny. The
+// single-user CLI keeps offeredDrivers' loud, recorded degrade as it is.
+func (sc serverConfig) serveDrivers(offered []sandkeep.DriverOption) ([]sandkeep.DriverOption, error) {
+	out := slices.DeleteFunc(slices.Clone(offered), func(o sandkeep.DriverOption) bool { return o.Name == sandkeep.DriverHost })
+	u := sc.HostPassthrough.User
+	if u == "" || os.Getenv(envHostPassthrough) == "deny" {
+		return out, nil
+	}
+	uid, gid, err := parseHostUser(u)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, sandkeep.HostDriverAs(uid, gid)), nil
+}
+
+// parseHostUser reads host_passthrough.user: "uid:gid", numeric, neither 0.
+func parseHostUser(s string) (uid, gid uint32, err error) {
+	bad := func(why string) error {
+		return fault.New(fault.InvalidArgument, `write host_passthrough: {user: "1500:1500"}, an unprivileged host uid:gid`,
+			"host_passthrough.user %q %s", s, why)
+	}
+	us, gs, ok := strings.Cut(s, ":")
+	u, uerr := strconv.ParseUint(us, 10, 32)
+	g, gerr := strconv.ParseUint(gs, 10, 32)
+	switch {
+	case !ok || uerr != nil || gerr != nil:
+		return 0, 0, bad("is not a numeric uid:gid")
+	case u == 0 || g == 0:
+		return 0, 0, bad("is root: a tenant's command never runs as root on the host")
+	}
+	return uint32(u), uint32(g), nil
 }

@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -126,4 +128,41 @@ func FuzzServerConfig(f *testing.F) {
 			t.Fatalf("accepted a negative bound: %+v", c)
 		}
 	})
+}
+
+// TestServeDrivers: a multi-tenant server offers no host passthrough unless its config names the host user,
+// never root, and SANDKEEP_HOST_PASSTHROUGH=deny still takes it away (issue 22, High 4).
+func TestServeDrivers(t *testing.T) {
+	offered := []sandkeep.DriverOption{{Name: "docker"}, {Name: sandkeep.DriverHost}, {Name: "kubernetes"}}
+	hasHost := func(ds []sandkeep.DriverOption) bool {
+		return slices.ContainsFunc(ds, func(o sandkeep.DriverOption) bool { return o.Name == sandkeep.DriverHost })
+	}
+	for _, tc := range []struct {
+		name, user, env string
+		host            bool
+		code            string
+	}{
+		{name: "default: none", host: false},
+		{name: "a named user", user: "1500:1500", host: true},
+		{name: "denied by the environment", user: "1500:1500", env: "deny", host: false},
+		{name: "root", user: "0:0", code: "INVALID_ARGUMENT"},
+		{name: "root group", user: "1500:0", code: "INVALID_ARGUMENT"},
+		{name: "a name", user: "nobody", code: "INVALID_ARGUMENT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(envHostPassthrough, tc.env)
+			var sc serverConfig
+			sc.HostPassthrough.User = tc.user
+			got, err := sc.serveDrivers(offered)
+			if tc.code != "" {
+				if string(sandkeep.CodeOf(err)) != tc.code {
+					t.Fatalf("serveDrivers = %v, want %s", err, tc.code)
+				}
+				return
+			}
+			if err != nil || hasHost(got) != tc.host || len(got) < 2 {
+				t.Fatalf("serveDrivers = %v, %v; want the host passthrough: %v", got, err, tc.host)
+			}
+		})
+	}
 }

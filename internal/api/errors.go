@@ -38,6 +38,10 @@ var statusOf = map[fault.Code]int{
 	fault.SandboxNotRunning: http.StatusConflict,
 	fault.PathConflict:      http.StatusConflict,
 	fault.FileType:          http.StatusConflict,
+	fault.SandboxExists:     http.StatusConflict,
+
+	fault.SnapshotNotFound: http.StatusNotFound,
+	fault.QuotaExceeded:    http.StatusInsufficientStorage,
 
 	fault.RequestTooLarge: http.StatusRequestEntityTooLarge,
 	fault.FileTooLarge:    http.StatusRequestEntityTooLarge,

@@ -83,6 +83,10 @@ const (
 	// elsewhere (a Kubernetes claim).
 	FilesUnavailable  Code = "FILES_UNAVAILABLE"
 	SandboxNotRunning Code = "SANDBOX_NOT_RUNNING" // the sandbox exists but is stopped (a forward needs a running one)
+	// Fork and snapshots (issue 23).
+	SandboxExists    Code = "SANDBOX_EXISTS"     // a fork or restore named a key that already has a sandbox or a workspace
+	QuotaExceeded    Code = "QUOTA_EXCEEDED"     // a fork or snapshot would pass its tenant's quota; nothing was made
+	SnapshotNotFound Code = "SNAPSHOT_NOT_FOUND" // no snapshot of that name for this tenant
 
 	// Trust tiers (internal/tier, admission).
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)

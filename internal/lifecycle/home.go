@@ -164,10 +164,18 @@ func (h *Home) EnsureWorkspace(k identity.Key, uid, gid int) (string, error) {
 	return dir, nil
 }
 
-// chownTree gives uid:gid every entry under dir that the previous owner old owns, never following a symlink
-// (WalkDir does not, and Lchown changes the link itself). The sandbox is not running while this happens.
+// chownTree gives uid:gid every entry under dir that the previous owner old owns. It walks and changes through an
+// os.Root at dir, so no path it follows leaves dir, whatever a command still running there swaps in: a
+// directory replaced by a symlink to elsewhere between being listed and being read is refused (the walk fails,
+// nothing outside is touched), and Lchown changes a link itself, never its target (issue 22, Low 10: a walk by
+// path with os.Lchown followed such a swap).
 func chownTree(dir string, old, uid, gid int) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -176,11 +184,19 @@ func chownTree(dir string, old, uid, gid int) error {
 			return err
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == old {
-			return os.Lchown(p, uid, gid)
+			if err := root.Lchown(p, uid, gid); err != nil {
+				return err
+			}
+		}
+		if chownVisited != nil {
+			chownVisited(p)
 		}
 		return nil
 	})
 }
+
+// chownVisited, when set (tests), is called after chownTree handled each path: where a test swaps a directory.
+var chownVisited func(p string)
 
 // HasWorkspace reports whether key's workspace directory exists.
 func (h *Home) HasWorkspace(k identity.Key) bool {
