@@ -13,9 +13,11 @@ import (
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
-// gates hands out the per-key gate. A gate is two locks taken in order: an in-process semaphore (so
+// gates hands out the per-key gate. A gate is two locks taken in order: an in-process shared/exclusive lock (so
 // goroutines queue without touching the file system) and a flock on the key's lock file (so processes that
-// share the home queue too). Different keys never wait for each other.
+// share the home queue too). Lifecycle operations (ensure, recycle, stop, remove) and the commands of the native
+// exec take it exclusively, one at a time; commands whose caller asked to run concurrently take it shared, beside
+// each other but never beside an exclusive holder. Different keys never wait for each other.
 type gates struct {
 	home *Home
 	mu   sync.Mutex       // guards keys
@@ -23,9 +25,15 @@ type gates struct {
 }
 
 type gate struct {
-	sem     chan struct{} // capacity 1: holding the slot means this process may try the flock
-	waiters atomic.Int32  // callers queued or holding; the sweeper leaves a key with waiters alone
-	file    *flock.Flock
+	mu       sync.Mutex
+	excl     bool          // an exclusive holder has it (or is taking the file lock)
+	shared   int           // shared holders (and the one taking the file lock for them)
+	fileSh   bool          // the file lock is held shared, for the shared holders as a group
+	taking   bool          // a shared holder is taking the file lock: the others wait for it
+	pendingX int           // exclusive callers waiting: new shared callers let them go first
+	changed  chan struct{} // closed and replaced at every release
+	waiters  atomic.Int32  // callers queued or holding; the sweeper leaves a key with waiters alone
+	file     *flock.Flock
 }
 
 func newGates(h *Home) *gates { return &gates{home: h, keys: map[string]*gate{}} }
@@ -35,10 +43,15 @@ func (g *gates) get(k identity.Key) *gate {
 	defer g.mu.Unlock()
 	gt, ok := g.keys[k.Hex()]
 	if !ok {
-		gt = &gate{sem: make(chan struct{}, 1), file: flock.New(g.home.lockPath(k))}
+		gt = &gate{file: flock.New(g.home.lockPath(k)), changed: make(chan struct{})}
 		g.keys[k.Hex()] = gt
 	}
 	return gt
+}
+
+func (gt *gate) broadcast() {
+	close(gt.changed)
+	gt.changed = make(chan struct{})
 }
 
 // waitNoticeAfter is how long a caller waits at a gate before the hook WhenWaiting put in its context is called.
@@ -72,62 +85,133 @@ func noticeAfter(ctx context.Context, bound time.Duration) (stop func()) {
 	}
 }
 
-// acquire takes k's gate, waiting at most wait. It returns SANDBOX_BUSY when the wait runs out and the ctx
-// error when the caller gives up first.
+// acquire takes k's gate exclusively, waiting at most wait. It returns SANDBOX_BUSY when the wait runs out and
+// the ctx error when the caller gives up first.
 func (g *gates) acquire(ctx context.Context, k identity.Key, wait time.Duration) (release func(), err error) {
+	return g.acquireMode(ctx, k, wait, false)
+}
+
+// acquireMode takes k's gate shared (beside other shared holders) or exclusively.
+func (g *gates) acquireMode(ctx context.Context, k identity.Key, wait time.Duration, shared bool) (release func(), err error) {
 	defer noticeAfter(ctx, wait)()
 	gt := g.get(k)
 	gt.waiters.Add(1)
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	select {
-	case gt.sem <- struct{}{}:
-	case <-timer.C:
-		gt.waiters.Add(-1)
-		return nil, busy(k, wait)
-	case <-ctx.Done():
-		gt.waiters.Add(-1)
-		return nil, fmt.Errorf("wait for sandbox %s: %w", k.Short(), context.Cause(ctx))
-	}
-	if err := lockFile(ctx, gt.file, timer.C); err != nil {
-		<-gt.sem
+	fail := func(err error) (func(), error) {
 		gt.waiters.Add(-1)
 		if err == errWaitExpired {
 			return nil, busy(k, wait)
 		}
 		return nil, fmt.Errorf("wait for sandbox %s: %w", k.Short(), err)
 	}
-	return gt.releaser(), nil
+	if !shared {
+		gt.mu.Lock()
+		gt.pendingX++
+		gt.mu.Unlock()
+	}
+	for {
+		gt.mu.Lock()
+		var ok, takeFile bool
+		switch {
+		case !shared && !gt.excl && gt.shared == 0:
+			gt.pendingX--
+			gt.excl, ok, takeFile = true, true, true
+		case shared && !gt.excl && gt.pendingX == 0 && !gt.taking:
+			gt.shared++
+			ok, takeFile = true, !gt.fileSh
+			gt.taking = takeFile
+		}
+		changed := gt.changed
+		gt.mu.Unlock()
+		if ok && !takeFile {
+			return gt.releaser(true), nil
+		}
+		if ok {
+			err := lockFile(ctx, gt.file, timer.C, shared)
+			gt.mu.Lock()
+			if shared {
+				gt.taking = false
+				gt.fileSh = err == nil
+				if err != nil {
+					gt.shared--
+				}
+			} else if err != nil {
+				gt.excl = false
+			}
+			gt.broadcast()
+			gt.mu.Unlock()
+			if err != nil {
+				return fail(err)
+			}
+			return gt.releaser(shared), nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			if !shared {
+				gt.mu.Lock()
+				gt.pendingX--
+				gt.broadcast()
+				gt.mu.Unlock()
+			}
+			return fail(errWaitExpired)
+		case <-ctx.Done():
+			if !shared {
+				gt.mu.Lock()
+				gt.pendingX--
+				gt.broadcast()
+				gt.mu.Unlock()
+			}
+			return fail(context.Cause(ctx))
+		}
+	}
 }
 
-// tryAcquire takes k's gate only when nobody holds or waits for it (the sweeper's way in).
+// tryAcquire takes k's gate exclusively only when nobody holds or waits for it (the sweeper's way in).
 func (g *gates) tryAcquire(k identity.Key) (release func(), ok bool) {
 	gt := g.get(k)
 	if gt.waiters.Load() > 0 {
 		return nil, false
 	}
-	select {
-	case gt.sem <- struct{}{}:
-	default:
+	gt.mu.Lock()
+	if gt.excl || gt.shared > 0 || gt.pendingX > 0 {
+		gt.mu.Unlock()
 		return nil, false
 	}
+	gt.excl = true
+	gt.mu.Unlock()
 	gt.waiters.Add(1)
 	locked, err := gt.file.TryLock()
 	if err != nil || !locked {
 		gt.waiters.Add(-1)
-		<-gt.sem
+		gt.mu.Lock()
+		gt.excl = false
+		gt.broadcast()
+		gt.mu.Unlock()
 		return nil, false
 	}
-	return gt.releaser(), true
+	return gt.releaser(false), true
 }
 
-func (gt *gate) releaser() func() {
+func (gt *gate) releaser(shared bool) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			_ = gt.file.Unlock()
+			gt.mu.Lock()
+			if shared {
+				gt.shared--
+				if gt.shared == 0 && gt.fileSh {
+					_ = gt.file.Unlock()
+					gt.fileSh = false
+				}
+			} else {
+				_ = gt.file.Unlock()
+				gt.excl = false
+			}
+			gt.broadcast()
+			gt.mu.Unlock()
 			gt.waiters.Add(-1)
-			<-gt.sem
 		})
 	}
 }
@@ -135,11 +219,15 @@ func (gt *gate) releaser() func() {
 var errWaitExpired = fmt.Errorf("gate wait expired")
 
 // lockFile polls the flock: flock(2) has no timeout, and only one goroutine per process polls a given key
-// (the others wait on the semaphore), so a short backoff costs little.
-func lockFile(ctx context.Context, f *flock.Flock, expired <-chan time.Time) error {
+// (the others wait in process), so a short backoff costs little.
+func lockFile(ctx context.Context, f *flock.Flock, expired <-chan time.Time, shared bool) error {
 	delay := time.Millisecond
+	try := f.TryLock
+	if shared {
+		try = f.TryRLock
+	}
 	for {
-		ok, err := f.TryLock()
+		ok, err := try()
 		if err != nil {
 			return err
 		}
