@@ -132,7 +132,7 @@ func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
 	if d.Action == policy.Refuse {
 		return r, d.Err
 	}
-	if err := r.prepare(ctx, rr, tpl, repo, d.FileSecretsDropped); err != nil {
+	if err := r.prepare(ctx, rr, tpl, repo, d.Action == policy.RunOnHost); err != nil {
 		r.Finish(err) // nothing was created for it: the run ends with the failure's code
 		return nil, err
 	}
@@ -164,7 +164,8 @@ func (m *Manager) decide(ctx context.Context, rr RunRequest) (*admission, error)
 	if err != nil {
 		return nil, err
 	}
-	in := policy.DecideInputs{Mode: mode, Trust: policy.Trust(trust), SpecHasSecretFiles: len(repo.sb.SecretFiles) > 0}
+	in := policy.DecideInputs{Mode: mode, Trust: policy.Trust(trust),
+		SpecHasSecretFiles: len(repo.sb.SecretFiles) > 0 || len(tpl.secretFiles()) > 0}
 	if mode.Mode != spec.ModeNone {
 		in.Selected, in.Obstacle = m.selector.Select(ctx, m.kind, rr.Driver, m.drivers.candidates())
 	}

@@ -51,6 +51,7 @@ var statusOf = map[fault.Code]int{
 	fault.NetworkInvalid:          http.StatusUnprocessableEntity,
 	fault.BuildContextInvalid:     http.StatusUnprocessableEntity,
 	fault.SecretUnavailable:       http.StatusUnprocessableEntity,
+	fault.SecretsNeedSandbox:      http.StatusUnprocessableEntity,
 	fault.PreflightFailed:         http.StatusUnprocessableEntity,
 	fault.TierRefused:             http.StatusUnprocessableEntity,
 	fault.PortForwardUnavailable:  http.StatusUnprocessableEntity,

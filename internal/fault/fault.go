@@ -40,6 +40,7 @@ const (
 	BuildFailed          Code = "BUILD_FAILED"           // the engine ran the image build and it failed
 	SecretDeliveryFailed Code = "SECRET_DELIVERY_FAILED" // a secret file could not be placed in the sandbox; the command did not run
 	SecretUnavailable    Code = "SECRET_UNAVAILABLE"     // a secret's source (an environment variable, a host file) is missing or refused
+	SecretsNeedSandbox   Code = "SECRETS_NEED_SANDBOX"   // mode none with secret files: the host passthrough cannot deliver them
 
 	// Egress (internal/egress, wired by lifecycle).
 	EgressUnavailable Code = "EGRESS_UNAVAILABLE" // the sandbox's egress proxy cannot be served by this process

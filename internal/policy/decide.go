@@ -68,7 +68,7 @@ type DecideInputs struct {
 	// be called).
 	Selected Selection
 	Obstacle error
-	// SpecHasSecretFiles: the spec lists secret_files, which the host passthrough cannot deliver.
+	// SpecHasSecretFiles: the spec or the template lists secret files, which the host passthrough cannot deliver.
 	SpecHasSecretFiles bool
 }
 
@@ -94,8 +94,9 @@ type Decision struct {
 
 // Decide is the one place where degrade-or-refuse lives:
 //
-//   - none: runs on the host, silently (no event, no line; FileSecretsDropped is still set when the spec has
-//     secret files, for the run record); untrusted: refused with UNTRUSTED_WITHOUT_SANDBOX.
+//   - none: runs on the host, silently (no event, no line); untrusted: refused with UNTRUSTED_WITHOUT_SANDBOX;
+//     with secret files (the spec's or the template's): refused with SECRETS_NEED_SANDBOX, since the host
+//     cannot deliver them and an explicit none never drops anything silently.
 //   - an obstacle other than *NoSandboxError (e.g. --driver naming an unavailable driver): refused with its
 //     code (SANDBOX_DRIVER_UNAVAILABLE when it has none), deterministic (infrastructure for a context that
 //     ended).
@@ -120,7 +121,12 @@ func Decide(in DecideInputs) Decision {
 		if untrusted {
 			return refuse(in, untrustedError(in.Mode), Deterministic)
 		}
-		return Decision{Action: RunOnHost, Driver: DriverHost, FileSecretsDropped: in.SpecHasSecretFiles}
+		if in.SpecHasSecretFiles {
+			return refuse(in, fault.New(fault.SecretsNeedSandbox,
+				"run it in a sandbox (--sandbox auto or inline), or remove the secret files from the spec or template",
+				"mode none (from %s) runs on the host, which cannot deliver secret files", src.Describe()), Deterministic)
+		}
+		return Decision{Action: RunOnHost, Driver: DriverHost}
 	}
 
 	var noSandbox *NoSandboxError
