@@ -75,7 +75,7 @@ func (m *Manager) holdShared(ctx context.Context, key identity.Key, sh *Shape) (
 		if err != nil {
 			return nil, nil, err
 		}
-		_, _, err = m.ensure(ctx, key, sh)
+		_, _, err = m.ensure(ctx, key, m.shapeOf(sh))
 		xrelease()
 		if err != nil {
 			return nil, nil, coded(ctx, err, key)
