@@ -74,6 +74,9 @@ type AttachOptions struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Replay bool
+	// Snapshot sends the ring buffer's output and returns at once, the process running on (no error then), as
+	// `docker logs` without -f does.
+	Snapshot bool
 }
 
 func processOf(p *lifecycle.Process) *Process {

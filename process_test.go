@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -83,7 +84,12 @@ func TestProcessBesideCommands(t *testing.T) {
 	}
 	ps, err := s.m.Processes(ctx, key)
 	if err != nil || len(ps) != 1 || ps[0].PID != p.PID || !ps[0].Running || !ps[0].Stdin {
-		t.Fatalf("Processes: %+v %v", ps, err)
+		var agentLog bytes.Buffer
+		if rc, lerr := s.logs(key); lerr == nil {
+			_, _ = io.Copy(&agentLog, rc)
+			rc.Close()
+		}
+		t.Fatalf("Processes: %+v %v; events %v %+v; the sandbox's log: %q", ps, err, log.all, log.end, agentLog.String())
 	}
 	if err := s.m.SendInput(ctx, key, sandkeep.ProcessRef{Tag: "dev"}, []byte("one\n")); err != nil {
 		t.Fatal(err)

@@ -329,7 +329,7 @@ const inputWait = 5 * time.Second
 func (s *server) attach(op agentproto.ProcessOp, p *process, cancel <-chan struct{}) {
 	p.mu.Lock()
 	offs := [2]int64{p.out.total, p.errs.total}
-	if op.Replay {
+	if op.Replay || op.Snapshot {
 		offs = [2]int64{}
 	}
 	p.mu.Unlock()
@@ -357,6 +357,12 @@ func (s *server) attach(op agentproto.ProcessOp, p *process, cancel <-chan struc
 		}
 		if more {
 			continue
+		}
+		if exit == nil && op.Snapshot {
+			in := p.snapshot()
+			in.StdoutDropped, in.StderrDropped = dropped[0], dropped[1]
+			s.reply(agentproto.ProcessReply{ID: op.ID, Processes: []agentproto.ProcessInfo{in}, Detached: true})
+			return
 		}
 		if exit != nil {
 			in := p.snapshot()

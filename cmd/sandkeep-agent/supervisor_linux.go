@@ -42,8 +42,10 @@ func newSupervisors() *supervisors {
 	return &supervisors{byPID: map[int]*supervisor{}, byID: map[uint32]*supervisor{}}
 }
 
+// has reports whether pid is a supervisor. It takes the lock even when there are none: a spawn holds it until
+// its child is registered, so a tree walk never takes a supervisor being born for a member of its own tree.
 func (s *supervisors) has(pid int) bool {
-	if s == nil || s.n.Load() == 0 {
+	if s == nil {
 		return false
 	}
 	s.mu.Lock()

@@ -69,6 +69,9 @@ type ProcessOp struct {
 	Size    *WindowSize `json:"size,omitempty"`   // OpResize
 	Replay  bool        `json:"replay,omitempty"` // OpAttach: the ring's bytes first
 	Quiet   bool        `json:"quiet,omitempty"`  // OpAttach: no output at all, only the end
+	// Snapshot (OpAttach): the ring's bytes, then the reply at once (Detached while it runs), as `docker logs`
+	// without -f. It implies Replay.
+	Snapshot bool `json:"snapshot,omitempty"`
 }
 
 // Validate checks an operation before it is sent or acted on.

@@ -186,6 +186,7 @@ func (m *Manager) ListProcesses(ctx context.Context, key identity.Key) ([]Proces
 type AttachOptions struct {
 	Stdout, Stderr io.Writer // nil: discarded
 	Replay         bool      // the ring buffer's bytes first, then live output
+	Snapshot       bool      // the ring buffer's bytes, then return at once (the process may run on)
 }
 
 // AttachProcess streams ref's output to opts' writers until it ends, and returns it with its exit. When ctx is
@@ -193,7 +194,7 @@ type AttachOptions struct {
 // error. Any number of attaches may follow one process at once.
 func (m *Manager) AttachProcess(ctx context.Context, key identity.Key, ref ProcessRef, opts AttachOptions) (*Process, error) {
 	rep, sb, err := m.processOp(ctx, key, agentproto.ProcessOp{Op: agentproto.OpAttach, PID: ref.PID, Tag: ref.Tag,
-		Replay: opts.Replay}, opts.Stdout, opts.Stderr)
+		Replay: opts.Replay, Snapshot: opts.Snapshot}, opts.Stdout, opts.Stderr)
 	if sb == nil || len(rep.Processes) != 1 {
 		if err == nil {
 			err = errNoProcess(key, ref)
