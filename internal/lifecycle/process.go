@@ -402,4 +402,3 @@ func (m *Manager) watchProcess(key identity.Key, sandbox string, p agentproto.Pr
 		}
 	}()
 }
-
