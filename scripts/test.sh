@@ -109,11 +109,14 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 	{ DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; } \
 		|| fail "could not install nodejs and npm"
 fi
-if ! cmp -s test/mcp-ts/package-lock.json test/mcp-ts/node_modules/.package-lock.json.ci 2>/dev/null; then
-	phase "npm ci (test/mcp-ts)"
-	(cd test/mcp-ts && npm ci --no-audit --no-fund --loglevel=error && cp package-lock.json node_modules/.package-lock.json.ci) \
-		|| fail "npm ci in test/mcp-ts"
-fi
+# The e2b SDK suite (cmd/sandkeep TestE2BTypeScript) is installed the same way, from test/e2b-ts's lock file.
+for tsdir in test/mcp-ts test/e2b-ts; do
+	if ! cmp -s "$tsdir/package-lock.json" "$tsdir/node_modules/.package-lock.json.ci" 2>/dev/null; then
+		phase "npm ci ($tsdir)"
+		(cd "$tsdir" && npm ci --no-audit --no-fund --loglevel=error && cp package-lock.json node_modules/.package-lock.json.ci) \
+			|| fail "npm ci in $tsdir"
+	fi
+done
 
 phase "go vet ${pkgs[*]}"
 go vet "${pkgs[@]}" || fail "go vet"

@@ -337,19 +337,22 @@ func (st *doctorState) checkCapabilities() doctor.Result {
 	return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("the %s driver covers the spec", p.Driver)}
 }
 
-// preflight runs doctor's strict battery before a command (SANDKEEP_PREFLIGHT=1) and refuses on any failure.
-func preflight(ctx context.Context, g *globals, pf policyFlags) error {
-	var failed []string
-	for _, r := range doctor.Run(ctx, doctorChecks(g, pf, true), doctor.DefaultTimeout) {
-		if r.Status == doctor.Fail || r.Status == doctor.Skip {
-			failed = append(failed, fmt.Sprintf("%s: %s", r.Name, r.Detail))
-		}
+// preflight runs doctor's strict battery before a command (SANDKEEP_PREFLIGHT) and refuses on any failure (and,
+// with SANDKEEP_PREFLIGHT=strict, on a check that could not run); its warnings are printed on stderr.
+func preflight(ctx context.Context, g *globals, pf policyFlags, pre doctor.Preflight) error {
+	failed, warnings := pre.Verdict(doctor.Run(ctx, doctorChecks(g, pf, true), doctor.DefaultTimeout))
+	for _, r := range warnings {
+		fmt.Fprintf(g.stderr, "sandkeep: preflight: %s\n", r.Line())
 	}
 	if len(failed) == 0 {
 		return nil
 	}
+	lines := make([]string, 0, len(failed))
+	for _, r := range failed {
+		lines = append(lines, fmt.Sprintf("%s: %s", r.Name, r.Detail))
+	}
 	return fault.New(fault.PreflightFailed, "run `sandkeep doctor --strict` for the fix lines, or unset SANDKEEP_PREFLIGHT",
-		"preflight checks failed: %s", strings.Join(failed, "; "))
+		"preflight checks failed: %s", strings.Join(lines, "; "))
 }
 
 // listDrivers probes every offered driver of the host kind's preference order and says which answer.

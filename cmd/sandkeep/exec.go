@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/doctor"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
@@ -204,8 +205,12 @@ func checkAttached(cmd *cobra.Command, pf policyFlags) error {
 
 func runExec(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.ExecRequest, asJSON bool,
 	gateWait time.Duration, pf policyFlags, fail func(error) error, caller *callerTTY) error {
-	if os.Getenv("SANDKEEP_PREFLIGHT") == "1" {
-		if err := preflight(ctx, g, pf); err != nil {
+	pre, err := doctor.ParsePreflight(os.Getenv("SANDKEEP_PREFLIGHT"))
+	if err != nil {
+		return fail(err)
+	}
+	if pre.On {
+		if err := preflight(ctx, g, pf, pre); err != nil {
 			return fail(err)
 		}
 	}

@@ -431,3 +431,23 @@ func TestExecNetwork(t *testing.T) {
 		"--network-preset", "corp", "--", "true").want(t, 0)
 	c.run(t, "exec", "--user", "flags", "--network", "strict", "--", "true").wantFailure(t, "NETWORK_INVALID")
 }
+
+// TestPreflightValues: SANDKEEP_PREFLIGHT takes 1, true, yes or on in any case (each runs the checks, which
+// refuse here: no engine), off leaves it off, a value it does not know is refused rather than read as off, and a
+// warning of the checks is printed while the command runs.
+func TestPreflightValues(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	ten := c.ten("acme")
+	for _, v := range []string{"1", "true", "TRUE", "yes", "Yes", "on", "ON"} {
+		c.runWith(t, nil, append(noDocker[:1:1], "SANDKEEP_PREFLIGHT="+v), "exec", "--tenant", ten, "--user", "pre", "--", "true").
+			wantFailure(t, "PREFLIGHT_FAILED")
+	}
+	c.runWith(t, nil, append(noDocker[:1:1], "SANDKEEP_PREFLIGHT=off"), "exec", "--tenant", ten, "--user", "pre", "--", "true").want(t, 0)
+	c.runWith(t, nil, []string{"SANDKEEP_PREFLIGHT=enabled"}, "exec", "--tenant", ten, "--user", "pre", "--", "true").
+		wantFailure(t, "INVALID_ARGUMENT")
+	r := c.runWith(t, nil, []string{"SANDKEEP_PREFLIGHT=yes", "SANDKEEP_SANDBOX_UIDS=off"}, "exec", "--tenant", ten, "--user", "pre", "--", "echo", "ran").want(t, 0)
+	if r.stdout != "ran\n" || !strings.Contains(r.stderr, "sandkeep: preflight: WARN sandbox uids") {
+		t.Errorf("a preflight warning: stdout %q, stderr %q", r.stdout, r.stderr)
+	}
+}

@@ -132,6 +132,11 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		}
 	}
 	reg := serveRegistry()
+	front, err := g.e2bFront(sc)
+	if err != nil {
+		return err
+	}
+	defer front.Close()
 	srv, err := api.New(api.Config{
 		Backend: svc.backend, Tokens: svc.st, Registry: reg,
 		Limits: sc.Limits.api(), TenantLimits: sc.tenantLimits(),
@@ -143,6 +148,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 				Authorize: func(r *http.Request, tool string) error { return h.Authorize(r, mcpserver.Scope(tool)) },
 			})
 		},
+		E2B: front.Handler,
 	})
 	if err != nil {
 		return err
@@ -171,6 +177,8 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 			}
 		})
 	}
+	// E2B sandboxes' timeouts (docs/E2B.md), enforced from the records, so they survive a restart.
+	sweeping.Go(func() { front.Sweep(sweepCtx, time.Second) })
 	defer func() { stopSweep(); sweeping.Wait() }()
 	served := make(chan error, 1)
 	go func() {

@@ -43,6 +43,10 @@ type serverConfig struct {
 	MetricsTokenEnv string `yaml:"metrics_token_env"`
 	// MetricsOpen serves /metrics without auth when there is no metrics token; false: /metrics is refused then.
 	MetricsOpen bool `yaml:"metrics_open"`
+	// E2B is the E2B front's (docs/E2B.md): the longest timeout a sandbox may ask for (default 24h).
+	E2B struct {
+		MaxTimeout string `yaml:"max_timeout"`
+	} `yaml:"e2b"`
 	// Limits bound every tenant; Tenants replaces them for the tenants it names.
 	Limits  limitsConfig            `yaml:"limits"`
 	Tenants map[string]limitsConfig `yaml:"tenants"`

@@ -72,6 +72,12 @@ type Config struct {
 	// draining applied, and the hooks that name each request's key, scopes and id.
 	MCP func(b service.Backend, hooks MCPHooks) http.Handler
 
+	// E2B, when set, makes the handler mounted at /e2b/ (E2B's control plane and envd, internal/e2b). The route
+	// has no bearer auth of its own: the handler authenticates each request with hooks.Authenticate (the SDK's
+	// X-API-KEY) or a sandbox's access token. It receives the backend with this server's limits, metrics and
+	// draining applied.
+	E2B func(b service.Backend, hooks E2BHooks) http.Handler
+
 	// PollInterval is how often GET /v1/runs/{id}/events?follow=1 asks the backend for new events; default 500ms.
 	PollInterval time.Duration
 
@@ -134,6 +140,7 @@ const (
 	authToken   authKind = iota // a tenant's token with scopes
 	authNone                    // /healthz, /readyz
 	authMetrics                 // Config.MetricsToken, when set
+	authSelf                    // the handler authenticates each request itself (/e2b/: E2BHooks.Authenticate)
 )
 
 // New checks cfg and builds the server. It starts no goroutine.
@@ -198,7 +205,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.metrics = m
 	s.drain.stop = make(chan struct{})
-	s.register(cfg.MCP)
+	s.register(cfg.MCP, cfg.E2B)
 	return s, nil
 }
 
@@ -210,7 +217,7 @@ func orDefault(v, def int64) int64 {
 }
 
 // register mounts every route. Patterns are Go 1.22 ServeMux patterns; {path...} takes the rest of the path.
-func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler) {
+func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b func(service.Backend, E2BHooks) http.Handler) {
 	s.handle("POST /v1/sandboxes/{user}/exec", authToken, s.handleExec, ScopeExec)
 	s.handle("GET /v1/sandboxes/{user}/exec/tty", authToken, s.handleExecTTY, ScopeExec)
 	s.handle("GET /v1/sandboxes/{user}/ports/{port}", authToken, s.handlePortForward, ScopeExec)
@@ -234,6 +241,10 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler) {
 	if mcp != nil {
 		h := mcp(s.backend, mcpHooks)
 		s.handle("/mcp", authToken, h.ServeHTTP)
+	}
+	if e2b != nil {
+		h := e2b(s.backend, s.e2bHooks())
+		s.handle("/e2b/", authSelf, h.ServeHTTP)
 	}
 	// Everything else: a JSON 404 rather than the mux's text one. It has no auth, and says nothing but "no
 	// such route", so it reveals nothing a token would protect.

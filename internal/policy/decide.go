@@ -7,8 +7,6 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/containerd/errdefs"
-
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -234,52 +232,3 @@ func oneLine(s string) string {
 }
 
 func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
-
-// Failure is how a run that failed during sandbox setup is recorded.
-type Failure struct {
-	Err         *fault.Error // the user-facing error, wrapping the cause
-	Status      RunStatus
-	Disposition Disposition
-}
-
-// SetupFailure classifies an error from sandbox setup (image pull, build, create, start):
-//
-//   - a context deadline (the setup bound) is SANDBOX_SETUP_TIMEOUT, failed_resumable, infrastructure;
-//   - a capacity refusal (errdefs.ErrResourceExhausted, or a SANDBOX_CAPACITY fault) is SANDBOX_CAPACITY,
-//     failed_resumable, infrastructure;
-//   - a cancellation by the caller keeps its code (SANDBOX_FAILED when none), failed, infrastructure;
-//   - anything else keeps its code (SANDBOX_FAILED when none), failed, deterministic when it is a validation
-//     code (INVALID_*, POSTURE_REFUSED, FOREIGN_CONTAINER, IMAGE_UNAVAILABLE) and infrastructure otherwise.
-//
-// It returns a zero Failure for a nil err.
-func SetupFailure(err error) Failure {
-	switch {
-	case err == nil:
-		return Failure{}
-	case errors.Is(err, context.DeadlineExceeded):
-		return Failure{
-			Err: fault.Wrap(err, fault.SandboxSetupTimeout, "retry; if it keeps happening, pull or build the image ahead of time",
-				"sandbox setup (image pull, build or start) did not finish within its bound"),
-			Status: StatusFailedResumable, Disposition: Infrastructure,
-		}
-	case errdefs.IsResourceExhausted(err) || fault.Is(err, fault.SandboxCapacity):
-		return Failure{
-			Err: fault.Wrap(err, fault.SandboxCapacity, "retry later, or free capacity on the engine",
-				"the engine has no capacity for another sandbox"),
-			Status: StatusFailedResumable, Disposition: Infrastructure,
-		}
-	}
-	var fe *fault.Error
-	if !errors.As(err, &fe) {
-		fe = fault.Wrap(err, fault.SandboxFailed, "", "sandbox setup failed: %s", oneLine(err.Error()))
-	}
-	disp := Infrastructure
-	switch fe.Code {
-	case fault.InvalidArgument, fault.InvalidEnv, fault.InvalidIdentity, fault.InvalidMount, fault.InvalidTimeout,
-		fault.InvalidWorkdir, fault.PostureRefused, fault.ForeignContainer, fault.ImageUnavailable:
-		if !errors.Is(err, context.Canceled) {
-			disp = Deterministic
-		}
-	}
-	return Failure{Err: fe, Status: StatusFailed, Disposition: disp}
-}

@@ -251,6 +251,13 @@ func TestSetupFailure(t *testing.T) {
 			code: fault.SandboxFailed, status: StatusFailed, disp: Infrastructure},
 		{name: "missing image is deterministic", err: fault.New(fault.ImageUnavailable, "", "no such image"),
 			code: fault.ImageUnavailable, status: StatusFailed, disp: Deterministic},
+		{name: "a driver's own setup timeout (kube: pod not running in time) resumes",
+			err:  fault.New(fault.SandboxSetupTimeout, "", "the pod was not running after 2m"),
+			code: fault.SandboxSetupTimeout, status: StatusFailedResumable, disp: Infrastructure},
+		{name: "a failed build is the input's", err: fault.New(fault.BuildFailed, "", "RUN false"),
+			code: fault.BuildFailed, status: StatusFailed, disp: Deterministic},
+		{name: "a cancelled caller is never deterministic", err: fault.Wrap(context.Canceled, fault.BuildFailed, "", "build"),
+			code: fault.BuildFailed, status: StatusFailed, disp: Infrastructure},
 		{name: "plain error", err: errors.New("boom"),
 			code: fault.SandboxFailed, status: StatusFailed, disp: Infrastructure},
 	}

@@ -6,8 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -17,8 +17,10 @@ import (
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
-// Recorder appends one run's events. A store failure is reported once (on Warn, when set) and never fails the
-// command: the command's own result matters more than its record.
+// Recorder appends one run's events. They are enqueued (store.Store.EnqueueEvent): the command never waits for a
+// transaction per event, and the store commits them in order within a few milliseconds. A store failure is
+// reported once (on Warn when set, else on slog's default logger) and never fails the command: the command's own
+// result matters more than its record.
 type Recorder struct {
 	Store     store.Store
 	RunID     string
@@ -30,19 +32,33 @@ type Recorder struct {
 // Event records one event of the run; it has the shape of a lifecycle sink.
 func (r *Recorder) Event(name string, payload any) {
 	ev, err := events.New(r.RunID, name, payload)
-	if err == nil {
-		ev.RequestID = r.RequestID
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err = r.Store.AppendEvent(ctx, ev)
+	if err != nil {
+		r.warn(name, err)
+		return
 	}
-	if err != nil && r.Warn != nil {
-		r.once.Do(func() { fmt.Fprintf(r.Warn, "sandkeep: warning: cannot record event %s: %v\n", name, err) })
-	}
+	ev.RequestID = r.RequestID
+	r.Store.EnqueueEvent(ev, func(_ int64, err error) {
+		if err != nil {
+			r.warn(name, err)
+		}
+	})
+}
+
+func (r *Recorder) warn(name string, err error) {
+	r.once.Do(func() {
+		if r.Warn != nil {
+			fmt.Fprintf(r.Warn, "sandkeep: warning: cannot record event %s: %v\n", name, err)
+			return
+		}
+		slog.Warn("cannot record event", "run", r.RunID, "event", name, "err", err)
+	})
 }
 
 // Finish records how run id ended: succeeded when sandkeep ran the command (whatever its exit status, which
-// exec_finished records), else failed with the failure's code and whether a retry may help.
+// exec_finished records), else failed with the failure's code and whether a retry may help. The update is
+// enqueued after the run's events (store.Store.EnqueueUpdate), so the caller's answer does not wait for the
+// store; this process reads it at once (its reads flush), another within a few milliseconds. It returns an error
+// only for an update the store refuses up front; a failure to commit it is logged on slog's default logger.
 func Finish(st store.Store, id string, err error) error {
 	upd := store.RunUpdate{Status: store.StatusSucceeded}
 	if err != nil {
@@ -53,9 +69,16 @@ func Finish(st store.Store, id string, err error) error {
 			upd.FailureCode = string(fault.Internal)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return st.UpdateRun(ctx, id, upd)
+	upd, perr := store.PrepareUpdate(id, upd)
+	if perr != nil {
+		return perr
+	}
+	st.EnqueueUpdate(id, upd, func(err error) {
+		if err != nil {
+			slog.Warn("cannot record the end of a run", "run", id, "err", err)
+		}
+	})
+	return nil
 }
 
 // Attach checks that a named run may take a command of tenant/user: it exists, is running, and is theirs.

@@ -28,8 +28,8 @@ type Event = events.Event
 // Store records runs, events and API tokens. It is safe for concurrent use by several goroutines, and an implementation
 // backed by a shared database is safe for several processes writing at once: nothing is lost.
 type Store interface {
-	// CreateRun records a new run. r.ID must be set (NewRunID); a zero CreatedAt is set to now; an empty
-	// Status means running. A run created in a finished status gets FinishedAt = CreatedAt when zero.
+	// CreateRun records a new run, committed when it returns (an admission verdict is durable before anything
+	// runs). r.ID must be set (NewRunID); a zero CreatedAt is set to now; an empty Status means running. A run created in a finished status gets FinishedAt = CreatedAt when zero.
 	CreateRun(ctx context.Context, r Run) error
 	// UpdateRun finishes run id: running -> succeeded, failed or failed_resumable. A finished run cannot be
 	// reopened or finished again (ErrFailedPrecondition); an absent one is ErrNotFound.
@@ -45,11 +45,23 @@ type Store interface {
 	AppendEvent(ctx context.Context, e Event) (int64, error)
 	// ListEvents returns the events matching f in ascending sequence order.
 	ListEvents(ctx context.Context, f EventFilter) ([]Event, error)
+	// EnqueueEvent records e as AppendEvent does, without waiting for it: the store commits it within a few
+	// milliseconds (DefaultFlushDelay), together with the writes around it, in the order of the calls, and then
+	// calls done (when not nil; it must not block) with its sequence number or error. It is how a command's
+	// events reach the store without a transaction each on the command's path.
+	EnqueueEvent(e Event, done func(seq int64, err error))
+	// EnqueueUpdate finishes run id as UpdateRun does, without waiting, after every write enqueued before it;
+	// done as for EnqueueEvent.
+	EnqueueUpdate(id string, upd RunUpdate, done func(err error))
+	// Flush returns once every write enqueued before it is committed (or has failed). The reads of runs and
+	// events (GetRun, ListRuns, ListEvents, the dashboard's) flush first, so a process reads what it wrote;
+	// another process sees an enqueued write once it is committed. Close flushes: a clean shutdown loses nothing.
+	Flush(ctx context.Context) error
 	// TokenStore keeps the service's API tokens in the same database as the runs.
 	TokenStore
 	// Dashboard is the read-only queries of the operator dashboard.
 	Dashboard
-	// Close releases the store's resources.
+	// Close commits every enqueued write and releases the store's resources.
 	Close() error
 }
 

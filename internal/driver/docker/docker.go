@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -193,10 +194,34 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 		if cerrdefs.IsConflict(err) {
 			return nil, fmt.Errorf("create %s: %w", spec.Name, cerrdefs.ErrConflict)
 		}
+		if lacksCapacity(err) {
+			return nil, fault.Wrap(err, fault.SandboxCapacity, "free memory or disk space on the engine's host, or retry later",
+				"the Docker daemon has no room to create sandbox %s", spec.Name)
+		}
 		return nil, fault.Wrap(err, fault.SandboxFailed, "check `docker info` and the daemon log",
 			"the Docker daemon could not create sandbox %s", spec.Name)
 	}
 	return d.Inspect(ctx, res.ID)
+}
+
+// capacityErrnos are what an engine reports when its host has no room for a sandbox: memory, disk, a disk quota.
+var capacityErrnos = []syscall.Errno{syscall.ENOMEM, syscall.ENOSPC, syscall.EDQUOT}
+
+// lacksCapacity says whether the engine refused for lack of memory or space. The Engine API carries a create or
+// start failure as a message only (its errdefs class is "unknown" or "system", whatever the cause), so this is
+// the one place that reads an engine's text, and only for an errno's own description (strerror), which the
+// kernel's C library spells the same everywhere: runc and containerd pass it through verbatim.
+func lacksCapacity(err error) bool {
+	if cerrdefs.IsResourceExhausted(err) {
+		return true
+	}
+	msg := err.Error()
+	for _, e := range capacityErrnos {
+		if errors.Is(err, e) || strings.Contains(msg, e.Error()) {
+			return true
+		}
+	}
+	return false
 }
 
 // containerConfig translates the posture; it is the only place a posture field becomes a Docker setting.
@@ -255,6 +280,10 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 	if _, err := d.api.ContainerStart(ctx, sb.ID, client.ContainerStartOptions{}); err != nil {
 		if cerrdefs.IsNotFound(err) {
 			return fmt.Errorf("start %s: %w", sb.Name, cerrdefs.ErrNotFound)
+		}
+		if lacksCapacity(err) {
+			return fault.Wrap(err, fault.SandboxCapacity, "free memory or disk space on the engine's host, or retry later",
+				"the Docker daemon has no room to start sandbox %s", sb.Name)
 		}
 		return fault.Wrap(err, fault.SandboxFailed, "check `docker logs "+sb.Name+"` and the daemon log",
 			"the Docker daemon could not start sandbox %s", sb.Name)

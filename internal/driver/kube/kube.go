@@ -713,6 +713,10 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 		return fmt.Errorf("start %s: a pod of that name appeared: %w", sb.Name, cerrdefs.ErrConflict)
 	}
 	if err != nil {
+		if apierrors.IsForbidden(err) && d.overQuota(ctx, want) {
+			return fault.Wrap(err, fault.SandboxCapacity, "raise the namespace's ResourceQuota, free what it counts, or retry later",
+				"the namespace's quota has no room for the pod of sandbox %s", sb.Name)
+		}
 		if apierrors.IsForbidden(err) {
 			return fault.Wrap(err, fault.PostureRefused, "check the namespace's Pod Security labels and sandkeep's RBAC on pods",
 				"the cluster refused the pod of sandbox %s: %s", sb.Name, apierrors.ReasonForError(err))
@@ -776,8 +780,7 @@ func (d *Driver) waitRunning(ctx context.Context, name string, uid types.UID) er
 		select {
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fault.New(fault.SandboxSetupTimeout, "check the pod's events: scheduling, the workspace claim binding, image pulls",
-					"the pod of sandbox %s was not running after %v: %s", name, d.opts.StartTimeout, pendingReason(last))
+				return notRunningInTime(name, d.opts.StartTimeout, last)
 			}
 			return fmt.Errorf("start %s: %w", name, ctx.Err())
 		case <-time.After(delay):
@@ -786,6 +789,79 @@ func (d *Driver) waitRunning(ctx context.Context, name string, uid types.UID) er
 			delay *= 2
 		}
 	}
+}
+
+// overQuota says whether one of the namespace's ResourceQuotas has no room for pod: the quota admission's refusal
+// is a plain Forbidden, so this reads the quotas themselves (hard against used plus the pod's own requests and
+// limits) instead of the refusal's text. Quotas it cannot read count as no quota.
+func (d *Driver) overQuota(ctx context.Context, pod *corev1.Pod) bool {
+	qs, err := d.api.CoreV1().ResourceQuotas(d.opts.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false
+	}
+	want := podUsage(pod)
+	for _, q := range qs.Items {
+		for name, hard := range q.Status.Hard {
+			add, ok := want[name]
+			if !ok {
+				continue
+			}
+			used := q.Status.Used[name].DeepCopy()
+			used.Add(add)
+			if used.Cmp(hard) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// podUsage is what pod counts against a ResourceQuota.
+func podUsage(pod *corev1.Pod) corev1.ResourceList {
+	one := resource.MustParse("1")
+	use := corev1.ResourceList{corev1.ResourcePods: one, "count/pods": one}
+	add := func(name corev1.ResourceName, q resource.Quantity) {
+		cur := use[name]
+		cur.Add(q)
+		use[name] = cur
+	}
+	for _, c := range pod.Spec.Containers {
+		for n, q := range c.Resources.Requests {
+			add(corev1.ResourceName("requests."+string(n)), q)
+			if n == corev1.ResourceCPU || n == corev1.ResourceMemory {
+				add(n, q)
+			}
+		}
+		for n, q := range c.Resources.Limits {
+			add(corev1.ResourceName("limits."+string(n)), q)
+		}
+	}
+	return use
+}
+
+// notRunningInTime is the failure of a pod still not running at its start bound: SANDBOX_CAPACITY when the
+// scheduler found no node with room for it (insufficient CPU or memory, too many pods), else
+// SANDBOX_SETUP_TIMEOUT. Both may succeed later: the run is failed_resumable.
+func notRunningInTime(name string, bound time.Duration, last *corev1.Pod) error {
+	if why, ok := unschedulable(last); ok {
+		return fault.New(fault.SandboxCapacity, "free capacity on the cluster's nodes (or add nodes), lower the template's cpus or memory, or retry later",
+			"no node of the cluster has room for the pod of sandbox %s (still unschedulable after %v): %s", name, bound, why)
+	}
+	return fault.New(fault.SandboxSetupTimeout, "check the pod's events: scheduling, the workspace claim binding, image pulls",
+		"the pod of sandbox %s was not running after %v: %s", name, bound, pendingReason(last))
+}
+
+// unschedulable says whether the scheduler last found no node for pod, and the scheduler's reason.
+func unschedulable(pod *corev1.Pod) (string, bool) {
+	if pod == nil {
+		return "", false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return c.Message, true
+		}
+	}
+	return "", false
 }
 
 // podFailure says why a pod will never run, or "" while it may still.

@@ -16,7 +16,9 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/drivertest"
 	"github.com/sandkeep/sandkeep/internal/driver/kube"
+	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
+	"github.com/sandkeep/sandkeep/internal/policy"
 )
 
 // TestConformance runs the driver conformance suite against the real node (API server, kubelet, containerd),
@@ -314,4 +316,42 @@ func run(t *testing.T, ctx context.Context, d *kube.Driver, sb *driver.Sandbox, 
 		t.Fatalf("Exec(%q): %v", argv, err)
 	}
 	return result{exit: res.ExitCode, stdout: out.String(), stderr: errb.String()}
+}
+
+// TestUnschedulableIsCapacity: on the real node, a pod that asks for more CPU and memory than any node has stays
+// unschedulable; at the start bound the driver says SANDBOX_CAPACITY (not a setup timeout), which the run records
+// failed_resumable/infrastructure, and leaves no pod behind.
+func TestUnschedulableIsCapacity(t *testing.T) {
+	c := theNode(t)
+	ns := c.namespace(t)
+	d := c.newDriver(t, kube.Options{Namespace: ns, StartTimeout: 10 * time.Second})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	key, err := identity.New("acme", "unschedulable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := c.spec(t, ns, key, "kube-capacity-"+randHex(t, 4))
+	spec.Image, spec.ImageID = testImage, testImage
+	spec.Posture.NanoCPUs, spec.Posture.MemoryBytes, spec.Posture.MemorySwapBytes = 512e9, 4<<40, 4<<40
+	sb, err := d.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer ccancel()
+		_ = d.Remove(cctx, sb)
+	})
+	err = d.Start(ctx, sb)
+	if fault.CodeOf(err) != fault.SandboxCapacity {
+		t.Fatalf("Start of a pod no node has room for: %v, want SANDBOX_CAPACITY", err)
+	}
+	if f := policy.SetupFailure(err); f.Status != policy.StatusFailedResumable || f.Disposition != policy.Infrastructure {
+		t.Errorf("recorded %s/%s", f.Status, f.Disposition)
+	}
+	pods, err := c.api.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 0 {
+		t.Errorf("pods left behind: %d, %v", len(pods.Items), err)
+	}
 }

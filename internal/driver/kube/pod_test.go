@@ -3,11 +3,16 @@ package kube
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/policy"
 )
 
 func posture() driver.Posture {
@@ -152,4 +157,73 @@ func FuzzParsers(f *testing.F) {
 			t.Fatalf("labelValue(%q) = %q", s, v)
 		}
 	})
+}
+
+// TestNotRunningInTime: a pod the scheduler found no room for is SANDBOX_CAPACITY when its start bound passes, any
+// other pending pod SANDBOX_SETUP_TIMEOUT; both are recorded failed_resumable/infrastructure.
+func TestNotRunningInTime(t *testing.T) {
+	unsched := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{
+		Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable,
+		Message: "0/1 nodes are available: 1 Insufficient cpu."}}}}
+	pulling := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{
+		Type: corev1.PodScheduled, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionFalse,
+		Reason: "ContainersNotReady", Message: "containers with unready status: [sandbox]"}}}}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want fault.Code
+	}{
+		{"unschedulable", unsched, fault.SandboxCapacity},
+		{"scheduled, still pulling", pulling, fault.SandboxSetupTimeout},
+		{"never seen", nil, fault.SandboxSetupTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := notRunningInTime("sandkeep-u-x", time.Minute, tc.pod)
+			if fault.CodeOf(err) != tc.want {
+				t.Fatalf("%v, want %s", err, tc.want)
+			}
+			if f := policy.SetupFailure(err); f.Status != policy.StatusFailedResumable || f.Disposition != policy.Infrastructure {
+				t.Errorf("recorded %s/%s", f.Status, f.Disposition)
+			}
+			if tc.want == fault.SandboxCapacity && !strings.Contains(err.Error(), "Insufficient cpu") {
+				t.Errorf("the scheduler's reason is lost: %v", err)
+			}
+		})
+	}
+}
+
+// TestOverQuota: a pod the namespace's ResourceQuota has no room for (pods, requests, limits) is told apart from
+// one the API server forbids for another reason, by reading the quotas, not the refusal's text.
+func TestOverQuota(t *testing.T) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+	}}}}}
+	quota := func(hard, used corev1.ResourceList) *corev1.ResourceQuota {
+		return &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "q", Namespace: "ns"},
+			Status: corev1.ResourceQuotaStatus{Hard: hard, Used: used}}
+	}
+	for _, tc := range []struct {
+		name  string
+		quota *corev1.ResourceQuota
+		want  bool
+	}{
+		{"no quota", nil, false},
+		{"pods full", quota(corev1.ResourceList{"pods": resource.MustParse("2")}, corev1.ResourceList{"pods": resource.MustParse("2")}), true},
+		{"pods room", quota(corev1.ResourceList{"pods": resource.MustParse("3")}, corev1.ResourceList{"pods": resource.MustParse("2")}), false},
+		{"cpu requests", quota(corev1.ResourceList{"requests.cpu": resource.MustParse("1")}, corev1.ResourceList{"requests.cpu": resource.MustParse("600m")}), true},
+		{"memory limits", quota(corev1.ResourceList{"limits.memory": resource.MustParse("1Gi")}, corev1.ResourceList{"limits.memory": resource.MustParse("512Mi")}), false},
+		{"plain memory", quota(corev1.ResourceList{"memory": resource.MustParse("1Gi")}, corev1.ResourceList{"memory": resource.MustParse("900Mi")}), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api := kubefake.NewClientset()
+			if tc.quota != nil {
+				api = kubefake.NewClientset(tc.quota)
+			}
+			d := &Driver{opts: Options{Namespace: "ns"}, api: api}
+			if got := d.overQuota(t.Context(), pod); got != tc.want {
+				t.Errorf("overQuota = %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

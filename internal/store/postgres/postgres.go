@@ -41,7 +41,8 @@ const (
 
 // Store is a store.Store over a PostgreSQL database.
 type Store struct {
-	pool *pgxpool.Pool
+	*store.Group // every write of runs and events, committed in groups by one writer goroutine
+	pool         *pgxpool.Pool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -62,7 +63,9 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("open postgres store %s: %w", where(cfg), err)
 	}
-	return &Store{pool: pool}, nil
+	s := &Store{pool: pool}
+	s.Group = store.NewGroup(s, store.GroupOptions{})
+	return s, nil
 }
 
 // where names the server and database of cfg, never its password.
@@ -102,22 +105,26 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Close closes the pool.
+// Close commits every enqueued write and closes the pool.
 func (s *Store) Close() error {
+	err := s.Group.Close()
 	s.pool.Close()
-	return nil
+	return err
 }
 
 const runColumns = `id, tenant, user_name, trust, requested_mode, resolved_mode, source, driver, admission, status,
 	failure_code, disposition, created_at, finished_at`
 
-// CreateRun implements store.Store.
-func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
-	r, err := store.PrepareRun(r)
-	if err != nil {
-		return err
-	}
-	_, err = s.pool.Exec(ctx, `INSERT INTO runs (`+runColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+// InTx implements store.Committer: fn runs in one transaction, committed when it returns nil.
+func (s *Store) InTx(ctx context.Context, fn func(w store.Writes) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(writes{tx: tx}) })
+}
+
+// writes are the store's writes inside transaction tx.
+type writes struct{ tx pgx.Tx }
+
+func (w writes) InsertRun(ctx context.Context, r store.Run) error {
+	_, err := w.tx.Exec(ctx, `INSERT INTO runs (`+runColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
 		r.ID, r.Tenant, r.User, r.Trust, r.RequestedMode, r.ResolvedMode, r.Source, r.Driver, r.Admission,
 		r.Status, r.FailureCode, r.Disposition, r.CreatedAt, nullTime(r.FinishedAt))
 	if isCode(err, codeUniqueViolation) {
@@ -129,14 +136,10 @@ func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
 	return nil
 }
 
-// UpdateRun implements store.Store. The update is one conditional statement (only a running run changes); when it
-// changes nothing, a second read says whether the run is absent or already finished.
-func (s *Store) UpdateRun(ctx context.Context, id string, upd store.RunUpdate) error {
-	upd, err := store.PrepareUpdate(id, upd)
-	if err != nil {
-		return err
-	}
-	tag, err := s.pool.Exec(ctx, `UPDATE runs SET status = $1, failure_code = $2, disposition = $3, finished_at = $4
+// FinishRun is one conditional statement (only a running run changes); when it changes nothing, a second read
+// says whether the run is absent or already finished.
+func (w writes) FinishRun(ctx context.Context, id string, upd store.RunUpdate) error {
+	tag, err := w.tx.Exec(ctx, `UPDATE runs SET status = $1, failure_code = $2, disposition = $3, finished_at = $4
 		WHERE id = $5 AND status = 'running'`, upd.Status, upd.FailureCode, upd.Disposition, upd.FinishedAt, id)
 	if err != nil {
 		return fmt.Errorf("update run %s: %w", id, err)
@@ -145,7 +148,7 @@ func (s *Store) UpdateRun(ctx context.Context, id string, upd store.RunUpdate) e
 		return nil
 	}
 	var status string
-	err = s.pool.QueryRow(ctx, `SELECT status FROM runs WHERE id = $1`, id).Scan(&status)
+	err = w.tx.QueryRow(ctx, `SELECT status FROM runs WHERE id = $1`, id).Scan(&status)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.ErrRunNotFound("update run", id)
 	}
@@ -155,8 +158,27 @@ func (s *Store) UpdateRun(ctx context.Context, id string, upd store.RunUpdate) e
 	return store.ErrFinished(id, status)
 }
 
+func (w writes) InsertEvent(ctx context.Context, e store.Event) (int64, error) {
+	var seq int64
+	err := w.tx.QueryRow(ctx, `WITH next AS (UPDATE event_seq SET last = last + 1 RETURNING last)
+		INSERT INTO events (seq, run_id, time, name, payload, request_id)
+		SELECT last, $1, $2, $3, $4::json, $5 FROM next
+		RETURNING seq`,
+		nullString(e.RunID), e.Time, e.Name, string(e.Payload), e.RequestID).Scan(&seq)
+	if isCode(err, codeForeignKeyViolation) {
+		return 0, store.ErrRunNotFound("append event "+e.Name, e.RunID)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("append event %s: %w", e.Name, err)
+	}
+	return seq, nil
+}
+
 // GetRun implements store.Store.
 func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
+	if err := s.Flush(ctx); err != nil {
+		return store.Run{}, fmt.Errorf("get run %s: %w", id, err)
+	}
 	r, err := scanRun(s.pool.QueryRow(ctx, `SELECT `+runColumns+` FROM runs WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Run{}, store.ErrRunNotFound("get run", id)
@@ -171,6 +193,9 @@ func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
 func (s *Store) ListRuns(ctx context.Context, f store.RunFilter) ([]store.Run, error) {
 	if err := store.CheckLimit("list runs", f.Limit); err != nil {
 		return nil, err
+	}
+	if err := s.Flush(ctx); err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
 	}
 	var where []string
 	var args []any
@@ -218,31 +243,13 @@ func (s *Store) ListRuns(ctx context.Context, f store.RunFilter) ([]store.Run, e
 	return runs, nil
 }
 
-// AppendEvent implements store.Store.
-func (s *Store) AppendEvent(ctx context.Context, e store.Event) (int64, error) {
-	e, err := store.PrepareEvent(e)
-	if err != nil {
-		return 0, err
-	}
-	var seq int64
-	err = s.pool.QueryRow(ctx, `WITH next AS (UPDATE event_seq SET last = last + 1 RETURNING last)
-		INSERT INTO events (seq, run_id, time, name, payload, request_id)
-		SELECT last, $1, $2, $3, $4::json, $5 FROM next
-		RETURNING seq`,
-		nullString(e.RunID), e.Time, e.Name, string(e.Payload), e.RequestID).Scan(&seq)
-	if isCode(err, codeForeignKeyViolation) {
-		return 0, store.ErrRunNotFound("append event "+e.Name, e.RunID)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("append event %s: %w", e.Name, err)
-	}
-	return seq, nil
-}
-
 // ListEvents implements store.Store.
 func (s *Store) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event, error) {
 	if err := store.CheckLimit("list events", f.Limit); err != nil {
 		return nil, err
+	}
+	if err := s.Flush(ctx); err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
 	}
 	q := `SELECT seq, run_id, time, name, payload::text, request_id FROM events WHERE seq > $1`
 	args := []any{f.AfterSeq}

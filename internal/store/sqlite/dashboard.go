@@ -13,6 +13,9 @@ import (
 
 // QueryRuns implements store.Dashboard.
 func (s *Store) QueryRuns(ctx context.Context, q store.RunQuery) (store.RunPage, error) {
+	if err := s.Flush(ctx); err != nil {
+		return store.RunPage{}, err
+	}
 	q, err := store.PrepareRunQuery(q)
 	if err != nil {
 		return store.RunPage{}, err
@@ -67,6 +70,9 @@ func (s *Store) QueryRuns(ctx context.Context, q store.RunQuery) (store.RunPage,
 
 // CountRuns implements store.Dashboard.
 func (s *Store) CountRuns(ctx context.Context, tenant string, since time.Time) (store.RunCounts, error) {
+	if err := s.Flush(ctx); err != nil {
+		return store.RunCounts{}, err
+	}
 	stmt := `SELECT COUNT(*),
 		COALESCE(SUM(status = 'running'), 0), COALESCE(SUM(status = 'succeeded'), 0),
 		COALESCE(SUM(status = 'failed'), 0), COALESCE(SUM(status = 'failed_resumable'), 0),
@@ -119,6 +125,9 @@ func eventScope(q store.EventQuery) (join string, where []string, args []any) {
 // RefusedHosts implements store.Dashboard. The newest matching events are read (bounded by q.Newest) and
 // grouped here: decoding the payloads in Go costs a fraction of SQLite's json_extract on every row.
 func (s *Store) RefusedHosts(ctx context.Context, q store.EventQuery) ([]store.RefusedHost, error) {
+	if err := s.Flush(ctx); err != nil {
+		return nil, err
+	}
 	q, err := store.PrepareEventQuery("refused hosts", q, store.DefaultRefusedLimit)
 	if err != nil {
 		return nil, err
@@ -156,6 +165,9 @@ func (s *Store) RefusedHosts(ctx context.Context, q store.EventQuery) ([]store.R
 
 // RecentEvents implements store.Dashboard.
 func (s *Store) RecentEvents(ctx context.Context, q store.EventQuery) ([]store.RunEvent, error) {
+	if err := s.Flush(ctx); err != nil {
+		return nil, err
+	}
 	q, err := store.PrepareEventQuery("recent events", q, store.DefaultRecentLimit)
 	if err != nil {
 		return nil, err

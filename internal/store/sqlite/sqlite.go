@@ -44,7 +44,8 @@ const timeFormat = "2006-01-02T15:04:05.000Z"
 
 // Store is a store.Store over one SQLite file.
 type Store struct {
-	db *sql.DB
+	*store.Group // every write of runs and events, committed in groups by one writer goroutine
+	db           *sql.DB
 	// The statements on every command's path are prepared once: SQLite would otherwise parse the same SQL each
 	// time, which is half of a token lookup's cost and a third of a run record's.
 	tokenByHash *sql.Stmt
@@ -143,6 +144,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open sqlite store %s: %w", abs, err)
 	}
+	s.Group = store.NewGroup(s, store.GroupOptions{})
 	return s, nil
 }
 
@@ -161,23 +163,28 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// Close closes the database.
-func (s *Store) Close() error { return errors.Join(s.closeStatements(), s.db.Close()) }
+// Close commits every enqueued write and closes the database.
+func (s *Store) Close() error {
+	return errors.Join(s.Group.Close(), s.closeStatements(), s.db.Close())
+}
 
 const runColumns = `id, tenant, user_name, trust, requested_mode, resolved_mode, source, driver, admission, status,
 	failure_code, disposition, created_at, finished_at`
 
-// CreateRun implements store.Store.
-func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
-	r, err := store.PrepareRun(r)
-	if err != nil {
-		return err
-	}
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.StmtContext(ctx, s.insertRun).ExecContext(ctx, r.ID, r.Tenant, r.User, r.Trust, r.RequestedMode, r.ResolvedMode, r.Source, r.Driver, r.Admission,
-			r.Status, r.FailureCode, r.Disposition, fmtTime(r.CreatedAt), nullTime(r.FinishedAt))
-		return err
-	})
+// InTx implements store.Committer: fn runs in one write transaction.
+func (s *Store) InTx(ctx context.Context, fn func(w store.Writes) error) error {
+	return s.write(ctx, func(tx *sql.Tx) error { return fn(writes{s: s, tx: tx}) })
+}
+
+// writes are the store's writes inside transaction tx.
+type writes struct {
+	s  *Store
+	tx *sql.Tx
+}
+
+func (w writes) InsertRun(ctx context.Context, r store.Run) error {
+	_, err := w.tx.StmtContext(ctx, w.s.insertRun).ExecContext(ctx, r.ID, r.Tenant, r.User, r.Trust, r.RequestedMode, r.ResolvedMode, r.Source, r.Driver, r.Admission,
+		r.Status, r.FailureCode, r.Disposition, fmtTime(r.CreatedAt), nullTime(r.FinishedAt))
 	if isCode(err, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY) {
 		return fmt.Errorf("create run %s: %w", r.ID, errdefs.ErrAlreadyExists)
 	}
@@ -187,34 +194,42 @@ func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
 	return nil
 }
 
-// UpdateRun implements store.Store.
-func (s *Store) UpdateRun(ctx context.Context, id string, upd store.RunUpdate) error {
-	upd, err := store.PrepareUpdate(id, upd)
-	if err != nil {
-		return err
+func (w writes) FinishRun(ctx context.Context, id string, upd store.RunUpdate) error {
+	var status string
+	err := w.tx.StmtContext(ctx, w.s.runStatus).QueryRowContext(ctx, id).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrRunNotFound("update run", id)
 	}
-	return s.write(ctx, func(tx *sql.Tx) error {
-		var status string
-		err := tx.StmtContext(ctx, s.runStatus).QueryRowContext(ctx, id).Scan(&status)
-		if errors.Is(err, sql.ErrNoRows) {
-			return store.ErrRunNotFound("update run", id)
-		}
-		if err != nil {
-			return fmt.Errorf("update run %s: %w", id, err)
-		}
-		if status != store.StatusRunning {
-			return store.ErrFinished(id, status)
-		}
-		_, err = tx.StmtContext(ctx, s.finishRun).ExecContext(ctx, upd.Status, upd.FailureCode, upd.Disposition, fmtTime(upd.FinishedAt), id)
-		if err != nil {
-			return fmt.Errorf("update run %s: %w", id, err)
-		}
-		return nil
-	})
+	if err != nil {
+		return fmt.Errorf("update run %s: %w", id, err)
+	}
+	if status != store.StatusRunning {
+		return store.ErrFinished(id, status)
+	}
+	_, err = w.tx.StmtContext(ctx, w.s.finishRun).ExecContext(ctx, upd.Status, upd.FailureCode, upd.Disposition, fmtTime(upd.FinishedAt), id)
+	if err != nil {
+		return fmt.Errorf("update run %s: %w", id, err)
+	}
+	return nil
+}
+
+func (w writes) InsertEvent(ctx context.Context, e store.Event) (int64, error) {
+	var seq int64
+	err := w.tx.StmtContext(ctx, w.s.insertEvent).QueryRowContext(ctx, nullString(e.RunID), fmtTime(e.Time), e.Name, string(e.Payload), e.RequestID).Scan(&seq)
+	if isCode(err, sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY) {
+		return 0, store.ErrRunNotFound("append event "+e.Name, e.RunID)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("append event %s: %w", e.Name, err)
+	}
+	return seq, nil
 }
 
 // GetRun implements store.Store.
 func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
+	if err := s.Flush(ctx); err != nil {
+		return store.Run{}, fmt.Errorf("get run %s: %w", id, err)
+	}
 	r, err := scanRun(s.db.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Run{}, store.ErrRunNotFound("get run", id)
@@ -229,6 +244,9 @@ func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
 func (s *Store) ListRuns(ctx context.Context, f store.RunFilter) ([]store.Run, error) {
 	if err := store.CheckLimit("list runs", f.Limit); err != nil {
 		return nil, err
+	}
+	if err := s.Flush(ctx); err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
 	}
 	var where []string
 	var args []any
@@ -281,29 +299,13 @@ func (s *Store) ListRuns(ctx context.Context, f store.RunFilter) ([]store.Run, e
 	return runs, nil
 }
 
-// AppendEvent implements store.Store.
-func (s *Store) AppendEvent(ctx context.Context, e store.Event) (int64, error) {
-	e, err := store.PrepareEvent(e)
-	if err != nil {
-		return 0, err
-	}
-	var seq int64
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		return tx.StmtContext(ctx, s.insertEvent).QueryRowContext(ctx, nullString(e.RunID), fmtTime(e.Time), e.Name, string(e.Payload), e.RequestID).Scan(&seq)
-	})
-	if isCode(err, sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY) {
-		return 0, store.ErrRunNotFound("append event "+e.Name, e.RunID)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("append event %s: %w", e.Name, err)
-	}
-	return seq, nil
-}
-
 // ListEvents implements store.Store.
 func (s *Store) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event, error) {
 	if err := store.CheckLimit("list events", f.Limit); err != nil {
 		return nil, err
+	}
+	if err := s.Flush(ctx); err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
 	}
 	q := `SELECT seq, run_id, time, name, payload, request_id FROM events WHERE seq > ?`
 	args := []any{f.AfterSeq}

@@ -99,6 +99,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"EventInvalid", testEventInvalid},
 		{"ConcurrentAppend", testConcurrentAppend},
 		{"ConcurrentFinish", testConcurrentFinish},
+		{"EnqueuedEvents", testEnqueuedEvents},
+		{"EnqueuedFailure", testEnqueuedFailure},
 		{"TokenLifecycle", testTokenLifecycle},
 		{"TokenDefaults", testTokenDefaults},
 		{"TokenExpired", testTokenExpired},
@@ -111,6 +113,12 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, get(t)) })
 	}
+	t.Run("WrittenThrough", func(t *testing.T) {
+		if c.openAt == nil {
+			t.Skip("store is not shared between processes (no storetest.MultiProcess option)")
+		}
+		testWrittenThrough(t, c)
+	})
 	t.Run("MultiProcess", func(t *testing.T) {
 		if c.openAt == nil {
 			t.Skip("store is not shared between processes (no storetest.MultiProcess option)")

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// e2bSuiteDir is test/e2b-ts: the e2b npm SDK (pinned by its package-lock.json) and the suite that drives it.
+func e2bSuiteDir(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	dir := filepath.Join(filepath.Dir(file), "..", "..", "test", "e2b-ts")
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatalf("node is not installed (scripts/test.sh installs it): %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {
+		t.Fatalf("the e2b SDK is not installed: run `npm ci` in test/e2b-ts (scripts/test.sh does): %v", err)
+	}
+	return dir
+}
+
+// TestE2BTypeScript runs the e2b JavaScript SDK, unmodified and configured only by E2B_API_URL, E2B_SANDBOX_URL
+// and E2B_API_KEY, against a real sandkeep serve: test/e2b-ts/suite.mjs creates a sandbox and drives commands
+// (stdout, stderr, CommandExitError, env, cwd, timeouts, streaming, stdin), a background process (listed,
+// connected to, killed), a PTY, files (text, a 300 KB binary, list, exists, makeDir, rename, remove, watchDir),
+// getInfo, list, setTimeout, pause and connect, kill, another tenant's refusals, a bad key and bad input.
+func TestE2BTypeScript(t *testing.T) {
+	t.Parallel()
+	dir := e2bSuiteDir(t)
+	c := newCLI(t)
+	conf := filepath.Join(t.TempDir(), "server.yaml")
+	if err := os.WriteFile(conf, []byte("e2b:\n  max_timeout: 1h\nfiles:\n  max_file: 1m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := c.startServer(t, "--config", conf)
+	own := c.createToken(t, c.ten("acme"), "e2b", "").Token
+	other := c.createToken(t, c.ten("globex"), "e2b", "").Token
+
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "suite.mjs")
+	cmd.Dir, cmd.WaitDelay = dir, 10*time.Second
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.url+"/e2b", "E2B_SANDBOX_URL="+s.url+"/e2b/envd",
+		"E2B_API_KEY="+own, "E2B_OTHER_KEY="+other, "E2B_MAX_TIMEOUT_S=3600", "E2B_MAX_FILE=1048576")
+	out, err := cmd.CombinedOutput()
+	t.Logf("e2b suite:\n%s", out)
+	if ctx.Err() != nil {
+		t.Logf("server log:\n%s", s.log.String())
+	}
+	if err != nil || strings.Contains(string(out), "FAIL") || !strings.Contains(string(out), "all passed") {
+		t.Errorf("the e2b SDK suite failed: %v", err)
+	}
+}

@@ -1,0 +1,236 @@
+// Runs the e2b JavaScript SDK, unmodified, against sandkeep serve's E2B front. The Go test
+// (cmd/sandkeep TestE2BTypeScript) starts the server and passes, in the environment:
+//   E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (tenant A), E2B_OTHER_KEY (tenant B), E2B_MAX_TIMEOUT_S.
+// Each check prints "ok <name>" or "FAIL <name>: <why>"; the process exits non-zero when any failed.
+import { Sandbox, CommandExitError, NotFoundError, AuthenticationError, TimeoutError, SandboxError, FileType } from 'e2b'
+
+let failed = 0
+const only = process.argv[2] ? new RegExp(process.argv[2]) : null
+async function check(name, fn, always) {
+  if (only && !always && !only.test(name)) return
+  try {
+    await fn()
+    console.log(`ok ${name}`)
+  } catch (err) {
+    failed++
+    console.log(`FAIL ${name}: ${err && err.stack ? err.stack : err}`)
+  }
+}
+function eq(got, want, what) {
+  if (JSON.stringify(got) !== JSON.stringify(want)) throw new Error(`${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`)
+}
+function ok(cond, what) { if (!cond) throw new Error(what) }
+async function rejects(p, cls, what) {
+  try { await p } catch (err) {
+    if (cls && !(err instanceof cls)) throw new Error(`${what}: got ${err && err.constructor && err.constructor.name}: ${err.message}, want ${cls.name}`)
+    return err
+  }
+  throw new Error(`${what}: succeeded, want ${cls ? cls.name : 'an error'}`)
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+const other = { apiKey: process.env.E2B_OTHER_KEY }
+let sbx
+
+await check('create with metadata and env vars', async () => {
+  sbx = await Sandbox.create({ metadata: { suite: 'e2b-ts', run: String(process.pid) }, envs: { SUITE_VAR: 'from-create' }, timeoutMs: 600_000 })
+  ok(sbx.sandboxId, 'a sandbox id')
+}, true)
+if (!sbx) { console.log('FAIL no sandbox: the rest cannot run'); process.exit(1) }
+
+await check('commands.run stdout, stderr, exit code 0', async () => {
+  const r = await sbx.commands.run('echo out; echo err >&2')
+  eq(r.exitCode, 0, 'exit code'); eq(r.stdout, 'out\n', 'stdout'); eq(r.stderr, 'err\n', 'stderr')
+})
+
+await check('a non-zero exit raises CommandExitError with the code', async () => {
+  const err = await rejects(sbx.commands.run('echo bad >&2; exit 3'), CommandExitError, 'exit 3')
+  eq(err.exitCode, 3, 'exitCode'); eq(err.stderr, 'bad\n', 'stderr')
+})
+
+await check('env vars: the sandbox\'s and the command\'s', async () => {
+  const r = await sbx.commands.run('echo "$SUITE_VAR $CMD_VAR"', { envs: { CMD_VAR: 'from-run' } })
+  eq(r.stdout, 'from-create from-run\n', 'stdout')
+})
+
+await check('cwd, and relative paths land in the workspace', async () => {
+  await sbx.commands.run('mkdir -p sub && echo hi > sub/f.txt')
+  const r = await sbx.commands.run('cat f.txt; pwd', { cwd: 'sub' })
+  eq(r.stdout, 'hi\n/workspace/sub\n', 'stdout')
+  const home = await sbx.commands.run('pwd; echo $HOME')
+  eq(home.stdout, '/workspace\n/workspace\n', 'default cwd and HOME')
+})
+
+await check('streaming callbacks get output as it comes', async () => {
+  const seen = []
+  const r = await sbx.commands.run('echo one; sleep 1; echo two >&2; echo three', {
+    onStdout: (d) => seen.push(['out', d]), onStderr: (d) => seen.push(['err', d]),
+  })
+  eq(r.stdout, 'one\nthree\n', 'stdout')
+  ok(seen.length >= 3, `callbacks: ${JSON.stringify(seen)}`)
+  eq(seen[0], ['out', 'one\n'], 'first callback')
+})
+
+await check('a command past its timeout raises TimeoutError', async () => {
+  const t0 = Date.now()
+  await rejects(sbx.commands.run('sleep 30', { timeoutMs: 2000 }), TimeoutError, 'sleep past timeout')
+  ok(Date.now() - t0 < 20_000, 'the timeout cut it short')
+})
+
+await check('stdin: sendStdin and closeStdin', async () => {
+  const h = await sbx.commands.run('cat', { background: true, stdin: true })
+  await h.sendStdin('typed\n')
+  await h.closeStdin()
+  const r = await h.wait()
+  eq(r.stdout, 'typed\n', 'stdout')
+})
+
+await check('files: text write and read, relative and under /home/user', async () => {
+  const info = await sbx.files.write('a.txt', 'hello e2b')
+  eq(info.path, '/home/user/a.txt', 'written path')
+  eq(await sbx.files.read('a.txt'), 'hello e2b', 'read relative')
+  eq(await sbx.files.read('/home/user/a.txt'), 'hello e2b', 'read /home/user')
+  eq(await sbx.files.read('~/a.txt'), 'hello e2b', 'read ~')
+  eq((await sbx.commands.run('cat /workspace/a.txt')).stdout, 'hello e2b', 'in the sandbox')
+})
+
+await check('files: a 300 KB binary round trip', async () => {
+  const data = new Uint8Array(300 * 1024)
+  for (let i = 0; i < data.length; i++) data[i] = (i * 7919 + (i >> 8)) & 0xff
+  await sbx.files.write('bin/blob.dat', data.buffer)
+  const got = await sbx.files.read('bin/blob.dat', { format: 'bytes' })
+  eq(got.length, data.length, 'length')
+  ok(Buffer.compare(Buffer.from(got), Buffer.from(data)) === 0, 'bytes differ')
+  eq((await sbx.commands.run('wc -c < bin/blob.dat')).stdout.trim(), String(data.length), 'size in the sandbox')
+})
+
+await check('files: list, exists, makeDir, rename, remove', async () => {
+  eq(await sbx.files.makeDir('d1/d2'), true, 'makeDir new')
+  eq(await sbx.files.makeDir('d1/d2'), false, 'makeDir existing')
+  await sbx.files.write('d1/x.txt', 'x')
+  const names = (await sbx.files.list('d1')).map((e) => `${e.name}:${e.type}`).sort()
+  eq(names, ['d2:dir', 'x.txt:file'], 'list')
+  const deep = (await sbx.files.list('d1', { depth: 2 })).length
+  eq(deep, 2, 'list depth 2 (d2 is empty)')
+  eq(await sbx.files.exists('d1/x.txt'), true, 'exists')
+  eq(await sbx.files.exists('d1/nope'), false, 'not exists')
+  const moved = await sbx.files.rename('d1/x.txt', 'd1/y.txt')
+  eq(moved.path, '/home/user/d1/y.txt', 'renamed path')
+  eq(await sbx.files.exists('d1/x.txt'), false, 'old name gone')
+  await sbx.files.remove('d1')
+  eq(await sbx.files.exists('d1'), false, 'removed')
+  await rejects(sbx.files.read('d1/y.txt'), NotFoundError, 'read of a removed file')
+})
+
+await check('files: watchDir events', async () => {
+  await sbx.files.makeDir('w')
+  const evs = []
+  const h = await sbx.files.watchDir('w', (e) => evs.push(`${e.type}:${e.name}`))
+  await sbx.files.write('w/new.txt', 'n')
+  for (let i = 0; i < 40 && !evs.some((e) => e.startsWith('create:new.txt')); i++) await sleep(100)
+  await sbx.files.remove('w/new.txt')
+  for (let i = 0; i < 40 && !evs.some((e) => e.startsWith('remove:new.txt')); i++) await sleep(100)
+  await h.stop()
+  ok(evs.includes('create:new.txt'), `create event: ${evs}`)
+  ok(evs.includes('remove:new.txt'), `remove event: ${evs}`)
+})
+
+await check('background process: listed, connected to, killed', async () => {
+  const bg = await sbx.commands.run('i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done', { background: true, timeoutMs: 0 })
+  const listed = await sbx.commands.list()
+  ok(listed.some((p) => p.pid === bg.pid), `listed: ${JSON.stringify(listed)}`)
+  const seen = []
+  const again = await sbx.commands.connect(bg.pid, { onStdout: (d) => seen.push(d) })
+  for (let i = 0; i < 30 && seen.length === 0; i++) await sleep(100)
+  ok(seen.join('').includes('tick'), `connected output: ${seen}`)
+  eq(await sbx.commands.kill(bg.pid), true, 'kill')
+  await rejects(again.wait(), Error, 'wait on a killed process')
+  const after = await sbx.commands.list()
+  ok(!after.some((p) => p.pid === bg.pid), 'gone from the list')
+  eq(await sbx.commands.kill(bg.pid), false, 'kill of a gone pid')
+})
+
+await check('pty: create, send input, output comes back', async () => {
+  let out = ''
+  const dec = new TextDecoder()
+  const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d) } })
+  await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 })
+  await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('echo pty-$((40+2))\nexit\n'))
+  await pty.wait().catch(() => {})
+  ok(out.includes('pty-42'), `pty output: ${JSON.stringify(out)}`)
+})
+
+await check('getInfo with metadata; list with a metadata filter', async () => {
+  const info = await sbx.getInfo()
+  eq(info.sandboxId, sbx.sandboxId, 'id'); eq(info.metadata.suite, 'e2b-ts', 'metadata'); eq(info.state, 'running', 'state')
+  const p = Sandbox.list({ query: { metadata: { run: String(process.pid) } } })
+  const items = await p.nextItems()
+  eq(items.map((s) => s.sandboxId), [sbx.sandboxId], 'listed')
+})
+
+await check('setTimeout moves the end', async () => {
+  const before = (await sbx.getInfo()).endAt
+  await sbx.setTimeout(1_200_000)
+  const after = (await sbx.getInfo()).endAt
+  ok(after > before, `endAt ${before} -> ${after}`)
+})
+
+await check('another tenant can neither list, connect to nor run in the sandbox', async () => {
+  const items = await Sandbox.list(other).nextItems()
+  ok(!items.some((s) => s.sandboxId === sbx.sandboxId), 'listed to another tenant')
+  await rejects(Sandbox.connect(sbx.sandboxId, other), NotFoundError, 'connect by another tenant')
+  await rejects(Sandbox.getInfo(sbx.sandboxId, other), NotFoundError, 'getInfo by another tenant')
+  // Its own sandbox cannot reach ours: an envd call with another sandbox's access token is refused.
+  const theirs = await Sandbox.create(other)
+  try {
+    const forged = new Sandbox({ sandboxId: sbx.sandboxId, envdAccessToken: theirs.envdAccessToken, envdVersion: '0.5.7', ...other })
+    await rejects(forged.commands.run('echo in'), AuthenticationError, 'run with another sandbox\'s access token')
+    // A signal to a pid of another sandbox: not found (the SDK's kill answers false), and ours lives on.
+    const ours = await sbx.commands.run('sleep 60', { background: true, timeoutMs: 0 })
+    eq(await theirs.commands.kill(ours.pid), false, 'kill of a pid in another sandbox')
+    ok((await sbx.commands.list()).some((p) => p.pid === ours.pid), 'our process survives')
+    eq(await sbx.commands.kill(ours.pid), true, 'kill of our own pid')
+    await ours.wait().catch(() => {})
+  } finally {
+    await theirs.kill()
+  }
+})
+
+await check('a bad key is refused', async () => {
+  await rejects(Sandbox.create({ apiKey: 'skt_not-a-real-token-at-all-0000000000000' }), AuthenticationError, 'create with a bad key')
+  await rejects(Sandbox.list({ apiKey: 'nope' }).nextItems(), AuthenticationError, 'list with a bad key')
+})
+
+await check('bad input gets E2B\'s error shape', async () => {
+  const e1 = await rejects(Sandbox.create('no-such-template'), SandboxError, 'unknown template')
+  ok(/TEMPLATE_NOT_FOUND/.test(e1.message), `message: ${e1.message}`)
+  const max = Number(process.env.E2B_MAX_TIMEOUT_S || 86400)
+  const e2 = await rejects(Sandbox.create({ timeoutMs: (max + 60) * 1000 }), SandboxError, 'timeout past the bound')
+  ok(/past this server's bound/.test(e2.message), `message: ${e2.message}`)
+  const e3 = await rejects(sbx.files.read('/etc/passwd'), SandboxError, 'a path outside the workspace')
+  ok(/outside/.test(e3.message), `message: ${e3.message}`)
+  const maxFile = Number(process.env.E2B_MAX_FILE || 0)
+  if (maxFile) {
+    const e4 = await rejects(sbx.files.write('big.bin', new Uint8Array(maxFile + 1024).buffer), SandboxError, 'an upload past the file limit')
+    ok(/FILE_TOO_LARGE|too large/i.test(e4.message), `message: ${e4.message}`)
+    eq(await sbx.files.exists('big.bin'), false, 'nothing left of the refused upload')
+  }
+})
+
+await check('pause then connect keeps the files', async () => {
+  await sbx.files.write('kept.txt', 'still here')
+  eq(await sbx.pause(), true, 'pause')
+  eq((await sbx.getInfo()).state, 'paused', 'state paused')
+  const back = await Sandbox.connect(sbx.sandboxId)
+  eq(await back.files.read('kept.txt'), 'still here', 'file after resume')
+  eq((await back.commands.run('cat kept.txt')).stdout, 'still here', 'command after resume')
+})
+
+await check('kill', async () => {
+  eq(await sbx.kill(), true, 'kill')
+  await rejects(Sandbox.getInfo(sbx.sandboxId), NotFoundError, 'getInfo after kill')
+  eq(await Sandbox.kill(sbx.sandboxId), false, 'kill again')
+}, true)
+
+console.log(failed ? `${failed} FAILED` : 'all passed')
+process.exit(failed ? 1 : 0)
