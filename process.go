@@ -141,11 +141,15 @@ func (r *Run) StartProcess(ctx context.Context, req StartRequest) (*Process, err
 
 // CheckStart is CheckExec for a process: a command, a lifetime within the operator's bound, a workdir, an
 // environment, a tag and a buffer limit within bounds.
-func (m *Manager) CheckStart(req StartRequest) error {
+func (m *Manager) CheckStart(req StartRequest) error { return CheckStartWithin(req, m.cfg.MaxTimeout) }
+
+// CheckStartWithin is CheckStart with the operator's bound given (0: the library's, 24h), for callers that
+// validate before opening a Manager.
+func CheckStartWithin(req StartRequest, maxLifetime time.Duration) error {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return fault.New(fault.InvalidArgument, "pass the command to run, e.g. [\"npm\", \"run\", \"dev\"]", "no command given")
 	}
-	if err := checkBounds(ExecRequest{Timeout: req.Lifetime}, m.cfg.MaxTimeout, 0); err != nil {
+	if err := checkBounds(ExecRequest{Timeout: req.Lifetime}, maxLifetime, 0); err != nil {
 		return err
 	}
 	if err := agentproto.CheckTag(req.Tag); err != nil {

@@ -89,6 +89,8 @@ func TestProcessBesideCommands(t *testing.T) {
 			_, _ = io.Copy(&agentLog, rc)
 			rc.Close()
 		}
+		log.mu.Lock()
+		defer log.mu.Unlock()
 		t.Fatalf("Processes: %+v %v; events %v %+v; the sandbox's log: %q", ps, err, log.all, log.end, agentLog.String())
 	}
 	if err := s.m.SendInput(ctx, key, sandkeep.ProcessRef{Tag: "dev"}, []byte("one\n")); err != nil {
@@ -123,6 +125,8 @@ func TestProcessBesideCommands(t *testing.T) {
 	if err := s.m.KillProcess(ctx, key, sandkeep.ProcessRef{Tag: "no-such"}); !fault.Is(err, fault.ProcessNotFound) {
 		t.Fatalf("unknown tag: %v", err)
 	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
 	if !strings.Contains(strings.Join(log.all, ","), events.NameProcessStarted) {
 		t.Fatalf("no process_started: %v", log.all)
 	}
