@@ -464,8 +464,8 @@ type imageBuilder interface {
 // buildBound bounds an image build; past it the run fails as SANDBOX_SETUP_TIMEOUT.
 const buildBound = 30 * time.Minute
 
-// buildGate lets one build of a given context run at a time; later ones wait and then reuse the engine's cache.
-var buildGate sync.Map // build key -> *sync.Mutex
+// buildGates lets one build of a given context run at a time; later ones wait and then reuse the engine's cache.
+var buildGates build.Gates
 
 // build builds the repository's image on the run's driver, recording sandbox_build_* events.
 func (m *Manager) build(ctx context.Context, r *Run, lc *lifecycle.Manager, repo *repository, progress io.Writer) (string, error) {
@@ -476,9 +476,7 @@ func (m *Manager) build(ctx context.Context, r *Run, lc *lifecycle.Manager, repo
 			"the spec's build: needs a driver that builds images, and %s does not", lc.Driver().Name())
 	}
 	gateKey := strings.Join([]string{lc.Driver().Name(), repo.root, b.Dockerfile, b.Context}, "\x00")
-	mu, _ := buildGate.LoadOrStore(gateKey, &sync.Mutex{})
-	mu.(*sync.Mutex).Lock()
-	defer mu.(*sync.Mutex).Unlock()
+	defer buildGates.Lock(gateKey)()
 
 	r.event(events.NameSandboxBuildStarted, events.SandboxBuildStarted{Dockerfile: b.Dockerfile, Context: b.Context})
 	start := time.Now()

@@ -26,7 +26,7 @@ func BenchmarkAdmit(b *testing.B) {
 		store bool
 	}{{"bare", false}, {"sqlite", true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			cfg := sandkeep.Config{Home: b.TempDir(), Image: "img", AgentPath: agent, Drivers: offer}
+			cfg := sandkeep.Config{Home: b.TempDir(), Image: "img", AgentPath: agent, Drivers: offer, NoSweeper: true}
 			if tc.store {
 				st, err := stores.Open(b.Context(), filepath.Join(b.TempDir(), "runs.db"))
 				if err != nil {

@@ -52,8 +52,15 @@ type Config struct {
 	DiskBytes, DiskInodes       int64
 	DiskMaxBytes, DiskMaxInodes int64
 
-	GateWait                   time.Duration // bound on waiting for a busy key; default 10m
-	IdleTimeout                time.Duration // stop a sandbox idle this long; default 30m
+	GateWait time.Duration // bound on waiting for a busy key; default 10m
+	// MaxKeys bounds the users this Manager runs or queues commands for at once (past it a new one is
+	// KEY_LIMIT) and the per-key state it caches; 0: 65536.
+	MaxKeys     int
+	IdleTimeout time.Duration // stop a sandbox idle this long; default 30m
+	// NoSweeper: Open starts no sweeper. Without it the Manager sweeps its home every SweepInterval (default 1m)
+	// from Open to Close, as the home's only sweeper (RunSweeper); the CLI sets it and sweeps where it means to.
+	NoSweeper                  bool
+	SweepInterval              time.Duration
 	Retention                  time.Duration // remove a sandbox stopped this long; default 24h
 	RemoveWorkspaceOnRetention bool          // also delete the workspace then; default keep
 	Grace                      time.Duration // SIGTERM-to-SIGKILL grace for a command's tree; default 2s
@@ -84,6 +91,8 @@ type Config struct {
 	Templates       map[string]Template
 	DefaultTemplate string
 	TenantTemplates map[string]string
+	// PoolCap bounds the warm pools' members in all (Template.Pool); 0: the sum of the pools.
+	PoolCap int
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
@@ -220,7 +229,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, NanoCPUs: int64(c.CPUs * 1e9), TmpBytes: c.TmpBytes,
 		Env: c.Env, Mounts: mounts, Tmpfs: tmpfs, UIDs: uids, Runtime: c.Runtime,
 		DiskBytes: c.DiskBytes, DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes,
-		GateWait: c.GateWait, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
+		GateWait: c.GateWait, MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, Retention: c.Retention,
 		RemoveWorkspace: c.RemoveWorkspaceOnRetention, Grace: c.Grace, Logger: logger(c.Logger),
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,

@@ -44,6 +44,17 @@ func HostDriver() DriverOption {
 	}}
 }
 
+// HostDriverAs is HostDriver with every command run as the host user uid:gid (never 0) and each workspace
+// handed to it: the only host passthrough a multi-tenant server offers (sandkeep serve's host_passthrough.user).
+func HostDriverAs(uid, gid uint32) DriverOption {
+	return DriverOption{Name: DriverHost, New: func(env DriverEnv) (Driver, error) {
+		if err := CheckAgent(env.AgentPath); err != nil {
+			return nil, err
+		}
+		return host.NewAs(env.AgentPath, uid, gid)
+	}}
+}
+
 // driverSet is the Manager's offered drivers: each made once, on first need, and probed once by the selector.
 type driverSet struct {
 	env   DriverEnv

@@ -218,7 +218,7 @@ func BenchmarkPortForwardSideBySide(b *testing.B) {
 	testutil.Docker(b)
 	cfg := sandkeep.Config{
 		Home: b.TempDir(), Image: testutil.ProbeImage(b), AgentPath: testutil.AgentBinary(b), Grace: grace,
-		Drivers: []sandkeep.DriverOption{drivers.Docker()}, Transport: "auto",
+		Drivers: []sandkeep.DriverOption{drivers.Docker()}, Transport: "auto", NoSweeper: true,
 	}
 	ctx, cancel := context.WithCancel(b.Context())
 	defer cancel()

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/compose"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
@@ -182,7 +183,7 @@ func (m *Manager) hostRequirements(dc *devcontainer.Config) []string {
 		mem = lifecycle.DefaultMemory
 	}
 	if hr.Memory != "" {
-		if n, err := spec.ParseSize(hr.Memory); err == nil && n > mem {
+		if n, err := bytesize.Parse(hr.Memory); err == nil && n > mem {
 			out = append(out, fmt.Sprintf("%s: hostRequirements.memory %s is above the operator's %d MiB; the sandbox gets %d MiB", dc.Path, hr.Memory, mem>>20, mem>>20))
 		}
 	}
@@ -291,16 +292,16 @@ func (r *repository) apply(c *lifecycle.Config) error {
 			c.PidsLimit = res.Pids
 		}
 		if res.Memory != "" {
-			n, err := spec.ParseSize(res.Memory)
+			n, err := bytesize.Parse(res.Memory)
 			if err != nil {
-				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 2g or 512m", "resources.memory %q", res.Memory)
+				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 2g or 512Mi", "resources.memory: %v", err)
 			}
 			c.MemoryBytes = n
 		}
 		if res.Disk != "" {
-			n, err := spec.ParseSize(res.Disk)
+			n, err := bytesize.Parse(res.Disk)
 			if err != nil {
-				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 1g or 512m", "resources.disk %q", res.Disk)
+				return fault.Wrap(err, fault.SpecInvalid, "write a size such as 1g or 64Mi", "resources.disk: %v", err)
 			}
 			c.DiskBytes, c.DiskInodes = n, res.Inodes // within the operator's DiskMax*, checked with the shape
 		}

@@ -123,64 +123,32 @@ func (r *Run) sink(req ExecRequest) lifecycle.Sink {
 }
 
 // networkFor is the policy of a command with block cmd: the run's, resolved once, when it has none. A caller's
-// block may only narrow the run's (NETWORK_WIDENED otherwise); the operator's is merged as it says.
+// block narrows the run's (lifecycle.NarrowNetwork: both must allow a request; NETWORK_WIDENED for a block that
+// asks for more); the operator's is merged as it says.
 func (r *Run) networkFor(cmd *Network) (*egress.Policy, error) {
 	if cmd == nil {
 		return r.pol, nil
 	}
-	merged := cmd
 	if r.caller {
-		if err := narrows(r.network, cmd, r.m.cfg.NetworkPresets); err != nil {
+		base := egress.Policy{Mode: egress.ModeNone}
+		if r.pol != nil {
+			base = *r.pol
+		}
+		pol, err := lifecycle.NarrowNetwork(base, cmd, r.m.cfg.NetworkPresets)
+		if err != nil {
 			return nil, err
 		}
-	} else {
-		var err error
-		if merged, err = lifecycle.MergeNetwork(r.network, cmd); err != nil {
-			return nil, err
-		}
+		return &pol, nil
+	}
+	merged, err := lifecycle.MergeNetwork(r.network, cmd)
+	if err != nil {
+		return nil, err
 	}
 	pol, err := lifecycle.ResolveNetwork(merged, r.m.cfg.NetworkPresets, r.m.cfg.NetworkSilent)
 	if err != nil {
 		return nil, err
 	}
 	return &pol, nil
-}
-
-// narrows checks that a caller's block cmd allows no more than base: mode none, or an allowlist whose every rule
-// base allows by name (one of its rules or its preset's), without credentials of its own. The caller's block then
-// replaces the run's for that command.
-func narrows(base, cmd *Network, presets map[string][]string) error {
-	widen := func(what string) error {
-		return fault.New(fault.NetworkWidened, "ask for a subset of the template's hosts, or network mode none",
-			"a caller's network block may only narrow the template's, and %s", what)
-	}
-	switch cmd.Mode {
-	case "", egress.ModeNone:
-		return nil
-	case egress.ModeAllowlist:
-	default:
-		return widen("mode " + cmd.Mode + " is wider than an allowlist")
-	}
-	if len(cmd.Credentials) > 0 {
-		return widen("credentials are the operator's")
-	}
-	if base == nil || (base.Mode != egress.ModeAllowlist && base.Mode != egress.ModeOpen) {
-		return widen("the template allows no network")
-	}
-	if base.Mode == egress.ModeOpen && len(cmd.Rules) > 0 {
-		return nil
-	}
-	allowed := slices.Clone(base.Rules)
-	allowed = append(allowed, lifecycle.PresetRules(base.Preset, presets)...)
-	if cmd.Preset != "" && cmd.Preset != base.Preset {
-		return widen("preset " + cmd.Preset + " is not the template's")
-	}
-	for _, rule := range cmd.Rules {
-		if !slices.Contains(allowed, rule) {
-			return widen("rule " + rule + " is not one of the template's")
-		}
-	}
-	return nil
 }
 
 // CheckExec is the one request validator of every entry point (the CLI, the HTTP API, MCP, the library): a

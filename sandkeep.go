@@ -17,6 +17,7 @@
 package sandkeep
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -69,6 +70,9 @@ type Manager struct {
 	lcs map[string]*lifecycle.Manager // driver name -> the lifecycle over it, made on first admission to it
 
 	policy *egress.Policy // Config.Network resolved once: what a run without a block of its own gets
+
+	stopSweeper context.CancelFunc // nil with Config.NoSweeper
+	sweeperDone chan struct{}      // closed when the sweeper Open started has returned
 }
 
 // Open checks cfg and prepares the state home. It does not talk to any engine: admission probes the offered
@@ -100,7 +104,22 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := m.checkTemplates(); err != nil {
 		return nil, err
 	}
+	if !cfg.NoSweeper {
+		m.startSweeper(cmp.Or(cfg.SweepInterval, time.Minute))
+	}
 	return m, nil
+}
+
+// startSweeper runs RunSweeper until Close, which waits for it.
+func (m *Manager) startSweeper(every time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	m.stopSweeper, m.sweeperDone = cancel, make(chan struct{})
+	go func() {
+		defer close(m.sweeperDone)
+		if err := m.RunSweeper(ctx, every); err != nil {
+			logger(m.cfg.Logger).Warn("sweeper stopped", "err", err)
+		}
+	}()
 }
 
 // hostKind is the Config's host kind: local, cloud, or "" for local.
@@ -408,6 +427,10 @@ func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error 
 // Close releases the manager's sandboxes' channels and proxies. Sandboxes keep running: they are persistent by
 // design. The store (Config.Store) is the caller's to close.
 func (m *Manager) Close() error {
+	if m.stopSweeper != nil {
+		m.stopSweeper()
+		<-m.sweeperDone
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var err error

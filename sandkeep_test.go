@@ -96,6 +96,7 @@ func baseConfig(t *testing.T) sandkeep.Config {
 			AgentPath: testutil.AgentBinary(t),
 			Grace:     grace,
 			HostKind:  "cloud",
+			NoSweeper: true,
 			// A pod requests what it is limited to: small, so that the tests' pods fit the 2-core test node
 			// side by side (and beside other suites' pods on a shared cluster).
 			CPUs: kubetest.CPUs, MemoryBytes: kubetest.MemoryBytes,
@@ -112,6 +113,7 @@ func baseConfig(t *testing.T) sandkeep.Config {
 		Grace:     grace,
 		Drivers:   []sandkeep.DriverOption{drivers.Docker()},
 		Runtime:   os.Getenv("SANDKEEP_TEST_RUNTIME"), // scripts/test.sh's runsc pass: runsc (gVisor)
+		NoSweeper: true,                               // the tests sweep when they mean to (TestManagerSweepsByDefault)
 	}
 }
 
@@ -797,6 +799,7 @@ func helperMain() int {
 			Home: os.Getenv("SANDKEEP_HOME"), Image: os.Getenv("SANDKEEP_IMAGE"), AgentPath: os.Getenv("SANDKEEP_AGENT"),
 			Transport: "auto", // processes share the home: see sharedHomeConfig
 			Drivers:   []sandkeep.DriverOption{drivers.Docker()},
+			NoSweeper: true,
 		}
 		if ns := os.Getenv(helperEnv + "_KUBE_NAMESPACE"); ns != "" {
 			// The parent's namespace, through the API server's exec (the pods' channel is the parent's).
@@ -1473,6 +1476,22 @@ func (s *suite) ageKey(key sandkeep.Key) {
 	old := time.Now().Add(-time.Hour)
 	if err := os.Chtimes(filepath.Join(s.cfg.Home, "keys", key.Hex()+".used"), old, old); err != nil {
 		s.t.Fatal(err)
+	}
+}
+
+// TestManagerSweepsByDefault: a library Manager sweeps its home from Open to Close without its caller starting
+// a sweeper: an idle sandbox is stopped by itself.
+func TestManagerSweepsByDefault(t *testing.T) {
+	dockerOnly(t, "it reads the container's state through the Docker API")
+	t.Parallel()
+	cfg := baseConfig(t)
+	cfg.IdleTimeout, cfg.NoSweeper, cfg.SweepInterval = time.Second, false, 200*time.Millisecond
+	s := newSuite(t, cfg)
+	res := s.exec(s.m, s.key("acme", "swept"), "true")
+	for deadline := time.Now().Add(slack); s.running(res.Sandbox.ID); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the idle sandbox was never stopped: the Manager did not sweep")
+		}
 	}
 }
 

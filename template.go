@@ -31,6 +31,8 @@ type Template struct {
 	Secrets []TemplateSecret
 	// Tenants may use the template; empty: every tenant.
 	Tenants []string
+	// Pool is how many sandboxes of the template a warm pool keeps made ahead (Manager.WarmPools); 0: none.
+	Pool int
 }
 
 // TemplateSecret is one secret file of a template: the operator's secret Name at Path (under /run/secrets).
@@ -52,6 +54,10 @@ func (m *Manager) checkTemplates() error {
 		if !lifecycle.ValidTemplateName(name) {
 			return fault.New(fault.InvalidArgument, "name templates with letters, digits, '-', '_' and '.'",
 				"template name %q is not valid", name)
+		}
+		if t.Pool < 0 || m.cfg.PoolCap < 0 {
+			return fault.New(fault.InvalidArgument, "set pool (and pool_cap) to 0 or more",
+				"template %q: pool %d, pool cap %d", name, t.Pool, m.cfg.PoolCap)
 		}
 		if len(t.Env) > 0 {
 			if err := guard.Env(t.Env); err != nil {

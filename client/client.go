@@ -90,7 +90,8 @@ type ExecRequest struct {
 	// templates (Templates lists them; "" the tenant's default) and "untrusted" to lower the token's trust.
 	Template string
 	Trust    string
-	// Network narrows the run's network for this command (mode none, or an allowlist of the template's rules).
+	// Network narrows the run's network for this command (mode none, or an allowlist within the template's:
+	// a request must pass both).
 	Network *Network
 }
 

@@ -228,10 +228,10 @@ if [ "$k8s_stage" = 1 ]; then
 	# file API (TestFiles: upload, download, list, tar, the refusals of what a command planted, the limits, a
 	# stopped pod started for it), every operation through the pod's agent (sandkeep-agent fs). One binary per
 	# package, so the images are imported once each.
-	phase "go test -race (kubernetes): the library's lifecycle, egress and file suites, TestServeSDK, TestServeRestartKube"
+	phase "go test -race (kubernetes): the library's lifecycle, egress and file suites, TestServeSDK, TestServeRestartKube, TestE2BTypeScript"
 	k8s_suites_start=$(date +%s)
 	SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
-		go test -race -count=1 -p 1 -timeout 40m -run "^($lib_tests|TestEgress[A-Za-z0-9_]*|TestFiles|TestServeSDK|TestServeRestartKube)\$" . ./cmd/sandkeep \
+		go test -race -count=1 -p 1 -timeout 40m -run "^($lib_tests|TestEgress[A-Za-z0-9_]*|TestFiles|TestServeSDK|TestServeRestartKube|TestE2BTypeScript)\$" . ./cmd/sandkeep \
 		|| fail "go test (the suites on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"

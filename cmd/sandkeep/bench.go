@@ -47,6 +47,9 @@ ratio of medians. Scenarios (in run order):
   connect     what the ClientHello check and the per-command proxy token add: CONNECT + TLS handshake to a
               loopback server with them on vs off, and warm 'true' with a network block (a proxy session per
               command) vs without; paired per block, bar 0.1 ms
+  pool        warm pools (issue 23): a new key's first command with its template's pool warm vs 'docker run
+              --rm'; --keys (default 50) new keys at once with a pool of as many (p99 vs one run's median);
+              the on-demand fallback's first command beside them
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created
@@ -61,9 +64,10 @@ func newBench(g *globals) *cobra.Command {
 		keys      int
 		footprint int
 		requests  int
+		postgres  string
 	)
 	cmd := &cobra.Command{
-		Use:   "bench [--json] [--scenario warm,output,...] [--n N] [--keys K] [--footprint K] [--requests R]",
+		Use:   "bench [--json] [--scenario warm,output,...] [--n N] [--keys K] [--footprint K] [--requests R] [--postgres DSN]",
 		Short: "Benchmark sandkeep against the raw Docker Engine API on this machine",
 		Long:  benchLong,
 		Example: "  sandkeep bench\n" +
@@ -81,6 +85,7 @@ func newBench(g *globals) *cobra.Command {
 			if err != nil {
 				return fail(err)
 			}
+			opts.Postgres = postgres
 			cli := slices.Contains(opts.Scenarios, scenarioCLI)
 			opts.Scenarios = slices.DeleteFunc(opts.Scenarios, func(s string) bool { return s == scenarioCLI })
 			var rep bench.Report
@@ -117,6 +122,7 @@ func newBench(g *globals) *cobra.Command {
 	f.IntVar(&keys, "keys", bench.DefaultKeys, "keys running in parallel in the throughput scenario")
 	f.IntVar(&footprint, "footprint", bench.DefaultFootprint, "idle sandboxes in the footprint scenario")
 	f.IntVar(&requests, "requests", bench.DefaultAPIRequests, "requests of the api scenario's sustained load (and as many through the library)")
+	f.StringVar(&postgres, "postgres", "", "a postgres:// DSN the api scenario's served rows also record runs and events into (default: SQLite only)")
 	return cmd
 }
 

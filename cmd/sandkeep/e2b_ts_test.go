@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
 // e2bSuiteDir is test/e2b-ts: the e2b npm SDK (pinned by its package-lock.json) and the suite that drives it.
@@ -32,6 +34,7 @@ func e2bSuiteDir(t *testing.T) string {
 // getInfo, list, setTimeout, pause and connect, kill, another tenant's refusals, a bad key and bad input.
 func TestE2BTypeScript(t *testing.T) {
 	t.Parallel()
+	testutil.Docker(t) // before the SDK's check: a run without Docker (the short tier) skips it as a Docker test
 	dir := e2bSuiteDir(t)
 	c := newCLI(t)
 	conf := filepath.Join(t.TempDir(), "server.yaml")

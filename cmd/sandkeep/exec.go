@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/doctor"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
@@ -300,46 +300,18 @@ func (s *stopOnError) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// byteSize is a flag value in bytes that also takes binary suffixes, as docker's --memory does:
-// 1048576, 1048576B, 1024k, 1024KiB, 1m, 1MiB (k, m, g are all powers of 1024).
+// byteSize is a flag value in bytes that also takes units, as docker's --memory does: 1048576, 1024k, 1m, 1MiB,
+// 1Mi (bytesize.Parse: k, m, g are all powers of 1024).
 type byteSize int64
 
-func (b byteSize) String() string {
-	v := int64(b)
-	for _, u := range []struct {
-		suffix string
-		n      int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if v != 0 && v%u.n == 0 {
-			return strconv.FormatInt(v/u.n, 10) + u.suffix
-		}
-	}
-	return strconv.FormatInt(v, 10) + "B"
-}
+func (b byteSize) String() string { return bytesize.Format(int64(b)) }
 
 func (b *byteSize) Set(s string) error {
-	t := strings.ToLower(strings.TrimSpace(s))
-	mult := int64(1)
-	for _, u := range []struct {
-		suffixes []string
-		n        int64
-	}{{[]string{"gib", "gb", "g"}, 1 << 30}, {[]string{"mib", "mb", "m"}, 1 << 20}, {[]string{"kib", "kb", "k"}, 1 << 10}, {[]string{"b"}, 1}} {
-		found := false
-		for _, suf := range u.suffixes {
-			if rest, ok := strings.CutSuffix(t, suf); ok {
-				t, mult, found = rest, u.n, true
-				break
-			}
-		}
-		if found {
-			break
-		}
+	n, err := bytesize.Parse(s)
+	if err != nil {
+		return err
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
-	if err != nil || n < 0 || n > (1<<62)/mult {
-		return fmt.Errorf("%q is not a size: use bytes or a number with KiB, MiB or GiB", s)
-	}
-	*b = byteSize(n * mult)
+	*b = byteSize(n)
 	return nil
 }
 

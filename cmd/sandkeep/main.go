@@ -242,6 +242,7 @@ func (g *globals) config() (sandkeep.Config, error) {
 		return c, fault.New(fault.InvalidArgument, "use debug, info, warn or error", "unknown log level %q", g.logLevel)
 	}
 	c.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	c.NoSweeper = true // serve, the daemon and `sweep` run the sweeper; a one-shot command never does
 	return c, nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
 // tsClientDir is test/mcp-ts: the official TypeScript MCP client (@modelcontextprotocol/sdk) and its script.
@@ -40,6 +42,7 @@ func runTSClient(t *testing.T, dir string, env []string, args ...string) {
 // against each tool's output schema), and makes refused calls whose error text must reach it as a result.
 func TestMCPTypeScript(t *testing.T) {
 	t.Parallel()
+	testutil.Docker(t) // before the client's check: a run without Docker (the short tier) skips it as a Docker test
 	dir := tsClientDir(t)
 	c := newCLI(t)
 	tenant := c.ten("acme")

@@ -98,7 +98,7 @@ func (g *globals) operator(sc serverConfig) (sandkeep.Config, error) {
 	c.NetworkPresets, c.NetworkSilent, c.NetworkRefused = sc.Network.Presets, sc.Network.Silent, sc.Network.Refused
 	c.Repository = sc.Operator
 	c.Templates, err = sc.templates()
-	c.DefaultTemplate, c.TenantTemplates = sc.DefaultTemplate, sc.TenantTemplates
+	c.DefaultTemplate, c.TenantTemplates, c.PoolCap = sc.DefaultTemplate, sc.TenantTemplates, sc.PoolCap
 	return c, err
 }
 

@@ -105,9 +105,20 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 			d.fp += fmt.Sprintf("\nserve %+v", af)
 		}
 	}
+	offered, err := offeredDrivers()
+	if err == nil {
+		offered, err = sc.serveDrivers(offered)
+	}
+	if err != nil {
+		if d != nil {
+			d.close(nil)
+		}
+		return err
+	}
 	svc, err := g.openService(ctx, sc, af, sc.fileLimits(), func(c *sandkeep.Config) {
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
 		c.Retention = duration(sc.Sweep.Retention, 0)
+		c.Drivers = offered // fail closed: no host passthrough unless the config names its user
 	})
 	if err != nil {
 		if d != nil {
@@ -158,7 +169,14 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		return fault.Wrap(err, fault.InvalidArgument, "choose a free address with --listen", "cannot listen on %s", sc.Listen)
 	}
 	hs := srv.HTTPServer(sc.Listen)
-	if err := mountUI(hs, svc, reg, access); err != nil {
+	var operatorToken string
+	if sc.OperatorTokenEnv != "" {
+		if operatorToken = os.Getenv(sc.OperatorTokenEnv); len(operatorToken) < 16 {
+			return fault.New(fault.InvalidArgument, "export "+sc.OperatorTokenEnv+" with a random secret of 16 bytes or more, or remove operator_token_env",
+				"operator_token_env names %s, which is unset or shorter than 16 bytes", sc.OperatorTokenEnv)
+		}
+	}
+	if err := mountUI(hs, svc, reg, access, operatorToken); err != nil {
 		return err
 	}
 	scheme := "http"
@@ -180,6 +198,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	// E2B sandboxes' timeouts (docs/E2B.md), enforced from the records, so they survive a restart.
 	sweeping.Go(func() { front.Sweep(sweepCtx, time.Second) })
 	defer func() { stopSweep(); sweeping.Wait() }()
+	warmPools(ctx, g, svc.m)
 	served := make(chan error, 1)
 	go func() {
 		if sc.TLS.Cert != "" {

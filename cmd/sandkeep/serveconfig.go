@@ -1,18 +1,16 @@
 package main
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"maps"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/api"
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/spec"
@@ -41,6 +39,9 @@ type serverConfig struct {
 	} `yaml:"sweep"`
 	// MetricsTokenEnv names the environment variable holding the bearer token /metrics requires; empty: no auth.
 	MetricsTokenEnv string `yaml:"metrics_token_env"`
+	// OperatorTokenEnv names the environment variable holding the installation operator's dashboard credential:
+	// signed in with it, /ui/ shows every tenant. No tenant's token, admin or not, sees past its tenant.
+	OperatorTokenEnv string `yaml:"operator_token_env"`
 	// MetricsOpen serves /metrics without auth when there is no metrics token; false: /metrics is refused then.
 	MetricsOpen bool `yaml:"metrics_open"`
 	// E2B is the E2B front's (docs/E2B.md): the longest timeout a sandbox may ask for (default 24h).
@@ -63,6 +64,12 @@ type serverConfig struct {
 		Silent  []string            `yaml:"silent"`
 		Refused []string            `yaml:"refused"` // CIDRs refused like private ranges unless an IP rule names them
 	} `yaml:"network"`
+	// HostPassthrough lets the server run a command on the host when a run degrades (mode auto, no engine) or
+	// asks for mode none: only as User ("uid:gid", never 0), which owns the workspaces it is given. Unset (the
+	// default): the server offers no host passthrough, and such runs are refused (SANDBOX_DRIVER_UNAVAILABLE).
+	HostPassthrough struct {
+		User string `yaml:"user"`
+	} `yaml:"host_passthrough"`
 	// Operator is what a repository's files may ask for: the secrets and credentials they may name (with the
 	// operator's sources), the host paths they may bind, the host variables ${localEnv:...} may read.
 	tier.Operator `yaml:",inline"`
@@ -71,6 +78,8 @@ type serverConfig struct {
 	Templates       map[string]templateConfig `yaml:"templates"`
 	DefaultTemplate string                    `yaml:"default_template"`
 	TenantTemplates map[string]string         `yaml:"tenant_templates"`
+	// PoolCap bounds the templates' warm pools' members in all (0: the sum of their pool sizes).
+	PoolCap int `yaml:"pool_cap"`
 }
 
 // templateConfig is one template of the server config.
@@ -84,6 +93,7 @@ type templateConfig struct {
 	PostCreate string            `yaml:"post_create"`
 	Spec       string            `yaml:"spec"`
 	Tenants    []string          `yaml:"tenants"`
+	Pool       int               `yaml:"pool"` // sandboxes kept made ahead for new keys (a warm pool)
 	Network    *struct {
 		Mode        string   `yaml:"mode"`
 		Preset      string   `yaml:"preset"`
@@ -107,11 +117,11 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 	out := make(map[string]sandkeep.Template, len(c.Templates))
 	for name, tc := range c.Templates {
 		t := sandkeep.Template{Image: tc.Image, User: tc.User, CPUs: tc.CPUs, PidsLimit: tc.Pids, PostCreate: tc.PostCreate,
-			Spec: tc.Spec, Tenants: tc.Tenants}
+			Spec: tc.Spec, Tenants: tc.Tenants, Pool: tc.Pool}
 		if tc.Memory != "" {
-			n, err := spec.ParseSize(tc.Memory)
+			n, err := bytesize.Parse(tc.Memory)
 			if err != nil {
-				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m", "template %s: memory %q", name, tc.Memory)
+				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m or 2Gi", "template %s: memory: %v", name, err)
 			}
 			t.MemoryBytes = n
 		}
@@ -174,7 +184,7 @@ func operatorNetwork(c *sandkeep.Config) error {
 	return nil
 }
 
-// loadServerConfig reads path ("" is the zero config) strictly.
+// loadServerConfig reads path ("" is the zero config) strictly (tier.DecodeOperator), then checks its values.
 func loadServerConfig(path string) (serverConfig, error) {
 	var c serverConfig
 	if path == "" {
@@ -184,10 +194,10 @@ func loadServerConfig(path string) (serverConfig, error) {
 	if err != nil {
 		return c, fault.Wrap(err, fault.InvalidArgument, "check the --config path", "cannot read the server config %s", path)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return c, fault.New(fault.InvalidArgument, "see docs/API.md, \"Server configuration\", for the fields",
+	// The operator tier's strict decoding (aliases, duplicate keys, unknown fields, several documents refused
+	// with their line), for serve --config and every process that reads $SANDKEEP_CONFIG (the CLI, the daemon).
+	if err := tier.DecodeOperator(data, &c); err != nil {
+		return serverConfig{}, fault.Wrap(err, fault.InvalidArgument, "see docs/API.md, \"Server configuration\", for the fields",
 			"server config %s: %v", path, err)
 	}
 	return c, c.check(path)
@@ -202,7 +212,7 @@ func (c serverConfig) check(path string) error {
 		if v == "" {
 			continue
 		}
-		if _, err := spec.ParseSize(v); err != nil {
+		if _, err := bytesize.Parse(v); err != nil {
 			return bad("%s: %v", name, err)
 		}
 	}
@@ -240,7 +250,7 @@ func (c serverConfig) check(path string) error {
 }
 
 func size(s string) int64 {
-	n, _ := spec.ParseSize(s) // checked by check
+	n, _ := bytesize.Parse(s) // checked by check
 	return n
 }
 
@@ -264,4 +274,38 @@ func (c serverConfig) tenantLimits() map[string]api.Limits {
 		out[t] = l.api()
 	}
 	return out
+}
+
+// serveDrivers are the drivers a multi-tenant server offers: offered without the host passthrough, which comes
+// back only as host_passthrough.user names it (never root) and unless SANDKEEP_HOST_PASSTHROUGH=deny. The
+// single-user CLI keeps offeredDrivers' loud, recorded degrade as it is.
+func (sc serverConfig) serveDrivers(offered []sandkeep.DriverOption) ([]sandkeep.DriverOption, error) {
+	out := slices.DeleteFunc(slices.Clone(offered), func(o sandkeep.DriverOption) bool { return o.Name == sandkeep.DriverHost })
+	u := sc.HostPassthrough.User
+	if u == "" || os.Getenv(envHostPassthrough) == "deny" {
+		return out, nil
+	}
+	uid, gid, err := parseHostUser(u)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, sandkeep.HostDriverAs(uid, gid)), nil
+}
+
+// parseHostUser reads host_passthrough.user: "uid:gid", numeric, neither 0.
+func parseHostUser(s string) (uid, gid uint32, err error) {
+	bad := func(why string) error {
+		return fault.New(fault.InvalidArgument, `write host_passthrough: {user: "1500:1500"}, an unprivileged host uid:gid`,
+			"host_passthrough.user %q %s", s, why)
+	}
+	us, gs, ok := strings.Cut(s, ":")
+	u, uerr := strconv.ParseUint(us, 10, 32)
+	g, gerr := strconv.ParseUint(gs, 10, 32)
+	switch {
+	case !ok || uerr != nil || gerr != nil:
+		return 0, 0, bad("is not a numeric uid:gid")
+	case u == 0 || g == 0:
+		return 0, 0, bad("is root: a tenant's command never runs as root on the host")
+	}
+	return uint32(u), uint32(g), nil
 }

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -24,8 +28,8 @@ shutdown_grace: 5s
 sweep: {interval: 10s, idle_timeout: 5m, retention: 1h}
 limits: {max_sandboxes: 3, max_concurrent_execs: 2, requests_per_second: 1.5, burst: 4}
 tenants: {acme: {max_concurrent_execs: 1}}
-max_body: 2m
-files: {max_file: 10m, max_tar: 1g, max_tar_entries: 50}
+max_body: 2Mi
+files: {max_file: 10MiB, max_tar: 1g, max_tar_entries: 50}
 network: {presets: {corp: ["**.corp.example"]}, silent: [t.example]}
 `)
 	c, err := loadServerConfig(good)
@@ -60,6 +64,45 @@ network: {presets: {corp: ["**.corp.example"]}, silent: [t.example]}
 	}
 }
 
+// TestServeConfigRefused: sandkeep serve --config refuses, before it touches anything, a file that the operator
+// tier's strict decoding refuses (tier.DecodeOperator: a YAML alias, a key given twice, two documents, an unknown
+// field), exiting 125 with the line. $SANDKEEP_CONFIG, which the CLI and the daemon read, goes through the same
+// loadServerConfig.
+func TestServeConfigRefused(t *testing.T) {
+	t.Setenv(envConfig, "") // serve --config sets it for the processes it starts; restored after the test
+	dir := t.TempDir()
+	for _, tt := range []struct{ name, body, want string }{
+		{"alias", "network:\n  presets:\n    corp: &corp [a.example]\n    more: *corp\n", `line 4: YAML alias \*corp`},
+		{"duplicate key", "listen: 127.0.0.1:1\nmax_body: 1m\nlisten: 127.0.0.1:2\n", `line 3: mapping key "listen" already defined at line 1`},
+		{"two documents", "listen: 127.0.0.1:1\n---\nlisten: 127.0.0.1:2\n", `line 2: a second YAML document`},
+		{"unknown field", "listen: 127.0.0.1:1\nlimits:\n  max_sandbox: 3\n", `line 3: field max_sandbox not found`},
+		{"duplicate operator key", "secrets: {a: {from_env: A}}\nsecrets: {b: {from_env: B}}\n", `line 2: mapping key "secrets" already`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-")+".yaml")
+			if err := os.WriteFile(file, []byte(tt.body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), []string{"serve", "--config", file, "--listen", "127.0.0.1:0"}, strings.NewReader(""), &stdout, &stderr)
+			if code != 125 {
+				t.Fatalf("exit %d, want 125\nstderr: %s", code, &stderr)
+			}
+			match(t, "stderr", `^sandkeep: INVALID_ARGUMENT: server config `+regexp.QuoteMeta(file)+`: (?s:.*)`+tt.want+`(?s:.*)\nhint: `, stderr.String())
+		})
+	}
+	// The CLI reads the same file from $SANDKEEP_CONFIG through the same decoding.
+	file := filepath.Join(dir, "alias.yaml")
+	t.Setenv(envConfig, file)
+	t.Setenv("SANDKEEP_HOME", t.TempDir())
+	t.Setenv("SANDKEEP_DAEMON", "off")
+	var stdout, stderr bytes.Buffer
+	if code := run(t.Context(), []string{"exec", "--user", "a", "--", "true"}, strings.NewReader(""), &stdout, &stderr); code != 125 {
+		t.Fatalf("exec with $SANDKEEP_CONFIG: exit %d, want 125\nstderr: %s", code, &stderr)
+	}
+	match(t, "stderr", `^sandkeep: INVALID_ARGUMENT: server config .*: line 4: YAML alias \*corp(?s:.*)\nhint: `, stderr.String())
+}
+
 // FuzzServerConfig: any file is either a config or an INVALID_ARGUMENT; it never panics, and what it accepts
 // has sizes and durations the accessors can use.
 func FuzzServerConfig(f *testing.F) {
@@ -85,4 +128,41 @@ func FuzzServerConfig(f *testing.F) {
 			t.Fatalf("accepted a negative bound: %+v", c)
 		}
 	})
+}
+
+// TestServeDrivers: a multi-tenant server offers no host passthrough unless its config names the host user,
+// never root, and SANDKEEP_HOST_PASSTHROUGH=deny still takes it away (issue 22, High 4).
+func TestServeDrivers(t *testing.T) {
+	offered := []sandkeep.DriverOption{{Name: "docker"}, {Name: sandkeep.DriverHost}, {Name: "kubernetes"}}
+	hasHost := func(ds []sandkeep.DriverOption) bool {
+		return slices.ContainsFunc(ds, func(o sandkeep.DriverOption) bool { return o.Name == sandkeep.DriverHost })
+	}
+	for _, tc := range []struct {
+		name, user, env string
+		host            bool
+		code            string
+	}{
+		{name: "default: none", host: false},
+		{name: "a named user", user: "1500:1500", host: true},
+		{name: "denied by the environment", user: "1500:1500", env: "deny", host: false},
+		{name: "root", user: "0:0", code: "INVALID_ARGUMENT"},
+		{name: "root group", user: "1500:0", code: "INVALID_ARGUMENT"},
+		{name: "a name", user: "nobody", code: "INVALID_ARGUMENT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(envHostPassthrough, tc.env)
+			var sc serverConfig
+			sc.HostPassthrough.User = tc.user
+			got, err := sc.serveDrivers(offered)
+			if tc.code != "" {
+				if string(sandkeep.CodeOf(err)) != tc.code {
+					t.Fatalf("serveDrivers = %v, want %s", err, tc.code)
+				}
+				return
+			}
+			if err != nil || hasHost(got) != tc.host || len(got) < 2 {
+				t.Fatalf("serveDrivers = %v, %v; want the host passthrough: %v", got, err, tc.host)
+			}
+		})
+	}
 }

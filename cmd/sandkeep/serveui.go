@@ -20,8 +20,10 @@ func serveRegistry() *prometheus.Registry {
 
 // mountUI serves the dashboard (internal/ui, docs/UI.md) at /ui/ beside hs's handler (the API), over the same
 // backend, store and registry, and ends its live streams when hs shuts down.
-func mountUI(hs *http.Server, svc *openedService, reg prometheus.Gatherer, log *slog.Logger) error {
-	u, err := ui.New(ui.Config{Backend: svc.backend, Store: svc.st, Tokens: svc.st, Gatherer: reg, Logger: log})
+// operatorToken is the installation operator's dashboard credential: every tenant's sandboxes and runs, which no
+// tenant's token (admin or not) shows.
+func mountUI(hs *http.Server, svc *openedService, reg prometheus.Gatherer, log *slog.Logger, operatorToken string) error {
+	u, err := ui.New(ui.Config{Backend: svc.backend, Store: svc.st, Tokens: svc.st, Gatherer: reg, Logger: log, OperatorToken: operatorToken})
 	if err != nil {
 		return err
 	}

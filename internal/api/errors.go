@@ -79,6 +79,7 @@ var statusOf = map[fault.Code]int{
 	fault.EgressUnavailable:        http.StatusServiceUnavailable,
 	fault.NetworkUnenforced:        http.StatusServiceUnavailable,
 	fault.SandboxCapacity:          http.StatusServiceUnavailable,
+	fault.KeyLimit:                 http.StatusServiceUnavailable,
 	fault.SandboxSetupTimeout:      http.StatusServiceUnavailable,
 	fault.FeatureUnavailable:       http.StatusServiceUnavailable, // its registry cannot be reached now
 	// The local daemon's codes are the CLI's; a server that meets one (it never should) says so as unavailable.

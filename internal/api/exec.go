@@ -38,12 +38,12 @@ type ExecBody struct {
 	// operator's templates ("" the tenant's default) and trusted or untrusted (lower only).
 	Template string `json:"template,omitempty"`
 	Trust    string `json:"trust,omitempty"`
-	// Network narrows the run's network for this command: mode none, or an allowlist of the template's own
-	// rules. Anything wider is 403 NETWORK_WIDENED.
+	// Network narrows the run's network for this command: mode none, or an allowlist within the template's
+	// (both must allow a request). Anything wider is 403 NETWORK_WIDENED.
 	Network *ExecNetwork `json:"network,omitempty"`
 }
 
-// ExecNetwork is a caller's network block: it replaces the run's for one command, and may only narrow it.
+// ExecNetwork is a caller's network block: for one command, a request must pass it and the run's policy both.
 type ExecNetwork struct {
 	Mode   string   `json:"mode,omitempty"` // none or allowlist
 	Preset string   `json:"preset,omitempty"`

@@ -43,6 +43,8 @@ const heapMarks = 10
 
 // APIOptions sizes the api scenario. Zero fields take the defaults.
 type APIOptions struct {
+	// Postgres, when set, is the DSN of a PostgreSQL database the served rows also record into (a row of its own).
+	Postgres string
 	N        int // samples per series of the side-by-side warm exec
 	Requests int // requests of the sustained load through the API; the library baseline runs as many
 	Clients  int // concurrent clients of the load, each with a keep-alive connection of its own
@@ -86,7 +88,7 @@ func API(ctx context.Context, e *Env, o APIOptions) (_ []Result, err error) {
 	}
 	defer func() { err = errors.Join(err, e.removeUsers(ctx, users)) }()
 
-	srv, err := startAPIServer(ctx, e)
+	srv, err := startAPIServer(ctx, e, e.M, "")
 	if err != nil {
 		return nil, err
 	}
@@ -109,11 +111,15 @@ func API(ctx context.Context, e *Env, o APIOptions) (_ []Result, err error) {
 	if err != nil {
 		return nil, err
 	}
+	served, err := apiServed(ctx, e, warmUser, sandbox, o)
+	if err != nil {
+		return nil, err
+	}
 	load, err := apiLoad(ctx, e, srv, users[1:], o)
 	if err != nil {
 		return nil, err
 	}
-	return []Result{side, load}, nil
+	return append(append([]Result{side}, served...), load), nil
 }
 
 // apiServer is the API as `sandkeep serve` runs it, on 127.0.0.1:0: the service Backend over Env.M, tokens in
@@ -123,6 +129,7 @@ type apiServer struct {
 	token   string
 	dir     string
 	st      store.Store
+	m       *sandkeep.Manager // the Manager opened for this server (nil when it serves Env.M)
 	srv     *api.Server
 	hs      *http.Server
 	backend *countingBackend
@@ -146,7 +153,10 @@ func (b *countingBackend) Exec(ctx context.Context, key sandkeep.Key, req sandke
 
 var _ service.Backend = (*countingBackend)(nil)
 
-func startAPIServer(ctx context.Context, e *Env) (_ *apiServer, err error) {
+// startAPIServer serves m. Its tokens live in the store at dsn (a fresh SQLite file in a temporary directory when
+// empty); when m is nil, a Manager is opened on e's home recording its runs and events into that store, as
+// `sandkeep serve` does, and closed with the server.
+func startAPIServer(ctx context.Context, e *Env, m *sandkeep.Manager, dsn string) (_ *apiServer, err error) {
 	s := &apiServer{}
 	if s.dir, err = os.MkdirTemp("", "sandkeep-bench-api-"); err != nil {
 		return nil, fmt.Errorf("api server: %w", err)
@@ -156,14 +166,23 @@ func startAPIServer(ctx context.Context, e *Env) (_ *apiServer, err error) {
 			err = errors.Join(err, s.close(ctx))
 		}
 	}()
-	if s.st, err = stores.Open(ctx, filepath.Join(s.dir, "sandkeep.db")); err != nil {
+	if dsn == "" {
+		dsn = filepath.Join(s.dir, "sandkeep.db")
+	}
+	if s.st, err = stores.Open(ctx, dsn); err != nil {
 		return nil, err
+	}
+	if m == nil { // serve's wiring: the Manager records every run and its events into the same store
+		if s.m, err = sandkeep.Open(ctx, e.withStore(s.st)); err != nil {
+			return nil, err
+		}
+		m = s.m
 	}
 	_, s.token, err = auth.Create(ctx, s.st, auth.Spec{Tenant: e.Tenant, Name: "bench", Scopes: []string{auth.ScopeExec}}, time.Now())
 	if err != nil {
 		return nil, err
 	}
-	s.backend = &countingBackend{Service: service.New(e.M, s.st, files.Limits{}, service.Admission{})}
+	s.backend = &countingBackend{Service: service.New(m, s.st, files.Limits{}, service.Admission{})}
 	// The access log is formatted as serve formats it (JSON, one line a request) and dropped: its cost is the
 	// API's, the terminal's is not.
 	// No tenant limits: the benchmark is one tenant driving the server as hard as it can.
@@ -196,6 +215,9 @@ func (s *apiServer) close(ctx context.Context) error {
 		if err := <-s.served; !errors.Is(err, http.ErrServerClosed) {
 			errs = append(errs, err)
 		}
+	}
+	if s.m != nil {
+		errs = append(errs, s.m.Close())
 	}
 	if s.st != nil {
 		errs = append(errs, s.st.Close())
@@ -278,6 +300,83 @@ func apiSideBySide(ctx context.Context, e *Env, srv *apiServer, user, sandbox st
 		"store":           "sqlite",
 	}
 	return r, nil
+}
+
+// apiServed is `sandkeep serve` as it runs: warm `true` through the HTTP API of a server whose Manager records
+// every command's run and events in its store (SQLite; PostgreSQL too when o.Postgres is set), rotated in one loop
+// with the library without a store (user, same sandbox as the first row) and with a raw Engine-API exec of
+// `true` in that sandbox's container. Each store's server has a user (a sandbox) of its own. Rows: each served
+// path against the library, and against raw exec.
+func apiServed(ctx context.Context, e *Env, libUser, sandbox string, o APIOptions) (_ []Result, err error) {
+	type served struct {
+		name, dsn, user string
+		srv             *apiServer
+		c               *client.Client
+	}
+	sv := []*served{{name: "SQLite", user: "api-served-sqlite"}}
+	if o.Postgres != "" {
+		sv = append(sv, &served{name: "PostgreSQL", dsn: o.Postgres, user: "api-served-postgres"})
+	}
+	var users []string
+	for _, s := range sv {
+		users = append(users, s.user)
+	}
+	defer func() { err = errors.Join(err, e.removeUsers(ctx, users)) }()
+	for _, s := range sv {
+		if s.srv, err = startAPIServer(ctx, e, nil, s.dsn); err != nil {
+			return nil, fmt.Errorf("api served (%s): %w", s.name, err)
+		}
+		defer func() { err = errors.Join(err, s.srv.close(ctx)) }()
+		var tr *http.Transport
+		if s.c, tr, err = s.srv.client(); err != nil {
+			return nil, err
+		}
+		defer tr.CloseIdleConnections()
+	}
+	series := []func(context.Context) error{
+		func(ctx context.Context) error {
+			res, err := e.skTrue(ctx, libUser)
+			if err == nil && res.Sandbox.ID != sandbox {
+				err = fmt.Errorf("library exec for %s ran in %s, want %s", libUser, res.Sandbox.ID, sandbox)
+			}
+			return err
+		},
+		func(ctx context.Context) error { return e.rawExec(ctx, sandbox, nil, "true") },
+	}
+	for _, s := range sv {
+		series = append(series, func(ctx context.Context) error {
+			_, err := apiTrue(ctx, s.c, e.Tenant, s.user, "")
+			return err
+		})
+	}
+	// Not measured: each server's sandbox is made and its channel connected; first-use costs on every path.
+	for range 10 {
+		for _, do := range series {
+			if err := do(ctx); err != nil {
+				return nil, fmt.Errorf("api served warm-up: %w", err)
+			}
+		}
+	}
+	samples, err := rotate(ctx, o.N, series...)
+	if err != nil {
+		return nil, fmt.Errorf("api served: %w", err)
+	}
+	var rows []Result
+	for i, s := range sv {
+		api := samples[2+i]
+		lib := newResult("warm `true` through `sandkeep serve`'s HTTP API, runs and events recorded ("+s.name+")",
+			"the library without a store: Manager.Exec", api, samples[0])
+		lib.Extra = map[string]string{"transport": transportAgent, "store": s.name,
+			"added_median_ms": msString(lib.Sandkeep.Median - lib.Base.Median)}
+		raw := newResult("warm `true` through `sandkeep serve`'s HTTP API, runs and events recorded ("+s.name+")",
+			"raw Engine-API exec in the same kind of container", api, samples[1])
+		raw.Extra = map[string]string{"transport": transportAgent, "store": s.name}
+		if raw.Ratio > 0 {
+			raw.Extra["times_faster"] = strconv.FormatFloat(1/raw.Ratio, 'f', 1, 64)
+		}
+		rows = append(rows, lib, raw)
+	}
+	return rows, nil
 }
 
 // heapSample is the process's Go heap in use after a full GC, when done of the API's requests had returned.

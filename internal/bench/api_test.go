@@ -22,10 +22,15 @@ func TestAPIScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rs) != 2 {
-		t.Fatalf("got %d rows, want 2: %+v", len(rs), rs)
+	if len(rs) != 4 {
+		t.Fatalf("got %d rows, want 4 (side by side, served vs library, served vs raw exec, load): %+v", len(rs), rs)
 	}
-	side, load := rs[0], rs[1]
+	side, load := rs[0], rs[3]
+	for _, r := range rs[1:3] {
+		if r.Extra["store"] != "SQLite" || r.Sandkeep.N != 4 || r.Base.N != 4 {
+			t.Errorf("served row: %+v", r)
+		}
+	}
 	for _, r := range rs {
 		t.Log(r)
 		if r.Sandkeep.Median <= 0 || r.Base.Median <= 0 || r.Ratio <= 0 || r.Extra["transport"] != "agent" {

@@ -28,7 +28,7 @@ func newEnv(tb testing.TB) *bench.Env {
 	home, agent := tb.TempDir(), testutil.AgentBinary(tb)
 	open := func(transport string) *sandkeep.Manager {
 		m, err := sandkeep.Open(tb.Context(), sandkeep.Config{Home: home, Image: image, AgentPath: agent, Transport: transport,
-			Drivers: []sandkeep.DriverOption{drivers.Docker()}})
+			Drivers: []sandkeep.DriverOption{drivers.Docker()}, NoSweeper: true})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -40,7 +40,7 @@ func newEnv(tb testing.TB) *bench.Env {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	e := &bench.Env{M: m, MExec: mexec, Docker: cli, Image: image, Tenant: "bench-" + hex.EncodeToString(b[:]),
-		Config: sandkeep.Config{Home: home, Image: image, AgentPath: agent, Drivers: []sandkeep.DriverOption{drivers.Docker()}}}
+		Config: sandkeep.Config{Home: home, Image: image, AgentPath: agent, Drivers: []sandkeep.DriverOption{drivers.Docker()}, NoSweeper: true}}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

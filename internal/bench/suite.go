@@ -32,7 +32,7 @@ const (
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect, ScenarioPool}
 
 // Defaults of Options' zero fields.
 const (
@@ -54,7 +54,8 @@ type Options struct {
 	Keys      int
 	Footprint int
 	Idle      time.Duration
-	Requests  int // requests of the api scenario's sustained load; zero: DefaultAPIRequests
+	Requests  int    // requests of the api scenario's sustained load; zero: DefaultAPIRequests
+	Postgres  string // a PostgreSQL DSN the api scenario's served rows also record into; empty: SQLite only
 }
 
 // Machine describes where a run happened.
@@ -177,13 +178,14 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 		}},
 		{ScenarioAdmission, func() ([]Result, error) { return Admission(ctx, e, n(DefaultAdmissionN)) }},
 		{ScenarioAPI, func() ([]Result, error) {
-			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests)})
+			return API(ctx, e, APIOptions{N: n(DefaultAPIN), Requests: orDefault(o.Requests, DefaultAPIRequests), Postgres: o.Postgres})
 		}},
 		{ScenarioTunnel, func() ([]Result, error) { return Tunnel(ctx, n(DefaultTunnelN)) }},
 		{ScenarioHardening, func() ([]Result, error) {
 			return Hardening(ctx, e, n(DefaultHardeningWarmN), n(DefaultHardeningFirstN))
 		}},
 		{ScenarioConnect, func() ([]Result, error) { return Connect(ctx, e, n(DefaultConnectN), n(DefaultConnectExecN)) }},
+		{ScenarioPool, func() ([]Result, error) { return Pool(ctx, e, n(DefaultPoolN), orDefault(o.Keys, DefaultPoolBurst)) }},
 	}
 	begin := time.Now()
 	for _, s := range steps {

@@ -699,7 +699,7 @@ func TestSchemaFields(t *testing.T) {
 		cfg.UpdateRemoteUserUID == nil || !*cfg.UpdateRemoteUserUID {
 		t.Errorf("init/overrideCommand/shutdownAction/updateRemoteUserUID = %v %v %q %v", cfg.Init, cfg.OverrideCommand, cfg.ShutdownAction, cfg.UpdateRemoteUserUID)
 	}
-	if hr := cfg.HostRequirements; hr == nil || hr.CPUs != 4 || hr.Memory != "8g" || hr.Storage != "32g" {
+	if hr := cfg.HostRequirements; hr == nil || hr.CPUs != 4 || hr.Memory != "8gb" || hr.Storage != "32gb" {
 		t.Errorf("hostRequirements = %+v", cfg.HostRequirements)
 	}
 	if !slices.Equal(cfg.ForwardPorts, []string{"3000", "db:5432"}) {

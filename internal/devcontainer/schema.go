@@ -9,6 +9,7 @@ import (
 
 	"github.com/tailscale/hujson"
 
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/diag"
 )
 
@@ -43,7 +44,7 @@ type Volume struct {
 // limits, within the operator's caps (Fuse); storage is recorded only; a GPU is dropped (Config.Dropped).
 type HostRequirements struct {
 	CPUs    float64
-	Memory  string // a size as spec.ParseSize reads it ("8g"), converted from devcontainer's "8gb"
+	Memory  string // a size as written ("8gb"), which bytesize.Parse reads
 	Storage string
 }
 
@@ -308,15 +309,14 @@ func (p *parser) hostRequirements(m member, cfg *Config) {
 			if !ok {
 				continue
 			}
-			size, ok := devSize(s)
-			if !ok {
-				p.errorf(diag.DevcontainerValue, mm.Value.StartOffset, `write a size such as "8gb" or "512mb"`, "hostRequirements.%s %q is not a size", name, short(s))
+			if _, err := bytesize.Parse(s); err != nil {
+				p.errorf(diag.DevcontainerValue, mm.Value.StartOffset, `write a size such as "8gb" or "512mb"`, "hostRequirements.%s: %v", name, &bytesize.Error{Input: short(s)})
 				continue
 			}
 			if name == "memory" {
-				hr.Memory = size
+				hr.Memory = s
 			} else {
-				hr.Storage = size
+				hr.Storage = s
 			}
 		case "gpu":
 			if lit.Kind() == 'f' || (lit.Kind() == '"' && lit.String() == "optional") {
@@ -326,24 +326,6 @@ func (p *parser) hostRequirements(m member, cfg *Config) {
 		}
 	}
 	cfg.HostRequirements = hr
-}
-
-// devSize turns devcontainer's "8gb", "512mb", "1tb" into the "8g" form spec.ParseSize reads.
-func devSize(s string) (string, bool) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	for _, u := range []string{"tb", "gb", "mb", "kb"} {
-		if n, ok := strings.CutSuffix(t, u); ok {
-			if _, err := strconv.ParseFloat(n, 64); err != nil || n == "" {
-				return "", false
-			}
-			if u == "tb" {
-				f, _ := strconv.ParseFloat(n, 64)
-				return strconv.FormatFloat(f*1024, 'f', -1, 64) + "g", true
-			}
-			return n + u[:1], true
-		}
-	}
-	return "", false
 }
 
 // forwardPorts records the ports (numbers, or "host:port" strings) the file asks to forward. Nothing is

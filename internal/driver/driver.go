@@ -65,6 +65,13 @@ type PortDialer interface {
 // ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
 var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
 
+// Renamer is optional: a driver that can give a sandbox another name in place, without recreating it (Docker's
+// rename). It is atomic: a name that is taken is ErrConflict and changes nothing, a sandbox that is gone (or no
+// longer has the name sb.Name) is ErrNotFound. Warm pools need it: a claimed member takes its key's name.
+type Renamer interface {
+	Rename(ctx context.Context, sb *Sandbox, name string) error
+}
+
 // WorkspaceRemover is optional: a driver that keeps a sandbox's workspace itself (a Kubernetes claim) removes it
 // when the sandbox is removed without keeping its workspace. An absent workspace is not an error.
 type WorkspaceRemover interface {
@@ -159,6 +166,9 @@ const (
 	LabelInstallation = LabelPrefix + "installation"
 	LabelCreatedAt    = LabelPrefix + "created-at" // RFC 3339, UTC
 	LabelTemplate     = LabelPrefix + "template"   // the operator template the sandbox was made for; absent for none
+	// LabelPool is set on a sandbox a template's warm pool made (its value: the template), claimed or not. Its
+	// identity labels are the pool member's; a claimed one belongs to the key its claim record names.
+	LabelPool = LabelPrefix + "pool"
 )
 
 // Sandbox is what a driver knows of one sandbox.

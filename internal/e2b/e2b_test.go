@@ -319,6 +319,31 @@ func TestControlPlane(t *testing.T) {
 	if st, body := h2.do("GET", "/sandboxes/"+id2, "key-acme", ""); st != 200 || body["state"] != "paused" {
 		t.Errorf("after auto-pause: %d %v", st, body)
 	}
+
+	// Pagination: two more, listed two at a time; the state filter sees the paused one alone.
+	for range 2 {
+		now = now.Add(time.Second)
+		if st, body := h2.do("POST", "/v2/sandboxes", "key-acme", `{}`); st != 201 {
+			t.Fatalf("create: %d %v", st, body)
+		}
+	}
+	req, _ := http.NewRequest("GET", h2.srv.URL+"/e2b/v2/sandboxes?limit=2", nil)
+	req.Header.Set("X-API-KEY", "key-acme")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	next := resp.Header.Get("X-Next-Token")
+	if next == "" {
+		t.Fatal("a full first page has no X-Next-Token")
+	}
+	if n := h2.list("key-acme", "?limit=2&nextToken="+next); n != 1 {
+		t.Errorf("second page: %d, want 1", n)
+	}
+	if n := h2.list("key-acme", "?state=paused"); n != 1 {
+		t.Errorf("paused: %d, want 1", n)
+	}
 }
 
 func (h *harness) list(key, query string) int {

@@ -286,14 +286,20 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 			stdinR.CloseWithError(io.ErrClosedPipe)
 		}
 		if err != nil {
-			failed <- err
+			failed <- err // a refusal before the start answers Start; after it, the end event says it
+		} else {
+			once.Do(func() { close(started) }) // a command that ran is started, whatever its events said
 		}
 		p.finish(endEvent(res, err))
 	}()
 	select {
 	case <-started:
 	case err := <-failed:
-		return s.f.connectErr(r, err)
+		select {
+		case <-started: // it started, then failed: the stream tells the client (start, then the end event)
+		default:
+			return s.f.connectErr(r, err)
+		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -12,6 +12,14 @@
 // it checked. Each request is decided under the policy current when it is decided: SetPolicy swaps the whole
 // compiled policy atomically, and a TLS-inspected connection is decided again on every request.
 //
+// # Narrowing
+//
+// A caller's network block narrows its template's policy (narrow.go): Narrow keeps the template's Policy whole
+// and sets Policy.Narrow to the caller's rules, which every request must pass as well (mode none refuses all;
+// an allowlist refuses what it does not list or negates). A refused address class needs an IP or CIDR rule of
+// both to unlock it. Narrow refuses (NetworkWidened) what the caller cannot get: credentials, another inspection
+// setting, a host outside the template's, and an allowing IP or CIDR rule that is not the template's own.
+//
 // # TLS inspection
 //
 // Policy.Inspect is "auto" (on when the policy has credentials), "on" or "off". On, the proxy holds an

@@ -95,7 +95,8 @@ type policy struct {
 	silent  []Rule
 	creds   []credential
 	inspect bool
-	scope   caScope // the name constraints a CA for this policy carries
+	scope   caScope    // the name constraints a CA for this policy carries
+	narrow  *narrowing // a caller's narrowing; nil: none
 }
 
 // credential is a Credential as the proxy uses it.
@@ -136,6 +137,11 @@ func compile(pol Policy) (*policy, error) {
 		}
 	}
 	c.silent = silent
+	narrow, err := compileNarrowing(pol.Narrow)
+	if err != nil {
+		return nil, err
+	}
+	c.narrow = narrow
 	c.rules = slices.Clone(pol.Rules)
 	for _, r := range c.rules {
 		if r.IP.IsValid() || r.Prefix.IsValid() {
@@ -279,7 +285,7 @@ func validToken(s string) bool {
 
 // equal reports whether c and o are the same policy.
 func (c *policy) equal(o *policy) bool {
-	return c.mode == o.mode && c.inspect == o.inspect && slices.Equal(c.rules, o.rules) &&
+	return c.mode == o.mode && c.inspect == o.inspect && slices.Equal(c.rules, o.rules) && c.narrow.equal(o.narrow) &&
 		slices.Equal(c.silent, o.silent) && slices.EqualFunc(c.creds, o.creds, func(a, b credential) bool {
 		return a.name == b.name && a.placeholder == b.placeholder && a.value == b.value && slices.Equal(a.hosts, b.hosts) &&
 			a.header == b.header && a.scheme == b.scheme && a.plaintext == b.plaintext && slices.Equal(a.headers, b.headers) &&

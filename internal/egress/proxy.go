@@ -80,6 +80,9 @@ type Policy struct {
 	// InspectOff. Off, a CONNECT is a plain tunnel: credentials reach plain-HTTP requests only, and an HTTPS
 	// request to a credential's host carries its placeholder unchanged.
 	Inspect string
+	// Narrow, when set, is a caller's narrowing (Narrow makes it): a request passes only when the rules above
+	// and the narrowing both allow it.
+	Narrow *Narrowing
 }
 
 // Block is one refusal, as OnBlocked receives it (and as the network_blocked event records it).
@@ -460,6 +463,10 @@ func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, por
 		b.Reason = ReasonUnlisted
 		return p.refuse(http.StatusForbidden, b)
 	}
+	if reason, rule := pol.narrow.denies(name, ip, isIP, port); reason != "" {
+		b.Reason, b.Rule = reason, rule
+		return p.refuse(http.StatusForbidden, b)
+	}
 
 	addrs := []netip.Addr{ip}
 	if !isIP {
@@ -483,7 +490,16 @@ func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, por
 			b.Reason, b.Rule = ReasonRule, r.String()
 			return p.refuse(http.StatusForbidden, b)
 		}
-		if class := classify(a, p.self, p.refused...); class != "" && r == nil {
+		unlocked := r != nil
+		if n := pol.narrow; n != nil {
+			nr, ok := MatchAddr(n.ipRules, a, port)
+			if nr != nil && !ok {
+				b.Reason, b.Rule = ReasonRule, nr.String()
+				return p.refuse(http.StatusForbidden, b)
+			}
+			unlocked = unlocked && nr != nil // an address class needs both to unlock it
+		}
+		if class := classify(a, p.self, p.refused...); class != "" && !unlocked {
 			b.Reason = class
 			return p.refuse(http.StatusForbidden, b)
 		}

@@ -20,6 +20,7 @@ const (
 	NameSandboxSkipped       = "sandbox_skipped"
 	NameSandboxStarted       = "sandbox_started"
 	NameSandboxAdopted       = "sandbox_adopted"
+	NameSandboxClaimed       = "sandbox_claimed"
 	NameSandboxRecycled      = "sandbox_recycled"
 	NameSandboxStoppedIdle   = "sandbox_stopped_idle"
 	NameSandboxRemoved       = "sandbox_removed"
@@ -59,6 +60,7 @@ var payloadTypes = map[string]reflect.Type{
 	NameSandboxSkipped:       reflect.TypeFor[SandboxSkipped](),
 	NameSandboxStarted:       reflect.TypeFor[SandboxStarted](),
 	NameSandboxAdopted:       reflect.TypeFor[SandboxAdopted](),
+	NameSandboxClaimed:       reflect.TypeFor[SandboxClaimed](),
 	NameSandboxRecycled:      reflect.TypeFor[SandboxRecycled](),
 	NameSandboxStoppedIdle:   reflect.TypeFor[SandboxStoppedIdle](),
 	NameSandboxRemoved:       reflect.TypeFor[SandboxRemoved](),

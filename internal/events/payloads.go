@@ -31,6 +31,16 @@ type SandboxAdopted struct {
 	Driver  string `json:"driver"`
 }
 
+// SandboxClaimed (sandbox_claimed): a new key's first command took a member of its template's warm pool, already
+// created, started and connected, instead of creating a sandbox.
+type SandboxClaimed struct {
+	Sandbox    string `json:"sandbox"`
+	Driver     string `json:"driver"`
+	Template   string `json:"template"`
+	Member     string `json:"member"` // the member's name in the pool
+	DurationMS int64  `json:"duration_ms"`
+}
+
 // Recycle reasons, the values of SandboxRecycled.Reason.
 const (
 	RecycleImage       = "image"        // the image (or build result) changed

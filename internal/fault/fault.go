@@ -28,6 +28,7 @@ const (
 	NotFound          Code = "SANDBOX_NOT_FOUND"  // no sandbox exists for that tenant and user
 	PostureRefused    Code = "POSTURE_REFUSED"    // the configured posture is not allowed (e.g. root)
 	SandboxBusy       Code = "SANDBOX_BUSY"       // the key's gate was not free within the wait bound
+	KeyLimit          Code = "KEY_LIMIT"          // this process already runs or queues commands for its limit of keys
 	SandboxFailed     Code = "SANDBOX_FAILED"     // the engine failed to create, start or run the sandbox
 
 	TransportUnavailable Code = "TRANSPORT_UNAVAILABLE"  // --transport agent, but the agent channel is not up

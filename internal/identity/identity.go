@@ -69,6 +69,20 @@ func ValidatePart(what, s string) error {
 	return nil
 }
 
+// PoolPrefix starts the name of a warm pool's member that no key has claimed yet.
+const PoolPrefix = "sandkeep-p-"
+
+// Member is the key of a warm pool member of template, id its random name. Its tenant is empty, which New never
+// accepts, so no caller's (tenant, user) can ever hash to a member's key. A member's key names its workspace,
+// channel directory and uid until a key claims it, and then keeps naming them for that key (the claim record).
+func Member(template, id string) Key {
+	user := "pool/" + template + "/" + id
+	return Key{User: user, hash: Hash("", user)}
+}
+
+// MemberName is the container name of the unclaimed pool member k.
+func (k Key) MemberName() string { return PoolPrefix + k.Short() }
+
 // IsZero reports whether k was never made by New.
 func (k Key) IsZero() bool { return k.hash == [sha256.Size]byte{} }
 

@@ -10,11 +10,13 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
@@ -80,7 +82,10 @@ type Config struct {
 	// Docker driver as root with User unset, see effectiveUIDs); UIDsOff is off. Changing it recycles sandboxes.
 	UIDs UIDRange
 
-	GateWait        time.Duration // bound on waiting for a busy key
+	GateWait time.Duration // bound on waiting for a busy key
+	// MaxKeys bounds the keys this process holds state for at once: gates of keys with a command running or
+	// queued (past it a new key is KEY_LIMIT), cached uids and postures (forgotten past it). 0: DefaultMaxKeys.
+	MaxKeys         int
 	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
 	Retention       time.Duration // a stopped sandbox this old is removed
 	RemoveWorkspace bool          // on retention removal, also delete the workspace
@@ -417,6 +422,9 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 	return p
 }
 
+// kernelSize is a tmpfs size the kernel reads as written (memparse: a number and k, m, g, t or p).
+var kernelSize = regexp.MustCompile(`^[0-9]+[kKmMgGtTpP]?$`)
+
 // extraTmpfs is the option string of a spec tmpfs: always rw,nosuid,nodev; owned by the sandbox user, mode 0755
 // and 64 MiB unless the spec says otherwise.
 func extraTmpfs(opts string, uid, gid int) string {
@@ -426,8 +434,15 @@ func extraTmpfs(opts string, uid, gid int) string {
 		if o == "" {
 			continue
 		}
-		k, _, _ := strings.Cut(o, "=")
+		k, v, _ := strings.Cut(o, "=")
 		has[k] = true
+		if k == "size" && !kernelSize.MatchString(v) {
+			// The spec reads sizes as bytesize does (64MiB, 64Mi, 1.5g); the kernel's tmpfs only 64m. Sizes
+			// it reads stay as written, so a sandbox made before this rewrite keeps its posture hash.
+			if n, err := bytesize.Parse(v); err == nil {
+				o = "size=" + strconv.FormatInt(n, 10)
+			}
+		}
 		out = append(out, o)
 	}
 	// A fixed order: the string is hashed into the posture.

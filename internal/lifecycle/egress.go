@@ -165,7 +165,7 @@ func (m *Manager) endEgress(key identity.Key) {
 
 // listenSide listens on the egress socket of key's channel directory dir, which the sandbox's init dials.
 func (m *Manager) listenSide(key identity.Key, dir string) (net.Listener, error) {
-	ln, err := channel.ListenSide(dir, channel.EgressSocketName, m.verifier(key), m.cfg.Logger)
+	ln, err := channel.ListenSide(dir, channel.EgressSocketName, m.verifier(func() identity.Key { return key }), m.cfg.Logger)
 	if errors.Is(err, channel.ErrInUse) {
 		return nil, fault.New(fault.EgressUnavailable,
 			"run the command through the sandkeep process that serves this user (e.g. the server), or stop it",

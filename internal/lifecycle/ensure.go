@@ -25,6 +25,7 @@ const (
 	DecisionRecreate Decision = "recreate" // drifted (image, posture) or in a state that cannot run commands
 	DecisionCreate   Decision = "create"   // absent
 	DecisionAdopt    Decision = "adopt"    // another process created it first
+	DecisionClaim    Decision = "claim"    // absent, and its template's warm pool had a member ready (pool.go)
 )
 
 // ensure returns key's running, compatible sandbox and what it did to get it, within SetupTimeout. The caller
@@ -50,6 +51,12 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 	imageID, err := m.images.resolve(ctx, sh.cfg.Image)
 	if err != nil {
 		return nil, "", err
+	}
+	// A new key whose template keeps a warm pool takes a member that is running and connected already.
+	if sb, ok, err := m.claim(ctx, key, sh, imageID); err != nil {
+		return nil, "", err
+	} else if ok {
+		return sb, DecisionClaim, nil
 	}
 	chanDir := m.channelDir(key)
 	want, hash, err := m.postureOf(key, sh)
@@ -147,9 +154,29 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
 func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
+	return m.createFrom(ctx, key, sh, m.createSpec(key, sh, want, hash, imageID))
+}
+
+// createFrom makes the sandbox of spec for key (a warm pool member's key, for a member) and starts it.
+func (m *Manager) createFrom(ctx context.Context, key identity.Key, sh *Shape, spec *driver.CreateSpec) (*driver.Sandbox, error) {
 	if _, err := m.ensureWorkspace(key, sh, true); err != nil {
 		return nil, err
 	}
+	sb, err := m.drv.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.drv.Start(ctx, sb); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = m.drv.Remove(cctx, sb)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// createSpec is what key's sandbox in shape sh is created from: its name, image, posture and labels.
+func (m *Manager) createSpec(key identity.Key, sh *Shape, want driver.Posture, hash, imageID string) *driver.CreateSpec {
 	spec := &driver.CreateSpec{
 		Key: key, Name: key.ContainerName(), Image: sh.cfg.Image, ImageID: imageID, Posture: want,
 		Labels: map[string]string{
@@ -166,17 +193,7 @@ func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want 
 	if sh.Template != "" {
 		spec.Labels[driver.LabelTemplate] = sh.Template
 	}
-	sb, err := m.drv.Create(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.drv.Start(ctx, sb); err != nil {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		_ = m.drv.Remove(cctx, sb)
-		return nil, err
-	}
-	return sb, nil
+	return spec
 }
 
 // started records a sandbox that was just started as running.
@@ -220,8 +237,7 @@ type keyPosture struct {
 // was made) and the key (its uid, when the operator gave a range), so they are built once per key and shape
 // rather than on every command; the driver only reads them.
 func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string, error) {
-	if v, ok := sh.postures.Load(key.Hex()); ok {
-		kp := v.(keyPosture)
+	if kp, ok := sh.postures.load(key.Hex()); ok {
 		return kp.posture, kp.hash, nil
 	}
 	uid, gid, err := m.idOf(key, sh)
@@ -236,25 +252,24 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	}
 	p.Companions = companionsHash(sh.cfg.Companions) // companions.go; "" without companions
 	kp := keyPosture{posture: p, hash: p.Hash()}
-	sh.postures.Store(key.Hex(), kp)
+	sh.postures.store(key.Hex(), kp)
 	return kp.posture, kp.hash, nil
 }
 
 // idOf is the host uid and gid key's sandbox runs as in shape sh: its User, or with a uid range the key's own uid
-// (its gid is the same number). An allocated uid is remembered for the manager's life.
+// (its gid is the same number). An allocated uid is remembered (a bounded cache: the home keeps it anyway).
 func (m *Manager) idOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
 	if m.cfg.UIDs.Count == 0 {
 		return sh.uid, sh.gid, nil
 	}
-	if v, ok := m.uids.Load(key.Hex()); ok {
-		id := v.(int)
+	if id, ok := m.uids.load(key.Hex()); ok {
 		return id, id, nil
 	}
 	id, err := m.home.AllocateUID(key, m.cfg.UIDs, HostIDTaken)
 	if err != nil {
 		return 0, 0, err
 	}
-	m.uids.Store(key.Hex(), id)
+	m.uids.store(key.Hex(), id)
 	return id, id, nil
 }
 

@@ -18,10 +18,15 @@ import (
 // share the home queue too). Lifecycle operations (ensure, recycle, stop, remove) and the commands of the native
 // exec take it exclusively, one at a time; commands whose caller asked to run concurrently take it shared, beside
 // each other but never beside an exclusive holder. Different keys never wait for each other.
+//
+// A key's entry lives only while someone waits for or holds its gate: the last one out removes it, so a
+// long-lived process that has seen millions of keys keeps only the busy ones. At most max entries live at once;
+// past that a new key is refused with KEY_LIMIT (the existing keys go on).
 type gates struct {
 	home *Home
-	mu   sync.Mutex       // guards keys
-	keys map[string]*gate // one per key seen since start; a gate is a few bytes and an fd while held
+	max  int
+	mu   sync.Mutex       // guards keys and every gate's waiters transitions to and from 0
+	keys map[string]*gate // the keys with a waiter or a holder; at most max
 }
 
 type gate struct {
@@ -36,17 +41,57 @@ type gate struct {
 	file     *flock.Flock
 }
 
-func newGates(h *Home) *gates { return &gates{home: h, keys: map[string]*gate{}} }
+// DefaultMaxKeys bounds the keys one process holds or waits for at once (gates, and the build gates).
+const DefaultMaxKeys = 1 << 16
 
-func (g *gates) get(k identity.Key) *gate {
+func newGates(h *Home, max int) *gates {
+	if max <= 0 {
+		max = DefaultMaxKeys
+	}
+	return &gates{home: h, max: max, keys: map[string]*gate{}}
+}
+
+// join counts a caller in at k's gate, making the entry when it is the first; it refuses a new key past the cap.
+func (g *gates) join(k identity.Key) (*gate, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	gt, ok := g.keys[k.Hex()]
 	if !ok {
+		if len(g.keys) >= g.max {
+			return nil, fault.New(fault.KeyLimit, "retry when fewer users' commands are running, or raise the limit (MaxKeys)",
+				"this sandkeep already runs or queues commands for %d users, its limit; sandbox %s was not started", g.max, k.Short())
+		}
 		gt = &gate{file: flock.New(g.home.lockPath(k)), changed: make(chan struct{})}
 		g.keys[k.Hex()] = gt
 	}
-	return gt
+	gt.waiters.Add(1)
+	return gt, nil
+}
+
+// leave counts a caller out of k's gate; the last one out removes the entry.
+func (g *gates) leave(k identity.Key, gt *gate) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gt.waiters.Add(-1) == 0 && g.keys[k.Hex()] == gt {
+		delete(g.keys, k.Hex())
+	}
+}
+
+// waiting is the number of callers waiting for or holding k's gate in this process.
+func (g *gates) waiting(k identity.Key) int32 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gt, ok := g.keys[k.Hex()]; ok {
+		return gt.waiters.Load()
+	}
+	return 0
+}
+
+// size is the number of keys with an entry.
+func (g *gates) size() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.keys)
 }
 
 func (gt *gate) broadcast() {
@@ -94,12 +139,14 @@ func (g *gates) acquire(ctx context.Context, k identity.Key, wait time.Duration)
 // acquireMode takes k's gate shared (beside other shared holders) or exclusively.
 func (g *gates) acquireMode(ctx context.Context, k identity.Key, wait time.Duration, shared bool) (release func(), err error) {
 	defer noticeAfter(ctx, wait)()
-	gt := g.get(k)
-	gt.waiters.Add(1)
+	gt, err := g.join(k)
+	if err != nil {
+		return nil, err
+	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	fail := func(err error) (func(), error) {
-		gt.waiters.Add(-1)
+		g.leave(k, gt)
 		if err == errWaitExpired {
 			return nil, busy(k, wait)
 		}
@@ -125,7 +172,7 @@ func (g *gates) acquireMode(ctx context.Context, k identity.Key, wait time.Durat
 		changed := gt.changed
 		gt.mu.Unlock()
 		if ok && !takeFile {
-			return gt.releaser(true), nil
+			return g.releaser(k, gt, true), nil
 		}
 		if ok {
 			err := lockFile(ctx, gt.file, timer.C, shared)
@@ -144,7 +191,7 @@ func (g *gates) acquireMode(ctx context.Context, k identity.Key, wait time.Durat
 			if err != nil {
 				return fail(err)
 			}
-			return gt.releaser(shared), nil
+			return g.releaser(k, gt, shared), nil
 		}
 		select {
 		case <-changed:
@@ -170,31 +217,34 @@ func (g *gates) acquireMode(ctx context.Context, k identity.Key, wait time.Durat
 
 // tryAcquire takes k's gate exclusively only when nobody holds or waits for it (the sweeper's way in).
 func (g *gates) tryAcquire(k identity.Key) (release func(), ok bool) {
-	gt := g.get(k)
-	if gt.waiters.Load() > 0 {
+	if g.waiting(k) > 0 {
+		return nil, false
+	}
+	gt, err := g.join(k)
+	if err != nil {
 		return nil, false
 	}
 	gt.mu.Lock()
 	if gt.excl || gt.shared > 0 || gt.pendingX > 0 {
 		gt.mu.Unlock()
+		g.leave(k, gt)
 		return nil, false
 	}
 	gt.excl = true
 	gt.mu.Unlock()
-	gt.waiters.Add(1)
 	locked, err := gt.file.TryLock()
 	if err != nil || !locked {
-		gt.waiters.Add(-1)
 		gt.mu.Lock()
 		gt.excl = false
 		gt.broadcast()
 		gt.mu.Unlock()
+		g.leave(k, gt)
 		return nil, false
 	}
-	return gt.releaser(false), true
+	return g.releaser(k, gt, false), true
 }
 
-func (gt *gate) releaser(shared bool) func() {
+func (g *gates) releaser(k identity.Key, gt *gate, shared bool) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -211,7 +261,7 @@ func (gt *gate) releaser(shared bool) func() {
 			}
 			gt.broadcast()
 			gt.mu.Unlock()
-			gt.waiters.Add(-1)
+			g.leave(k, gt)
 		})
 	}
 }

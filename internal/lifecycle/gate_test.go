@@ -318,3 +318,36 @@ func TestGateWaitNotice(t *testing.T) {
 		t.Errorf("a stop at a free gate noticed %v", got)
 	}
 }
+
+// TestGatesEvictedAndCapped: a key's gate lives only while a command runs or waits for it, so a process that has
+// served many keys holds none of them when idle; past MaxKeys keys at once a new key is KEY_LIMIT while the keys
+// already in go on; the cached uids stay bounded too.
+func TestGatesEvictedAndCapped(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager(func(c *Config) { c.MaxKeys = 2; c.GateWait = 200 * time.Millisecond })
+	for i := range 5 {
+		run(t, m, key(t, "acme", "u"+strconv.Itoa(i)), "true")
+	}
+	if n := m.gates.size(); n != 0 {
+		t.Errorf("%d gates kept after their commands ended, want 0", n)
+	}
+	if n := m.def.postures.len(); n > 2 {
+		t.Errorf("%d postures cached, want at most MaxKeys (2)", n)
+	}
+
+	a, b, c := key(t, "acme", "a"), key(t, "acme", "b"), key(t, "acme", "c")
+	releaseA, releaseB := holder(t, m, a), holder(t, m, b)
+	_, err := m.Exec(t.Context(), c, ExecRequest{Argv: []string{"true"}})
+	if !fault.Is(err, fault.KeyLimit) || !strings.Contains(err.Error(), "2 users") {
+		t.Fatalf("a third key past MaxKeys=2: %v, want KEY_LIMIT naming the limit", err)
+	}
+	if _, err := m.Exec(t.Context(), a, ExecRequest{Argv: []string{"true"}}); !fault.Is(err, fault.SandboxBusy) {
+		t.Errorf("a key already in waits as before: %v, want SANDBOX_BUSY", err)
+	}
+	releaseA()
+	run(t, m, c, "true") // room again
+	releaseB()
+	if n := m.gates.size(); n != 0 {
+		t.Errorf("%d gates kept when idle", n)
+	}
+}

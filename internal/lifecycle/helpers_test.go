@@ -221,4 +221,4 @@ func holder(t *testing.T, m *Manager, k identity.Key) (release func()) {
 }
 
 // waiters is how many callers hold or queue for k's gate in m.
-func waiters(m *Manager, k identity.Key) int32 { return m.gates.get(k).waiters.Load() }
+func waiters(m *Manager, k identity.Key) int32 { return m.gates.waiting(k) }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +24,8 @@ import (
 type Home struct {
 	Dir          string
 	Installation string // created once, kept in Dir/installation-id
+
+	claimed sync.Map // key hex -> identity.Key of the pool member it claimed (claims.go); done claims only
 }
 
 // OpenHome creates dir and its layout when missing and reads (or creates, exactly once across processes)
@@ -84,10 +87,15 @@ func installationID(dir string) (string, error) {
 }
 
 // Workspace is the host directory bound at /workspace for key.
-func (h *Home) Workspace(k identity.Key) string { return filepath.Join(h.Dir, "workspaces", k.Hex()) }
+// A key that claimed a warm pool member has the member's (claims.go).
+func (h *Home) Workspace(k identity.Key) string {
+	return filepath.Join(h.Dir, "workspaces", h.phys(k).Hex())
+}
 
 // Volumes is the host directory that holds key's named volumes, one directory each (Config.Volumes).
-func (h *Home) Volumes(k identity.Key) string { return filepath.Join(h.Dir, "volumes", k.Hex()) }
+func (h *Home) Volumes(k identity.Key) string {
+	return filepath.Join(h.Dir, "volumes", h.phys(k).Hex())
+}
 
 // EnsureVolume creates one of key's volumes, owned by uid:gid with mode 0700, as EnsureWorkspace does.
 func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int) error {
@@ -116,7 +124,9 @@ func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int) error {
 
 // ChannelDir is the key's channel directory: the host's socket for the agent, bound read-only into the
 // sandbox. The short key keeps socket paths well under the 108 bytes of sockaddr_un.
-func (h *Home) ChannelDir(k identity.Key) string { return filepath.Join(h.Dir, "chan", k.Short()) }
+func (h *Home) ChannelDir(k identity.Key) string {
+	return filepath.Join(h.Dir, "chan", h.phys(k).Short())
+}
 
 func (h *Home) lockPath(k identity.Key) string { return filepath.Join(h.Dir, "locks", k.Hex()+".lock") }
 
@@ -154,10 +164,18 @@ func (h *Home) EnsureWorkspace(k identity.Key, uid, gid int) (string, error) {
 	return dir, nil
 }
 
-// chownTree gives uid:gid every entry under dir that the previous owner old owns, never following a symlink
-// (WalkDir does not, and Lchown changes the link itself). The sandbox is not running while this happens.
+// chownTree gives uid:gid every entry under dir that the previous owner old owns. It walks and changes through an
+// os.Root at dir, so no path it follows leaves dir, whatever a command still running there swaps in: a
+// directory replaced by a symlink to elsewhere between being listed and being read is refused (the walk fails,
+// nothing outside is touched), and Lchown changes a link itself, never its target (issue 22, Low 10: a walk by
+// path with os.Lchown followed such a swap).
 func chownTree(dir string, old, uid, gid int) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -166,11 +184,19 @@ func chownTree(dir string, old, uid, gid int) error {
 			return err
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == old {
-			return os.Lchown(p, uid, gid)
+			if err := root.Lchown(p, uid, gid); err != nil {
+				return err
+			}
+		}
+		if chownVisited != nil {
+			chownVisited(p)
 		}
 		return nil
 	})
 }
+
+// chownVisited, when set (tests), is called after chownTree handled each path: where a test swaps a directory.
+var chownVisited func(p string)
 
 // HasWorkspace reports whether key's workspace directory exists.
 func (h *Home) HasWorkspace(k identity.Key) bool {
@@ -190,6 +216,7 @@ func (h *Home) RemoveWorkspace(k identity.Key) error {
 	if err := os.RemoveAll(h.Volumes(k)); err != nil { // the sandbox's volumes go with its workspace
 		return fmt.Errorf("remove volumes: %w", err)
 	}
+	h.dropClaim(k) // a claimed member's files were the key's; with them gone the key is new again
 	return nil
 }
 

@@ -41,14 +41,15 @@ type Manager struct {
 	gates    *gates
 	agentDir string
 	images   *images
-	def      *Shape   // the shape of cfg itself: what a command without a Shape of its own gets
-	uids     sync.Map // key hex -> int, the key's host uid from Config.UIDs (see idOf)
-	comps    sync.Map // key hex -> companionsSeen, the companions this process last ensured (companions.go)
+	def      *Shape         // the shape of cfg itself: what a command without a Shape of its own gets
+	uids     *keyCache[int] // the key's host uid from Config.UIDs (see idOf), at most MaxKeys
+	comps    sync.Map       // key hex -> companionsSeen, the companions this process last ensured (companions.go)
 
 	mu        sync.Mutex                   // guards known, listeners and egress
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
 	listeners map[string]*channel.Listener // key hex -> this process's agent channel listener for that key
 	egress    map[string]*keyEgress        // key hex -> the key's egress proxy, served by this process (egress.go)
+	pools     *pools                       // the warm pools this process keeps (pool.go); nil: none
 
 	nextID atomic.Uint32
 	procs  procWatch // the watchers of the processes this Manager started (process.go)
@@ -71,11 +72,11 @@ func New(home *Home, drv driver.Driver, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home), agentDir: agentDir,
+		cfg: cfg, uid: uid, gid: gid, home: home, drv: drv, gates: newGates(home, cfg.MaxKeys), agentDir: agentDir, uids: newKeyCache[int](cfg.MaxKeys),
 		known: map[string]*driver.Sandbox{}, listeners: map[string]*channel.Listener{}, egress: map[string]*keyEgress{},
 		images: newImages(drv, cfg.Logger),
 	}
-	m.def = &Shape{cfg: cfg, uid: uid, gid: gid}
+	m.def = &Shape{cfg: cfg, uid: uid, gid: gid, postures: newKeyCache[keyPosture](cfg.MaxKeys)}
 	return m, nil
 }
 
@@ -183,6 +184,9 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 		sb, decision, err := m.ensure(ctx, key, m.shapeOf(req.Shape))
 		if err != nil {
 			return nil, coded(ctx, err, key)
+		}
+		if decision == DecisionClaim { // the claimed member's listener, its agent already connected, is the key's now
+			l, fresh = m.listenerFor(key)
 		}
 		m.home.Touch(key, m.cfg.Now())
 		// The proxy is up, with this command's policy, before the command can use it (after the ensure: the
@@ -409,8 +413,9 @@ func errNoSandbox(key identity.Key) error {
 }
 
 func (m *Manager) checkOurs(key identity.Key, sb *driver.Sandbox) error {
-	if sb.Labels[driver.LabelInstallation] == m.home.Installation && sb.Labels[driver.LabelKey] == key.Hex() {
-		return nil
+	if sb.Labels[driver.LabelInstallation] == m.home.Installation &&
+		(sb.Labels[driver.LabelKey] == key.Hex() || sb.Labels[driver.LabelKey] == m.home.phys(key).Hex()) {
+		return nil // the key's own, or the pool member it claimed (claims.go)
 	}
 	return fault.New(fault.ForeignContainer,
 		fmt.Sprintf("sandkeep never adopts or deletes it; rename or remove it yourself (docker rm %s) if it is not needed, or use another SANDKEEP_HOME's sandkeep", sb.Name),
@@ -421,6 +426,7 @@ func (m *Manager) checkOurs(key identity.Key, sb *driver.Sandbox) error {
 // agents reconnect to the next process that serves them.
 func (m *Manager) Close() error {
 	m.procs.close()
+	m.stopPools() // pool.go: members stay, for the next process to adopt
 	m.images.close()
 	m.closeEgress()
 	m.mu.Lock()

@@ -175,6 +175,24 @@ func ResolveNetwork(n *Network, presets map[string][]string, silent []string) (e
 	return egress.Policy{Mode: mode, Rules: rules, Silent: slices.Clone(silent), Credentials: creds, Inspect: n.Inspect}, nil
 }
 
+// NarrowNetwork is base (the run's resolved policy) narrowed by a caller's block cmd (egress.Narrow): a request
+// passes only when both allow it. Credentials in cmd are refused (NetworkWidened) before anything is resolved:
+// they are the operator's to give.
+func NarrowNetwork(base egress.Policy, cmd *Network, presets map[string][]string) (egress.Policy, error) {
+	if cmd == nil {
+		return base, nil
+	}
+	if len(cmd.Credentials) > 0 {
+		return egress.Policy{}, fault.New(fault.NetworkWidened, "ask for a subset of the template's hosts, or network mode none",
+			"a caller's network block may only narrow the template's, and credentials are the operator's")
+	}
+	caller, err := ResolveNetwork(cmd, presets, nil)
+	if err != nil {
+		return egress.Policy{}, err
+	}
+	return egress.Narrow(base, caller)
+}
+
 func preset(name string, presets map[string][]string) ([]string, error) {
 	if rules, ok := presets[name]; ok {
 		return rules, nil
@@ -236,17 +254,4 @@ func resolveCredentials(in []Credential) ([]egress.Credential, error) {
 			Header: c.Header, Scheme: c.Scheme, Fields: slices.Clone(c.Fields), AllowPlaintext: c.AllowPlaintext})
 	}
 	return out, nil
-}
-
-// PresetRules returns the rules of preset name (the operator's presets, then the built-in ones); none for "" or
-// an unknown name.
-func PresetRules(name string, presets map[string][]string) []string {
-	if name == "" {
-		return nil
-	}
-	rules, err := preset(name, presets)
-	if err != nil {
-		return nil
-	}
-	return rules
 }

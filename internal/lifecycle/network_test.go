@@ -102,3 +102,37 @@ func TestResolveNetwork(t *testing.T) {
 		})
 	}
 }
+
+// TestNarrowNetwork: a caller's block narrows the run's resolved policy (egress.Narrow): presets are resolved
+// first, so a preset's rules count as the rules they are; credentials are refused before anything is resolved.
+func TestNarrowNetwork(t *testing.T) {
+	presets := map[string][]string{"corp": {"**.corp.test"}}
+	base, err := ResolveNetwork(&Network{Mode: "allowlist", Preset: "default", Rules: []string{"api.example.test"}}, presets, []string{"telemetry.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cmd  *Network
+		ok   bool
+	}{
+		{"a rule of the preset", &Network{Mode: "allowlist", Rules: []string{"github.com"}}, true},
+		{"the same preset", &Network{Mode: "allowlist", Preset: "default"}, true},
+		{"another preset", &Network{Mode: "allowlist", Preset: "corp"}, false},
+		{"own credentials", &Network{Mode: "allowlist", Rules: []string{"api.example.test"},
+			Credentials: []Credential{{Name: "T", Value: "v", Hosts: []string{"api.example.test"}}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pol, err := NarrowNetwork(base, tc.cmd, presets)
+			if tc.ok != (err == nil) {
+				t.Fatalf("NarrowNetwork = %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && fault.CodeOf(err) != fault.NetworkWidened {
+				t.Errorf("refusal %v: want NETWORK_WIDENED", err)
+			}
+			if err == nil && (pol.Narrow == nil || !slices.Equal(pol.Silent, base.Silent)) {
+				t.Errorf("narrowed policy %+v: want the template's silent list and a narrowing", pol)
+			}
+		})
+	}
+}

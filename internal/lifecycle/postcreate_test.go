@@ -70,6 +70,12 @@ func TestExtraTmpfs(t *testing.T) {
 	if got != "rw,nosuid,nodev,size=8m,mode=0755,uid=1000,gid=1000" {
 		t.Fatalf("extraTmpfs = %q", got)
 	}
+	// Sizes the kernel's tmpfs cannot read (the Kubernetes and docker spellings the spec accepts) reach it in bytes.
+	for _, in := range []string{"64MiB", "64Mi", "64mb", "0.0625g"} {
+		if got := extraTmpfs("size="+in, 1000, 1000); got != "rw,nosuid,nodev,size=67108864,mode=0755,uid=1000,gid=1000" {
+			t.Errorf("extraTmpfs(size=%s) = %q", in, got)
+		}
+	}
 	cfg := Config{Image: "x", AgentPath: "/a", Tmpfs: map[string]string{"/cache": "", "/build": "mode=0700"}}
 	cfg.setDefaults()
 	a := cfg.posture("/ws", "/vol", "/agent", "", 1000, 1000).Hash()

@@ -42,7 +42,9 @@ type Usage struct {
 // MinQuotaBytes is the smallest workspace file system: ext4's metadata and journal need a few MiB.
 const MinQuotaBytes = 8 << 20
 
-func (h *Home) diskPath(k identity.Key) string { return filepath.Join(h.Dir, "disks", k.Hex()+".img") }
+func (h *Home) diskPath(k identity.Key) string {
+	return filepath.Join(h.Dir, "disks", h.phys(k).Hex()+".img")
+}
 
 // toolTimeout bounds mkfs, mount and resize: they take well under a second on an idle host.
 const toolTimeout = time.Minute

@@ -1,8 +1,6 @@
 package lifecycle
 
 import (
-	"sync"
-
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -21,7 +19,7 @@ type Shape struct {
 
 	cfg      Config
 	uid, gid int
-	postures sync.Map // key hex -> keyPosture, built once per key (see postureOf)
+	postures *keyCache[keyPosture] // built once per key (see postureOf), at most MaxKeys
 }
 
 // NewShape returns the Manager's Config changed by edit, validated as New validates a Config. Only the
@@ -55,7 +53,7 @@ func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) 
 		return nil, fault.New(fault.InvalidArgument, "name templates with letters, digits, '-', '_' and '.'",
 			"template name %q is not valid", template)
 	}
-	return &Shape{Template: template, cfg: own, uid: uid, gid: gid}, nil
+	return &Shape{Template: template, cfg: own, uid: uid, gid: gid, postures: newKeyCache[keyPosture](m.cfg.MaxKeys)}, nil
 }
 
 // Image is the image ref the shape's sandboxes run.

@@ -92,6 +92,9 @@ func (m *Manager) List(ctx context.Context) ([]Info, error) {
 
 // keyOf rebuilds a sandbox's key from its labels and checks it against the key label and the name.
 func (m *Manager) keyOf(sb *driver.Sandbox) (identity.Key, bool) {
+	if sb.Labels[driver.LabelPool] != "" {
+		return m.claimantOf(sb) // pool.go: a claimed member is its key's; an unclaimed one is nobody's
+	}
 	key, err := identity.New(sb.Labels[driver.LabelTenant], sb.Labels[driver.LabelUser])
 	if err != nil || key.Hex() != sb.Labels[driver.LabelKey] || key.ContainerName() != sb.Name ||
 		sb.Labels[driver.LabelInstallation] != m.home.Installation {

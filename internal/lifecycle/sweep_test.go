@@ -93,10 +93,12 @@ func TestSweepSkipsQueuedWaiter(t *testing.T) {
 	run(t, m, k, `true`)
 	e.clock.Advance(time.Hour)
 
-	gt := m.gates.get(k)
-	gt.waiters.Add(1) // a caller between counting itself and taking the semaphore
+	gt, err := m.gates.join(k) // a caller between counting itself and taking the semaphore
+	if err != nil {
+		t.Fatal(err)
+	}
 	rep := sweep(t, m)
-	gt.waiters.Add(-1)
+	m.gates.leave(k, gt)
 	if !slices.Equal(rep.Skipped, []string{k.ContainerName()}) || len(rep.Stopped) != 0 {
 		t.Errorf("sweep with a queued waiter = %+v; want it skipped", rep)
 	}

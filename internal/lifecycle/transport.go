@@ -40,6 +40,11 @@ func (m *Manager) channelDir(key identity.Key) string {
 // listenerFor returns key's channel listener, creating it when needed, and whether it was just created. It
 // returns nil when this process does not use the channel, or when another live process serves the socket.
 func (m *Manager) listenerFor(key identity.Key) (*channel.Listener, bool) {
+	return m.listenerWith(key, m.verifier(func() identity.Key { return key }))
+}
+
+// listenerWith is listenerFor with the verifier v for a new listener.
+func (m *Manager) listenerWith(key identity.Key, v channel.Verifier) (*channel.Listener, bool) {
 	dir := m.channelDir(key)
 	if dir == "" || m.cfg.Transport == TransportExec {
 		return nil, false
@@ -49,7 +54,7 @@ func (m *Manager) listenerFor(key identity.Key) (*channel.Listener, bool) {
 	if l, ok := m.listeners[key.Hex()]; ok {
 		return l, false
 	}
-	l, err := channel.Listen(dir, m.verifier(key), m.cfg.Logger)
+	l, err := channel.Listen(dir, v, m.cfg.Logger)
 	if err != nil {
 		if !errors.Is(err, channel.ErrInUse) {
 			m.cfg.Logger.Warn("agent channel unavailable", "key", key.Short(), "err", err)
@@ -60,10 +65,11 @@ func (m *Manager) listenerFor(key identity.Key) (*channel.Listener, bool) {
 	return l, true
 }
 
-// verifier accepts a connection only from key's sandbox's PID 1, as the engine reports it.
-func (m *Manager) verifier(key identity.Key) channel.Verifier {
+// verifier accepts a connection only from the PID 1 of the sandbox of the key current returns (a pool member's
+// key until a key claims it, then that key's), as the engine reports it.
+func (m *Manager) verifier(current func() identity.Key) channel.Verifier {
 	known := func(pid int) bool {
-		sb := m.cached(key)
+		sb := m.cached(current())
 		return sb != nil && sb.Pid == pid
 	}
 	// A pid that is not the cached PID 1 costs an engine call at most once a second (channel.Throttle): a
@@ -71,7 +77,8 @@ func (m *Manager) verifier(key identity.Key) channel.Verifier {
 	return channel.Throttle(known, func(pid int) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		sb, err := m.drv.Inspect(ctx, key.ContainerName())
+		key := current()
+		sb, err := m.drv.Inspect(ctx, m.nameOf(key))
 		return err == nil && sb.State == driver.StateRunning && sb.Pid == pid && m.checkOurs(key, sb) == nil
 	}, time.Second)
 }

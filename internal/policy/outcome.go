@@ -34,6 +34,7 @@ var outcomes = map[fault.Code]Outcome{
 	fault.SandboxFailed:        transient,
 	fault.AgentProtocol:        transient,
 	fault.SandboxBusy:          transient,
+	fault.KeyLimit:             transient,
 	fault.StoreUnavailable:     transient,
 	fault.EgressUnavailable:    transient,
 	fault.TransportUnavailable: transient,

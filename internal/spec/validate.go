@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"path"
 	"regexp"
 	"sort"
@@ -15,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/diag"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
@@ -403,24 +403,6 @@ func tmpfsTarget(t string) string {
 	return ""
 }
 
-// sizePattern is a size: a whole number with an optional k, m or g (powers of 1024).
-var sizePattern = regexp.MustCompile(`^([0-9]{1,15})([kKmMgG]?)$`)
-
-// ParseSize reads a size such as "64m" or "2g" (k, m and g are powers of 1024; no unit is bytes) and
-// returns it in bytes.
-func ParseSize(s string) (int64, error) {
-	m := sizePattern.FindStringSubmatch(s)
-	if m == nil {
-		return 0, fmt.Errorf("size %q is not a whole number with an optional unit k, m or g", s)
-	}
-	n, _ := strconv.ParseInt(m[1], 10, 64) // at most 15 digits: no overflow here
-	shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30}[strings.ToLower(m[2])]
-	if n > math.MaxInt64>>shift {
-		return 0, fmt.Errorf("size %q is too large", s)
-	}
-	return n << shift, nil
-}
-
 // tmpfsOptions says why opts is not a list of the tmpfs options sandkeep passes on, or "".
 func tmpfsOptions(opts string) string {
 	seen := map[string]bool{}
@@ -440,9 +422,12 @@ func tmpfsOptions(opts string) string {
 				return fmt.Sprintf("option %s takes no value", key)
 			}
 		case "size":
-			n, err := ParseSize(value)
-			if err != nil || n == 0 {
-				return fmt.Sprintf("size=%q is not a positive size such as 64m (0 would mean unlimited)", value)
+			n, err := bytesize.Parse(value)
+			if err != nil {
+				return fmt.Sprintf("size=%v", err)
+			}
+			if n == 0 {
+				return "size=0 would mean unlimited: give a positive size such as 64m"
 			}
 		case "mode":
 			if v, err := strconv.ParseUint(value, 8, 32); err != nil || v > 0o7777 || len(value) < 3 || len(value) > 5 {
@@ -466,19 +451,19 @@ func (c *checker) resources(r *Resources) {
 		c.errorf(diag.SpecResources, "sandbox.resources.cpus", cpusHint, "sandbox.resources.cpus is %v; want %v to %v", r.CPUs, MinCPUs, MaxCPUs)
 	}
 	if r.Memory != "" && c.text("sandbox.resources.memory", r.Memory) {
-		n, err := ParseSize(r.Memory)
+		n, err := bytesize.Parse(r.Memory)
 		switch {
 		case err != nil:
-			c.errorf(diag.SpecResources, "sandbox.resources.memory", "write a whole number with a unit: memory: 512m or memory: 2g", "sandbox.resources.memory: %v", err)
+			c.errorf(diag.SpecResources, "sandbox.resources.memory", "write a size such as memory: 512m, 512Mi or 2g", "sandbox.resources.memory: %v", err)
 		case n < MinMemory:
 			c.errorf(diag.SpecResources, "sandbox.resources.memory", "give at least 6m, e.g. memory: 512m", "sandbox.resources.memory %q is below the minimum of 6m", r.Memory)
 		}
 	}
 	if r.Disk != "" && c.text("sandbox.resources.disk", r.Disk) {
-		n, err := ParseSize(r.Disk)
+		n, err := bytesize.Parse(r.Disk)
 		switch {
 		case err != nil:
-			c.errorf(diag.SpecResources, "sandbox.resources.disk", "write a whole number with a unit: disk: 512m or disk: 10g", "sandbox.resources.disk: %v", err)
+			c.errorf(diag.SpecResources, "sandbox.resources.disk", "write a size such as disk: 512m, 64Mi or 10g", "sandbox.resources.disk: %v", err)
 		case n < MinDisk:
 			c.errorf(diag.SpecResources, "sandbox.resources.disk", "give at least 8m, e.g. disk: 1g", "sandbox.resources.disk %q is below the minimum of 8m", r.Disk)
 		}

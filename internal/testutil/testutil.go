@@ -5,7 +5,8 @@
 // It is for tests only; nothing outside _test.go files may import it.
 //
 // When SANDKEEP_REQUIRE_DOCKER=1 (scripts/test.sh sets it), a missing engine fails the test; otherwise the test
-// is skipped. Run scripts/docker-up.sh to get an engine and busybox-static.
+// is skipped. Under go test -short (the short tier) every test that needs the engine skips, whether or not one
+// answers. Run scripts/docker-up.sh to get an engine and busybox-static.
 package testutil
 
 import (
@@ -37,6 +38,14 @@ var docker struct {
 // SANDKEEP_REQUIRE_DOCKER=1 and is skipped otherwise.
 func Docker(t testing.TB) *client.Client {
 	t.Helper()
+	if testing.Short() {
+		// The short tier (go test -short, scripts/test.sh --short) runs no Docker test, even where an engine
+		// answers: it is what runs anywhere, in minutes. A run that also demands Docker is a mistake, not a skip.
+		if os.Getenv(EnvRequireDocker) == "1" {
+			t.Fatalf("-short runs no Docker test, but %s=1 demands them: drop one of the two", EnvRequireDocker)
+		}
+		t.Skip("needs the Docker engine: not under -short (the Docker tier, scripts/test.sh, runs it)")
+	}
 	docker.once.Do(func() {
 		cli, err := client.New(client.FromEnv)
 		if err != nil {

@@ -16,7 +16,6 @@ import (
 	"io"
 	"io/fs"
 	"path"
-	"slices"
 	"sort"
 	"strings"
 
@@ -90,41 +89,68 @@ type CredentialSource struct {
 // MaxOperatorSize bounds ParseOperator's input.
 const MaxOperatorSize = 1 << 20
 
-// ParseOperator decodes an Operator from YAML strictly (unknown keys, a second document and aliases are
-// errors) and returns it with Validate's diagnostics. The error is set when the YAML cannot be decoded; the
-// diagnostics may still hold errors (use List.Err).
+// ParseOperator decodes an Operator from YAML as DecodeOperator does and returns it with Validate's
+// diagnostics. The error is set when the YAML cannot be decoded; the diagnostics may still hold errors (use
+// List.Err).
 func ParseOperator(data []byte) (op Operator, list diag.List, err error) {
-	if len(data) > MaxOperatorSize {
-		return Operator{}, nil, fmt.Errorf("operator tier settings: larger than %d bytes", MaxOperatorSize)
-	}
-	defer func() {
-		if r := recover(); r != nil { // yaml.v3 has panicked on hostile input before
-			op, list, err = Operator{}, nil, errors.New("operator tier settings: cannot be parsed as YAML")
-		}
-	}()
-	if bytes.Contains(data, []byte("*")) {
-		var n yaml.Node
-		if yaml.Unmarshal(data, &n) == nil && hasAlias(&n) {
-			return Operator{}, nil, errors.New("operator tier settings: YAML aliases are not supported")
-		}
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&op); err != nil && !errors.Is(err, io.EOF) {
+	if err := DecodeOperator(data, &op); err != nil {
 		return Operator{}, nil, fmt.Errorf("operator tier settings: %w", err)
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return Operator{}, nil, errors.New("operator tier settings: more than one YAML document")
 	}
 	return op, op.Validate(), nil
 }
 
-func hasAlias(n *yaml.Node) bool {
-	if n.Kind == yaml.AliasNode {
-		return true
+// DecodeOperator decodes the operator's YAML into v: an *Operator, or a pointer to a config file's struct that
+// embeds Operator inline (sandkeep serve's sandkeep-server.yaml, which the CLI and the daemon read from
+// $SANDKEEP_CONFIG too). It is strict, since the operator tier decides what every repository and caller may
+// do and a setting that is read differently from how it was written is a hole: a YAML alias, a key given twice,
+// a field v does not have and a second document are refused, each with its line. It checks no values (see
+// Operator.Validate).
+func DecodeOperator(data []byte, v any) (err error) {
+	if len(data) > MaxOperatorSize {
+		return fmt.Errorf("larger than %d bytes", MaxOperatorSize)
 	}
-	return slices.ContainsFunc(n.Content, hasAlias)
+	defer func() {
+		if r := recover(); r != nil { // yaml.v3 has panicked on hostile input before
+			err = errors.New("cannot be parsed as YAML")
+		}
+	}()
+	// The document as a tree first: aliases (an alias expands where it is read, so what a reviewer sees at
+	// one place is decided at another) and a second document, each with its line.
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if a := findAlias(&doc); a != nil {
+		return fmt.Errorf("line %d: YAML alias *%s is not supported: write the value out", a.Line, a.Value)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("line %d: a second YAML document: the file holds one", extra.Line)
+	}
+	// Then into v: yaml.v3 refuses a key given twice and (KnownFields) a field v does not have, naming the line.
+	strict := yaml.NewDecoder(bytes.NewReader(data))
+	strict.KnownFields(true)
+	if err := strict.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// findAlias returns the first alias node under n, or nil.
+func findAlias(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode {
+		return n
+	}
+	for _, c := range n.Content {
+		if a := findAlias(c); a != nil {
+			return a
+		}
+	}
+	return nil
 }
 
 // Validate checks the operator's own values: secret and credential names, that each secret has exactly one

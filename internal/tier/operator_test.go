@@ -212,3 +212,30 @@ func TestOperatorEmbeds(t *testing.T) {
 		t.Error("the injectable lookup is settable from YAML")
 	}
 }
+
+// TestDecodeOperatorLines: a config file that embeds Operator (as sandkeep-server.yaml does) is decoded as
+// strictly as Operator alone, and each refusal names its line.
+func TestDecodeOperatorLines(t *testing.T) {
+	type config struct {
+		Listen   string `yaml:"listen"`
+		Operator `yaml:",inline"`
+	}
+	for _, tt := range []struct{ body, want string }{
+		{"listen: a\nhost_paths: &p [/srv]\nlocal_env: *p\n", `^line 3: YAML alias \*p `},
+		{"listen: a\nsecrets:\n  x: {from_env: A}\n  x: {from_env: B}\n", `line 4: mapping key "x" already defined at line 3`},
+		{"listen: a\n---\nlisten: b\n", `^line 2: a second YAML document`},
+		{"listen: a\n...\n---\n", `^line 3: a second YAML document`},
+		{"listen: a\nhost_path: [/srv]\n", `line 2: field host_path not found`},
+		{"listen: a\nsecrets: {x: {from_env: A, from_envv: B}}\n", `line 2: field from_envv not found`},
+	} {
+		var c config
+		err := DecodeOperator([]byte(tt.body), &c)
+		if err == nil || !regexp.MustCompile(tt.want).MatchString(err.Error()) {
+			t.Errorf("%q: %v; want %s", tt.body, err, tt.want)
+		}
+	}
+	var c config
+	if err := DecodeOperator([]byte("listen: a\nhost_paths: [/srv]\n"), &c); err != nil || c.Listen != "a" || c.HostPaths[0] != "/srv" {
+		t.Errorf("good file: %+v, %v", c, err)
+	}
+}

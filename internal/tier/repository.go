@@ -331,8 +331,9 @@ func (c *repoCheck) network(n *spec.Network) {
 			c.specErr(diag.TierNetworkOpen, f,
 				"list the hosts the project needs (e.g. **.github.com), or set repo_network_open: true in the operator config",
 				"the repository's network rule %q allows every host", s)
-		case (r.IP.IsValid() || r.Prefix.IsValid()) && !c.op.RepoNetworkIPRules && n.Mode != "denylist" && n.Mode != "open":
-			// (under denylist a rule denies; under open, which SK508 governs, an allow adds nothing)
+		case (r.IP.IsValid() || r.Prefix.IsValid()) && !c.op.RepoNetworkIPRules:
+			// In every mode: an allowing IP or CIDR rule is what unlocks a refused address class (loopback,
+			// private, metadata), so under open or denylist it is not "nothing added".
 			c.specErr(diag.TierNetworkIPRule, f,
 				"name hosts instead of addresses, or set repo_network_ip_rules: true in the operator config",
 				"the repository's network rule %q allows an IP address or range", s)

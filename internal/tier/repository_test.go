@@ -175,6 +175,16 @@ func TestRepository(t *testing.T) {
 			{code: diag.TierNetworkIPRule, field: "sandbox.network.rules[2]", hint: "repo_network_ip_rules", file: spec},
 		}},
 		{name: "network-ip-allowed", dir: "network-ip", op: func(_ fixture, op *Operator) { op.RepoNetworkIPRules = true }},
+		// Open and denylist modes, even with repo_network_open: an allowing IP rule unlocks loopback and the
+		// metadata address there too; negations stay allowed.
+		{name: "network-ip-open", op: func(_ fixture, op *Operator) { op.RepoNetworkOpen = true }, want: []want{
+			{code: diag.TierNetworkIPRule, field: "sandbox.network.rules[1]", hint: "repo_network_ip_rules", file: spec},
+			{code: diag.TierNetworkIPRule, field: "sandbox.network.rules[2]", hint: "repo_network_ip_rules", file: spec},
+		}},
+		{name: "network-ip-denylist", op: func(_ fixture, op *Operator) { op.RepoNetworkOpen = true }, want: []want{
+			{code: diag.TierNetworkIPRule, field: "sandbox.network.rules[2]", hint: "repo_network_ip_rules", file: spec},
+		}},
+		{name: "network-ip-open-allowed", dir: "network-ip-open", op: func(_ fixture, op *Operator) { op.RepoNetworkOpen, op.RepoNetworkIPRules = true, true }},
 		{name: "host-state", want: []want{{code: diag.TierHostState, field: "sandbox.host_state", hint: "host_state", file: spec}}},
 	}
 	for _, tt := range tests {

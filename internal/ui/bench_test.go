@@ -134,7 +134,7 @@ func seeded(b *testing.B, kind string) *fixture {
 		if err != nil {
 			b.Fatal(err)
 		}
-		f.cookies[who] = &http.Cookie{Name: CookieName, Value: u.sessions.open(tok.Hash).id}
+		f.cookies[who] = &http.Cookie{Name: CookieName, Value: u.sessions.open(tok.Hash, false).id}
 	}
 	page, err := st.QueryRuns(ctx, store.RunQuery{Limit: 200})
 	if err != nil {

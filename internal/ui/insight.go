@@ -101,7 +101,7 @@ type latencyData struct {
 const latencyRuns = 500
 
 // handleLatency draws warm exec time, gate wait and first-command time over the window from the recorded events
-// (the viewer's tenant's, or every tenant's for an admin), and, for an admin, the server's own histograms.
+// (the viewer's tenant's, or every tenant's for the operator), and, for the operator, the server's own histograms.
 //
 // A command is warm when its sandbox was already running: no sandbox_started, _recycled or _adopted event came
 // between the previous command of its run and it. A first command is one that had to wait for its sandbox to be
@@ -145,7 +145,7 @@ func (u *UI) handleLatency(w http.ResponseWriter, r *http.Request, v *viewer) {
 	data.Warm = lineChart("Warm command time (ms)", quantileSeries(s.warm, since, now, buckets), since, now)
 	data.Gate = lineChart("Gate wait (ms)", quantileSeries(s.gate, since, now, buckets), since, now)
 	data.First = lineChart("First-command time (ms): sandbox start plus the command", quantileSeries(s.first, since, now, buckets), since, now)
-	if v.admin && u.cfg.Gatherer != nil {
+	if v.operator && u.cfg.Gatherer != nil {
 		data.Server, data.ServerShown = u.serverHistograms(), true
 	}
 	u.render(w, r, v, http.StatusOK, "latency", data)

@@ -80,14 +80,19 @@ func (s *sse) send(event, id, data string) {
 		fmt.Fprintf(&b, "id: %s\n", id)
 	}
 	fmt.Fprintf(&b, "event: %s\n", event)
-	for _, line := range strings.Split(data, "\n") {
-		fmt.Fprintf(&b, "data: %s\n", strings.TrimSuffix(line, "\r"))
+	// A line of an event stream ends at CRLF, LF or a lone CR: split at all three, so that no CR in data (a
+	// command's text in a rendered row) ends a data line early and starts a field or an event of its own.
+	for _, line := range strings.Split(lineEnds.Replace(data), "\n") {
+		fmt.Fprintf(&b, "data: %s\n", line)
 	}
 	b.WriteByte('\n')
 	if _, s.err = s.w.Write(b.Bytes()); s.err == nil {
 		s.err = s.flush()
 	}
 }
+
+// lineEnds turns every end of line an event stream knows into LF.
+var lineEnds = strings.NewReplacer("\r\n", "\n", "\r", "\n")
 
 func (s *sse) flush() error { return s.rc.Flush() }
 

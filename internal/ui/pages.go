@@ -66,8 +66,11 @@ func (d layoutData) Who() string {
 	if d.Viewer == nil {
 		return ""
 	}
-	if d.Viewer.admin {
-		return d.Viewer.tok.Tenant + " · admin (every tenant)"
+	switch {
+	case d.Viewer.operator:
+		return "operator (every tenant)"
+	case d.Viewer.admin:
+		return d.Viewer.tok.Tenant + " · admin"
 	}
 	return d.Viewer.tok.Tenant
 }
@@ -238,10 +241,10 @@ type sandboxesData struct {
 	Notice string
 }
 
-// sandboxes lists the sandboxes the viewer sees: every tenant's for an admin (when the backend can list them
-// all), else the viewer's tenant's.
+// sandboxes lists the sandboxes the viewer sees: every tenant's for the operator (when the backend can list
+// them all), else the viewer's tenant's, whatever its scopes.
 func (u *UI) sandboxes(ctx context.Context, v *viewer) ([]sandkeep.Sandbox, error) {
-	if al, ok := u.cfg.Backend.(AllLister); ok && v.admin {
+	if al, ok := u.cfg.Backend.(AllLister); ok && v.operator {
 		return al.ListAll(ctx)
 	}
 	return u.cfg.Backend.List(ctx, v.tok.Tenant)
@@ -375,7 +378,7 @@ func (u *UI) handleRuns(w http.ResponseWriter, r *http.Request, v *viewer) {
 	qs := r.URL.Query()
 	q := store.RunQuery{Tenant: qs.Get("tenant"), User: qs.Get("user"), Status: qs.Get("status"),
 		FailureCode: qs.Get("failure"), Mode: qs.Get("mode"), Driver: qs.Get("driver"), Limit: store.DefaultPageSize}
-	if !v.admin {
+	if !v.operator {
 		q.Tenant = v.tok.Tenant
 	}
 	if c, ok := parseCursor(qs.Get("after")); ok {
@@ -391,7 +394,7 @@ func (u *UI) handleRuns(w http.ResponseWriter, r *http.Request, v *viewer) {
 		u.failErr(w, r, v, "the runs", err)
 		return
 	}
-	d := runsData{Q: q, Runs: page.Runs, More: page.More, Admin: v.admin,
+	d := runsData{Q: q, Runs: page.Runs, More: page.More, Admin: v.operator,
 		Status: []string{store.StatusRunning, store.StatusSucceeded, store.StatusFailed, store.StatusFailedResumable},
 		Modes:  []string{"auto", "inline", "none"}, Driver: []string{"docker", "kubernetes", "host"}}
 	if page.More && len(page.Runs) > 0 {

@@ -2,8 +2,10 @@ package ui
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"net/http"
 	"slices"
@@ -25,6 +27,7 @@ const CookieName = "sandkeep_ui"
 type session struct {
 	id        string
 	tokenHash string
+	operator  bool   // opened with Config.OperatorToken, not a tenant's token
 	csrf      string // the per-session CSRF token every action form carries
 	expires   time.Time
 }
@@ -50,9 +53,9 @@ func randomID() string {
 }
 
 // open makes a session for the token with hash.
-func (s *sessions) open(hash string) *session {
+func (s *sessions) open(hash string, operator bool) *session {
 	now := s.now()
-	ss := &session{id: randomID(), tokenHash: hash, csrf: randomID(), expires: now.Add(s.ttl)}
+	ss := &session{id: randomID(), tokenHash: hash, operator: operator, csrf: randomID(), expires: now.Add(s.ttl)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var oldest *session
@@ -98,21 +101,26 @@ func (s *sessions) close(id string) {
 
 // viewer is who a request is from: the session and its token, as looked up for this request.
 type viewer struct {
-	sess  *session
-	tok   store.Token
-	admin bool // sees every tenant; may stop and remove sandboxes
+	sess     *session
+	tok      store.Token
+	admin    bool // may stop and remove the sandboxes it sees
+	operator bool // the installation's operator (Config.OperatorToken): sees every tenant
 }
 
-// Tenant is the tenant the viewer is confined to; "" for an admin, who sees every tenant.
+// scope is the tenant the viewer is confined to; "" for the operator, who sees every tenant. A tenant's admin
+// token administers its own tenant only.
 func (v *viewer) scope() string {
-	if v.admin {
+	if v.operator {
 		return ""
 	}
 	return v.tok.Tenant
 }
 
 // sees reports whether the viewer may see an object of tenant.
-func (v *viewer) sees(tenant string) bool { return v.admin || tenant == v.tok.Tenant }
+func (v *viewer) sees(tenant string) bool { return v.operator || tenant == v.tok.Tenant }
+
+// operatorToken is the viewer token an operator session stands for: no tenant, every scope.
+var operatorToken = store.Token{ID: "operator", Name: "operator", Scopes: []string{auth.ScopeAdmin}}
 
 type viewerHandler func(w http.ResponseWriter, r *http.Request, v *viewer)
 
@@ -152,6 +160,13 @@ func (u *UI) viewerOf(r *http.Request) *viewer {
 	ss := u.sessions.get(c.Value)
 	if ss == nil {
 		return nil
+	}
+	if ss.operator {
+		if !u.isOperator(ss.tokenHash) { // the operator token changed: its sessions end
+			u.sessions.close(ss.id)
+			return nil
+		}
+		return &viewer{sess: ss, tok: operatorToken, admin: true, operator: true}
 	}
 	tok, err := u.cfg.Tokens.TokenByHash(r.Context(), ss.tokenHash)
 	if err != nil || auth.Status(tok, u.now()) != auth.StatusLive || tok.Tenant == "" || !auth.Allows(tok, auth.ScopeRead) {
@@ -195,6 +210,13 @@ type signinData struct{ Error string }
 func (u *UI) handleSignIn(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
 	token := r.PostFormValue("token")
+	if sum := sha256.Sum256([]byte(token)); token != "" && u.isOperator(hex.EncodeToString(sum[:])) {
+		ss := u.sessions.open(hex.EncodeToString(sum[:]), true)
+		u.setCookie(w, r, ss)
+		u.log.Info("ui: signed in", "token", "operator")
+		http.Redirect(w, r, Prefix, http.StatusSeeOther)
+		return
+	}
 	tok, err := auth.Verify(r.Context(), u.cfg.Tokens, "Bearer "+token, u.now())
 	if err == nil && (tok.Tenant == "" || !auth.Allows(tok, auth.ScopeRead)) {
 		err = errNoRead
@@ -212,7 +234,7 @@ func (u *UI) handleSignIn(w http.ResponseWriter, r *http.Request) {
 				"Ask the operator for one (sandkeep token create --scopes read)."})
 		return
 	}
-	ss := u.sessions.open(tok.Hash)
+	ss := u.sessions.open(tok.Hash, false)
 	u.setCookie(w, r, ss)
 	u.log.Info("ui: signed in", "token", tok.ID, "tenant", tok.Tenant)
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
@@ -222,4 +244,13 @@ func (u *UI) handleSignOut(w http.ResponseWriter, r *http.Request, v *viewer) {
 	u.sessions.close(v.sess.id)
 	u.clearCookie(w, r)
 	http.Redirect(w, r, Prefix+"signin", http.StatusSeeOther)
+}
+
+// isOperator reports whether hash (hex SHA-256) is the operator token's, in constant time; never without one.
+func (u *UI) isOperator(hash string) bool {
+	if u.cfg.OperatorToken == "" {
+		return false
+	}
+	want := sha256.Sum256([]byte(u.cfg.OperatorToken))
+	return subtle.ConstantTimeCompare([]byte(hash), []byte(hex.EncodeToString(want[:]))) == 1
 }

@@ -6,9 +6,11 @@
 // Who sees what: a session is opened by posting a token (never in a URL); it is a random id in an HttpOnly,
 // SameSite=Strict cookie, kept server-side with the token's hash, and the token is looked up again on every
 // request, so a revoked or expired token ends its sessions. A tenant's token sees its tenant only, and another
-// tenant's run or sandbox answers exactly like a missing one (404). An admin-scoped token sees every tenant and
-// may stop or remove sandboxes; those POSTs carry the session's CSRF token and pass Go's cross-origin checks
-// (Sec-Fetch-Site, Origin).
+// tenant's run or sandbox answers exactly like a missing one (404). An admin-scoped token administers its own
+// tenant: it may stop or remove that tenant's sandboxes; those POSTs carry the session's CSRF token and pass
+// Go's cross-origin checks (Sec-Fetch-Site, Origin). Installation-wide views (every tenant's sandboxes and runs,
+// the server's own histograms) need the operator's credential (Config.OperatorToken), which is no tenant's
+// token.
 package ui
 
 import (
@@ -56,7 +58,7 @@ type Store interface {
 }
 
 // AllLister is the optional Backend capability of listing every tenant's sandboxes (service.Service has it);
-// without it an admin sees the sandboxes of its own tenant only.
+// without it the operator sees the sandboxes of its own listing only.
 type AllLister interface {
 	ListAll(ctx context.Context) ([]sandkeep.Sandbox, error)
 }
@@ -67,9 +69,13 @@ type Config struct {
 	Store   Store           // runs and events
 	Tokens  auth.Lookup     // finds a presented token by its hash (store.TokenStore)
 	// Gatherer, when set, is the server's Prometheus registry: the latency page shows the server's own exec and
-	// gate-wait histograms from it (to admin sessions: they are installation-wide).
+	// gate-wait histograms from it (to the operator's sessions: they are installation-wide).
 	Gatherer prometheus.Gatherer
-	Logger   *slog.Logger
+	// OperatorToken, when set, is the installation operator's dashboard credential (sandkeep-server.yaml's
+	// operator_token_env): signed in with it, a session sees every tenant and may stop or remove any sandbox.
+	// It is not a store token, so no tenant's token, admin or not, can stand for it. "": no operator sign-in.
+	OperatorToken string
+	Logger        *slog.Logger
 
 	SessionTTL   time.Duration // how long a session lives after sign-in; default 8h
 	MaxSessions  int           // sessions kept at once (the oldest is dropped past it); default 10,000

@@ -55,6 +55,24 @@ type world struct {
 	be *apitest.Backend
 }
 
+// allLister is the fake backend with the AllLister capability service.Service has, over the tests' tenants.
+type allLister struct{ *apitest.Backend }
+
+func (a allLister) ListAll(ctx context.Context) ([]sandkeep.Sandbox, error) {
+	var out []sandkeep.Sandbox
+	for _, tenant := range []string{"acme", "globex", "ops"} {
+		sbs, err := a.List(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sbs...)
+	}
+	return out, nil
+}
+
+// testOperatorToken is the installation operator's dashboard credential in newWorld's UI.
+const testOperatorToken = "sk-operator-0123456789abcdef"
+
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "runs.db"))
@@ -63,7 +81,7 @@ func newWorld(t *testing.T) *world {
 	}
 	t.Cleanup(func() { st.Close() })
 	w := &world{t: t, st: st, be: apitest.NewBackend(t.TempDir())}
-	w.ui, err = New(Config{Backend: w.be, Store: st, Tokens: st, PollInterval: 20 * time.Millisecond})
+	w.ui, err = New(Config{Backend: allLister{w.be}, Store: st, Tokens: st, PollInterval: 20 * time.Millisecond, OperatorToken: testOperatorToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +278,7 @@ func TestRevokedTokenEndsSession(t *testing.T) {
 }
 
 // TestTenantIsolation: a tenant sees only its runs, sandboxes and refusals; another tenant's run answers exactly
-// like a missing one; an admin sees both.
+// like a missing one, to its admin token too; the operator's credential sees both.
 func TestTenantIsolation(t *testing.T) {
 	w := newWorld(t)
 	blocked := ev(t, events.NameNetworkBlocked, events.NetworkBlocked{Host: "secret-host.test", Port: 443, Reason: "not-allowlisted"})
@@ -303,19 +321,49 @@ func TestTenantIsolation(t *testing.T) {
 		t.Errorf("stop without admin: %d", a.status)
 	}
 
-	admin, _ := w.token("ops", auth.ScopeAdmin)
+	// A tenant's admin token administers its tenant only (issue 22, Medium 9: an admin token of one tenant saw
+	// and could stop every tenant's sandboxes): globex's admin sees none of acme's, and stopping acme's
+	// sandbox answers like a missing one.
+	adminB, _ := w.token("globex", auth.ScopeAdmin)
+	gb := w.browser()
+	gb.signIn(adminB)
+	for _, page := range []string{"", "runs", "runs?tenant=acme", "sandboxes", "egress", "latency"} {
+		a := gb.get(Prefix + page)
+		for _, leak := range []string{"acme", ra.ID, "secret-host", "alice"} {
+			if strings.Contains(a.body, leak) {
+				t.Errorf("GET /ui/%s shows %q to globex's admin", page, leak)
+			}
+		}
+	}
+	if a := gb.get(Prefix + "sandboxes"); !strings.Contains(a.body, "bob") {
+		t.Errorf("globex's admin does not see its own sandbox")
+	}
+	if a := gb.do("POST", Prefix+"sandboxes/stop", url.Values{"csrf": {gb.csrf()}, "tenant": {"acme"}, "user": {"alice"}},
+		"Sec-Fetch-Site", "same-origin"); a.status != http.StatusNotFound {
+		t.Errorf("globex's admin stopping acme's sandbox: %d, want 404", a.status)
+	}
+	if sb, err := w.be.Sandbox(t.Context(), mustKey(t, "acme", "alice")); err != nil || sb.State != "running" {
+		t.Errorf("acme's sandbox after globex's admin tried to stop it: %+v, %v", sb, err)
+	}
+
+	// The installation's operator, with its own credential (no tenant's token), sees every tenant.
 	ab := w.browser()
-	ab.signIn(admin)
+	if a := ab.signIn(testOperatorToken); a.status != http.StatusSeeOther {
+		t.Fatalf("operator sign-in: %d %s", a.status, a.body)
+	}
 	for _, want := range []string{"acme", "globex"} {
 		if a := ab.get(Prefix + "runs"); !strings.Contains(a.body, want) {
-			t.Errorf("admin's runs lack %s", want)
+			t.Errorf("operator's runs lack %s", want)
+		}
+		if a := ab.get(Prefix + "sandboxes"); !strings.Contains(a.body, want) {
+			t.Errorf("operator's sandboxes lack %s", want)
 		}
 	}
 	if a := ab.get(Prefix + "runs/" + ra.ID); a.status != http.StatusOK || !strings.Contains(a.body, "acme-cmd") || !strings.Contains(a.body, "secret-host.test") {
-		t.Errorf("admin's view of acme's run: %d", a.status)
+		t.Errorf("operator's view of acme's run: %d", a.status)
 	}
 	if a := ab.get(Prefix + "egress"); !strings.Contains(a.body, "secret-host.test") {
-		t.Error("admin's egress page lacks the refused host")
+		t.Error("operator's egress page lacks the refused host")
 	}
 }
 

@@ -169,6 +169,9 @@ func companionConfig(sb *driver.Sandbox, p driver.Posture, c driver.Companion, n
 	if p.Seccomp != "" {
 		host.SecurityOpt = append(host.SecurityOpt, "seccomp="+p.Seccomp)
 	}
+	for _, u := range p.Ulimits { // the sandbox's core and nofile limits (issue 22: companions had none)
+		host.Resources.Ulimits = append(host.Resources.Ulimits, &container.Ulimit{Name: u.Name, Soft: u.Soft, Hard: u.Hard})
+	}
 	for _, v := range c.Volumes {
 		host.Mounts = append(host.Mounts, mount.Mount{Type: mount.TypeVolume, Source: companionVolume(sb, v.Name), Target: v.Target,
 			VolumeOptions: &mount.VolumeOptions{Labels: labels}})

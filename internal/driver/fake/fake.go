@@ -41,6 +41,7 @@ const (
 	OpRemove  Op = "remove"
 	OpList    Op = "list"
 	OpExec    Op = "exec"
+	OpRename  Op = "rename"
 )
 
 // Hooks let a test observe or interfere with calls as they happen. They run on the caller's goroutine without
@@ -68,7 +69,10 @@ type Driver struct {
 	hooks    Hooks
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver  = (*Driver)(nil)
+	_ driver.Renamer = (*Driver)(nil)
+)
 
 // Option configures a Driver.
 type Option func(*Driver)
@@ -328,6 +332,30 @@ func (d *Driver) lookup(sb *driver.Sandbox) *box {
 		return nil
 	}
 	return b
+}
+
+// Rename gives the sandbox sb (looked up by its name, as the engine does) the name name: a taken name is
+// errdefs.ErrConflict, a sandbox that no longer has sb.Name errdefs.ErrNotFound.
+func (d *Driver) Rename(ctx context.Context, sb *driver.Sandbox, name string) error {
+	if err := d.enter(OpRename); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.lookup(sb)
+	if b == nil {
+		return fmt.Errorf("rename %s: %w", sb.Name, errdefs.ErrNotFound)
+	}
+	if _, taken := d.boxes[name]; taken {
+		return fmt.Errorf("rename %s to %s: %w", sb.Name, name, errdefs.ErrConflict)
+	}
+	delete(d.boxes, b.sb.Name)
+	b.sb.Name = name
+	d.boxes[name] = b
+	return nil
 }
 
 // Start starts a stopped sandbox; a running one is left alone. An absent one is errdefs.ErrNotFound.

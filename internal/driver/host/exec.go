@@ -44,7 +44,7 @@ func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Re
 	defer d.unregister(sb, p)
 
 	req.Workdir = filepath.Join(ws, filepath.FromSlash(rel))
-	conn, diag, err := p.start(d.agent, ws, env)
+	conn, diag, err := p.start(d.agent, ws, env, d.as)
 	if err != nil {
 		return res, err
 	}
@@ -135,7 +135,7 @@ type proc struct {
 }
 
 // start runs the agent with its stdin and stdout on fresh pipes. It refuses to start once p was ended.
-func (p *proc) start(agent, dir string, env []string) (*pipeConn, *driver.DiagBuffer, error) {
+func (p *proc) start(agent, dir string, env []string, as *syscall.Credential) (*pipeConn, *driver.DiagBuffer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.reason != nil {
@@ -165,7 +165,7 @@ func (p *proc) start(agent, dir string, env []string) (*pipeConn, *driver.DiagBu
 		WaitDelay: time.Second,
 		// Its own process group: a Ctrl-C at sandkeep's terminal must not kill the agent (its command, in a
 		// session of its own, would then outlive it). sandkeep cancels through the protocol instead.
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Credential: as},
 	}
 	err = cmd.Start()
 	inR.Close() // the child has its copies; ours would keep the pipes from reaching EOF

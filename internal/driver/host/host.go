@@ -8,8 +8,9 @@
 // process, so that deadlines, process-tree kills, output bounds and exit statuses behave exactly as in a
 // container.
 //
-// What it does not do, by design or because the host cannot: no user switch (commands run as the user sandkeep
-// runs as; the posture's User is ignored rather than becoming some other local account), no capability drop, no
+// What it does not do, by design or because the host cannot: no user switch beyond the one the operator names
+// (NewAs; else commands run as the user sandkeep runs as; the posture's User is ignored rather than becoming
+// some other local account), no capability drop, no
 // read-only root, no resource limits, no network policy, no other mounts (commands see the host's own paths),
 // no images (ResolveImage answers a fixed pseudo-ID). The workspace is only the starting directory and HOME:
 // a command can read and write anything the sandkeep user can. Secret files are not delivered (policy reports
@@ -35,6 +36,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -58,7 +60,8 @@ const maxImageRef = 1024
 
 // Driver is the host passthrough driver. It is safe for concurrent use. The zero value is not usable; call New.
 type Driver struct {
-	agent string // the sandkeep-agent binary on this host, run as `agent serve` for each command
+	agent string              // the sandkeep-agent binary on this host, run as `agent serve` for each command
+	as    *syscall.Credential // the host user commands run as (NewAs); nil: sandkeep's own
 
 	mu    sync.Mutex      // guards boxes and the fields of every box
 	boxes map[string]*box // by sandbox name; only what this Driver created
@@ -70,6 +73,27 @@ var _ driver.Driver = (*Driver)(nil)
 // binary; Ping checks it.
 func New(agentPath string) *Driver {
 	return &Driver{agent: agentPath, boxes: map[string]*box{}}
+}
+
+// NewAs is New with every command run as the host user uid:gid, without supplementary groups, and each
+// sandbox's workspace handed to that user: what a multi-tenant server needs when its operator lets it degrade
+// to the host at all (sandkeep serve's host_passthrough.user). uid or gid 0 is refused: a tenant's command never
+// runs as root on the host. Switching to another user needs sandkeep to run as root; otherwise uid must be
+// sandkeep's own.
+func NewAs(agentPath string, uid, gid uint32) (*Driver, error) {
+	if uid == 0 || gid == 0 {
+		return nil, fault.New(fault.InvalidArgument, "name an unprivileged host user, e.g. host_passthrough: {user: \"1500:1500\"}",
+			"the host passthrough may not run commands as root (uid:gid %d:%d)", uid, gid)
+	}
+	euid := os.Geteuid()
+	if euid != 0 && uint32(euid) != uid {
+		return nil, fault.New(fault.InvalidArgument, "run sandkeep as root, or name its own uid",
+			"sandkeep runs as uid %d and cannot run commands as uid %d", euid, uid)
+	}
+	// As root, Groups empty drops every supplementary group; otherwise there is nothing to drop, and setgroups
+	// would fail without CAP_SETGID.
+	cred := &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}, NoSetGroups: euid != 0}
+	return &Driver{agent: agentPath, as: cred, boxes: map[string]*box{}}, nil
 }
 
 // box is one sandbox; its fields are guarded by Driver.mu.
@@ -147,6 +171,12 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 	ws, err := workspaceOf(spec)
 	if err != nil {
 		return nil, err
+	}
+	if d.as != nil && os.Geteuid() == 0 {
+		// The workspace directory itself (not what is in it: it is new, or was this user's already).
+		if err := os.Lchown(ws, int(d.as.Uid), int(d.as.Gid)); err != nil {
+			return nil, fmt.Errorf("create %s: hand the workspace to uid %d: %w", spec.Name, d.as.Uid, err)
+		}
 	}
 	b := &box{workspace: ws, env: baseEnv(spec.Posture.Env, ws), procs: map[*proc]struct{}{}}
 	b.sb = driver.Sandbox{

@@ -286,3 +286,12 @@ func TestNameAndCapabilities(t *testing.T) {
 		t.Errorf("Capabilities = %+v", c)
 	}
 }
+
+// TestNewAsRefusesRoot: the host user a server names is never root.
+func TestNewAsRefusesRoot(t *testing.T) {
+	for _, ids := range [][2]uint32{{0, 0}, {0, 1500}, {1500, 0}} {
+		if _, err := host.NewAs("/bin/true", ids[0], ids[1]); fault.CodeOf(err) != fault.InvalidArgument {
+			t.Errorf("NewAs(%d:%d) = %v, want INVALID_ARGUMENT", ids[0], ids[1], err)
+		}
+	}
+}

@@ -34,17 +34,23 @@ import (
 // time (the agentproto wire); a command that finds it busy, or finds none within the wait, goes through the API
 // server's exec instead.
 const (
-	TokenEnv        = "SANDKEEP_CHANNEL_TOKEN" // the init container's variable (cmd/sandkeep-agent names the same)
-	TokenDir        = "/.sandkeep-token"       // the memory volume the token is written to and removed from
-	TokenFile       = TokenDir + "/token"      // cmd/sandkeep-agent's defaultTokenFile
-	tokenVolume     = "sandkeep-token"
-	helloWait       = 5 * time.Second       // for a connection's hello
-	maxHellos       = 64                    // hellos read at once; past it new connections wait in the backlog
-	channelWarm     = 50 * time.Millisecond // how long a warm command waits for the channel
-	channelFresh    = 3 * time.Second       // ... after the driver started the pod: its agent is dialling
-	freshFor        = 30 * time.Second
-	acceptWait      = 2 * time.Second // for the agent to acknowledge a request
-	refusalLogEvery = 10 * time.Second
+	TokenEnv    = "SANDKEEP_CHANNEL_TOKEN" // the init container's variable (cmd/sandkeep-agent names the same)
+	TokenDir    = "/.sandkeep-token"       // the memory volume the token is written to and removed from
+	TokenFile   = TokenDir + "/token"      // cmd/sandkeep-agent's defaultTokenFile
+	tokenVolume = "sandkeep-token"
+	helloWait   = time.Second // for a connection's hello: the agent sends it as it connects
+	// Hellos read at once: in all; from one source address (a pod's commands share its IP, so one sandbox's
+	// command can hold no more than this many); and from addresses the pod informer does not know, together.
+	// A connection past a bound is closed at once: Accept never waits for a slot, so silent connections
+	// cannot hold up another pod's hello (issue 22: 64 of them stalled every channel for the hello wait).
+	maxHellos          = 256
+	maxHellosPerSource = 4
+	maxUnknownHellos   = 16
+	channelWarm        = 50 * time.Millisecond // how long a warm command waits for the channel
+	channelFresh       = 3 * time.Second       // ... after the driver started the pod: its agent is dialling
+	freshFor           = 30 * time.Second
+	acceptWait         = 2 * time.Second // for the agent to acknowledge a request
+	refusalLogEvery    = 10 * time.Second
 )
 
 // ChannelStats count what the channel listener did, for tests and diagnostics.
@@ -93,8 +99,10 @@ type chanServer struct {
 	skipped    int
 	closed     bool
 
-	sem chan struct{}
-	wg  sync.WaitGroup
+	hellos        map[string]int // hellos being read, by source address (guarded by mu)
+	hellosAll     int            // their sum
+	hellosUnknown int            // those from addresses no known pod has
+	wg            sync.WaitGroup
 }
 
 // listenChannel listens on listen; pods dial advertise (or the listener's address when listen names an IP).
@@ -116,7 +124,7 @@ func listenChannel(listen, advertise string, api kubernetes.Interface, ns string
 	}
 	s := &chanServer{ln: ln.(*net.TCPListener), addr: advertise, api: api, ns: ns, log: log, stop: make(chan struct{}),
 		slots: map[string]*slot{}, trust: map[string]podTrust{}, started: map[string]time.Time{}, egress: map[string]*egressListener{},
-		sem: make(chan struct{}, maxHellos)}
+		hellos: map[string]int{}}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -141,13 +149,61 @@ func (s *chanServer) acceptLoop() {
 			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
 			continue
 		}
-		s.sem <- struct{}{}
+		ip := peerIP(c)
+		known, ok := s.admitHello(ip)
+		if !ok {
+			s.refuse(c, "too many hellos at once from this address", "peer", ip)
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			defer func() { <-s.sem }()
+			defer s.helloDone(ip, known)
 			s.handle(c)
 		}()
+	}
+}
+
+// peerIP is c's remote IP address, "" when it has none.
+func peerIP(c *net.TCPConn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return ""
+}
+
+// admitHello takes a hello slot for a connection from ip, or reports that a bound is reached (the connection
+// is then closed unread). known: ip is a pod's the informer saw, which do not share the unknown addresses' slots.
+func (s *chanServer) admitHello(ip string) (known, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.trust {
+		if t.ip == ip {
+			known = true
+			break
+		}
+	}
+	if s.hellosAll >= maxHellos || s.hellos[ip] >= maxHellosPerSource || (!known && s.hellosUnknown >= maxUnknownHellos) {
+		return known, false
+	}
+	s.hellos[ip]++
+	s.hellosAll++
+	if !known {
+		s.hellosUnknown++
+	}
+	return known, true
+}
+
+// helloDone gives back the slot admitHello took.
+func (s *chanServer) helloDone(ip string, known bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hellos[ip]--; s.hellos[ip] <= 0 {
+		delete(s.hellos, ip)
+	}
+	s.hellosAll--
+	if !known {
+		s.hellosUnknown--
 	}
 }
 
@@ -160,10 +216,7 @@ func (s *chanServer) handle(c *net.TCPConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	ip := ""
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		ip = a.IP.String()
-	}
+	ip := peerIP(c)
 	owner, ok := s.believe(h, ip)
 	clear(h.Token)
 	if !ok {

@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
@@ -98,7 +99,7 @@ type Options struct {
 	AgentImage string
 	// StorageClass of the workspace claims; empty: the cluster's default class.
 	StorageClass string
-	// WorkspaceSize is each claim's request, a Kubernetes quantity; default 1Gi.
+	// WorkspaceSize is each claim's request, a size as bytesize.Parse reads it (10Gi, 10g); default 1Gi.
 	WorkspaceSize string
 	// StartTimeout bounds Start (scheduling, the claim binding, the images, the containers); default 2 minutes.
 	StartTimeout time.Duration
@@ -175,11 +176,14 @@ func New(opts Options) (*Driver, error) {
 		return nil, fault.Wrap(err, fault.InvalidArgument, "set "+EnvAgentImage+" to an image reference, e.g. registry.example/sandkeep-agent:v1",
 			"%s %q is not an image reference", EnvAgentImage, opts.AgentImage)
 	}
-	size, err := resource.ParseQuantity(opts.WorkspaceSize)
-	if err != nil || size.Sign() <= 0 {
-		return nil, fault.New(fault.InvalidArgument, "set "+EnvWorkspaceSize+" to a quantity such as 10Gi",
-			"workspace size %q is not a positive quantity", opts.WorkspaceSize)
+	n, err := bytesize.Parse(opts.WorkspaceSize)
+	if err != nil {
+		return nil, fault.Wrap(err, fault.InvalidArgument, "set "+EnvWorkspaceSize+" to a size such as 10Gi or 10g", "workspace size: %v", err)
 	}
+	if n == 0 {
+		return nil, fault.New(fault.InvalidArgument, "set "+EnvWorkspaceSize+" to a size such as 10Gi or 10g", "workspace size 0 leaves no room")
+	}
+	size := *resource.NewQuantity(n, resource.BinarySI)
 	cfg := opts.REST
 	if cfg == nil {
 		cfg, err = loadConfig(opts.Kubeconfig)

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
@@ -240,22 +241,14 @@ func tmpfsSize(opts string) (*resource.Quantity, error) {
 		if !ok {
 			continue
 		}
-		mult := int64(1)
-		if n := len(v); n > 0 {
-			switch v[n-1] {
-			case 'k', 'K':
-				mult, v = 1<<10, v[:n-1]
-			case 'm', 'M':
-				mult, v = 1<<20, v[:n-1]
-			case 'g', 'G':
-				mult, v = 1<<30, v[:n-1]
-			}
+		n, err := bytesize.Parse(v)
+		if err != nil {
+			return nil, fault.Wrap(err, fault.InvalidMount, "write tmpfs sizes as bytes or with a unit, e.g. size=64m", "tmpfs option size=%v", err)
 		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 || n > (1<<62)/mult {
-			return nil, fault.New(fault.InvalidMount, "write tmpfs sizes as bytes or with k, m, g", "tmpfs option %q has a bad size", o)
+		if n == 0 {
+			return nil, fault.New(fault.InvalidMount, "give a positive size, e.g. size=64m", "tmpfs option size=0 would mean unlimited")
 		}
-		return resource.NewQuantity(n*mult, resource.BinarySI), nil
+		return resource.NewQuantity(n, resource.BinarySI), nil
 	}
 	return nil, nil
 }

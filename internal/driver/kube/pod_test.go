@@ -141,6 +141,16 @@ func TestLabelValue(t *testing.T) {
 	}
 }
 
+// TestTmpfsSize: a tmpfs size reads as everywhere else (bytesize), into a binary quantity.
+func TestTmpfsSize(t *testing.T) {
+	for in, want := range map[string]string{"size=64m": "64Mi", "rw,size=64Mi": "64Mi", "size=64MiB,mode=1777": "64Mi", "size=67108864": "64Mi"} {
+		q, err := tmpfsSize(in)
+		if err != nil || q == nil || q.String() != want {
+			t.Errorf("tmpfsSize(%q) = %v, %v; want %s", in, q, err, want)
+		}
+	}
+}
+
 // FuzzParsers: the posture's user and tmpfs strings never panic, and what they accept is well formed.
 func FuzzParsers(f *testing.F) {
 	for _, s := range []string{"1000:1000", "0", "a:b", "1000", "-1:5", "size=64m", "rw,size=1", "size=", "size=9999999999999g"} {

@@ -1,0 +1,144 @@
+package lifecycle
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// A claim record says that a key's sandbox is a warm pool member it claimed (pool.go): the member's container
+// took the key's name, and the member's workspace, volumes, channel directory and quota image, all named by the
+// member's key and baked into its container at create time, are the key's from then on. It is the one place
+// that maps the two; Home's path functions read it, so every caller (the lifecycle, the file API, another
+// process on the same home) finds the key's files where its sandbox has them.
+//
+// It lives in <home>/claims/<key hex>.json, with a copy under the member's key (m-<member hex>.json) so that a
+// listed container can be traced back to its key. A record is written twice: pending before the rename, done
+// after it, so a process killed between the two leaves a record that says what to check (reconcileClaim).
+type claimRecord struct {
+	Tenant   string `json:"tenant"`   // the key's
+	User     string `json:"user"`     //
+	Template string `json:"template"` // the member's pool
+	Member   string `json:"member"`   // the member's random id: identity.Member(Template, Member)
+	Done     bool   `json:"done"`     // the rename happened; false: it may or may not have
+}
+
+func (r claimRecord) member() identity.Key { return identity.Member(r.Template, r.Member) }
+
+func (h *Home) claimPath(k identity.Key) string {
+	return filepath.Join(h.Dir, "claims", k.Hex()+".json")
+}
+
+func (h *Home) memberClaimPath(member identity.Key) string {
+	return filepath.Join(h.Dir, "claims", "m-"+member.Hex()+".json")
+}
+
+// phys is the key whose names k's files and sandbox configuration use: the member k claimed (a done record), or
+// k itself. A done record only goes away with the key's workspace, so positive answers are cached.
+func (h *Home) phys(k identity.Key) identity.Key {
+	if k.Tenant == "" { // a member's own key: never a claimant
+		return k
+	}
+	if v, ok := h.claimed.Load(k.Hex()); ok {
+		return v.(identity.Key)
+	}
+	rec, ok := h.readClaim(k)
+	if !ok || !rec.Done {
+		return k
+	}
+	mk := rec.member()
+	h.claimed.Store(k.Hex(), mk)
+	return mk
+}
+
+// readClaim reads k's claim record; a missing or unreadable one is no claim.
+func (h *Home) readClaim(k identity.Key) (claimRecord, bool) {
+	return readClaimFile(h.claimPath(k))
+}
+
+func readClaimFile(path string) (claimRecord, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return claimRecord{}, false
+	}
+	var rec claimRecord
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Template == "" || rec.Member == "" {
+		return claimRecord{}, false
+	}
+	return rec, true
+}
+
+// writeClaim writes k's record (and the member's copy) whole, through a rename.
+func (h *Home) writeClaim(k identity.Key, rec claimRecord) error {
+	if err := os.MkdirAll(filepath.Join(h.Dir, "claims"), 0o700); err != nil {
+		return fmt.Errorf("claim record: %w", err)
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	for _, p := range []string{h.memberClaimPath(rec.member()), h.claimPath(k)} {
+		if err := replaceFile(p, bytes.NewReader(b), 0o600); err != nil {
+			return fmt.Errorf("claim record: %w", err)
+		}
+	}
+	if rec.Done {
+		h.claimed.Store(k.Hex(), rec.member())
+	}
+	return nil
+}
+
+// dropClaim removes k's claim record and the member's copy.
+func (h *Home) dropClaim(k identity.Key) {
+	if rec, ok := h.readClaim(k); ok {
+		os.Remove(h.memberClaimPath(rec.member()))
+	}
+	os.Remove(h.claimPath(k))
+	h.claimed.Delete(k.Hex())
+}
+
+// claimant is the key that claimed member (a done record), if any.
+func (h *Home) claimant(member identity.Key) (identity.Key, bool) {
+	rec, ok := readClaimFile(h.memberClaimPath(member))
+	if !ok || !rec.Done {
+		return identity.Key{}, false
+	}
+	k, err := identity.New(rec.Tenant, rec.User)
+	if err != nil || rec.member() != member {
+		return identity.Key{}, false
+	}
+	return k, true
+}
+
+// pendingClaims lists the keys whose claim records are not done.
+func (h *Home) pendingClaims() ([]identity.Key, error) {
+	ents, err := os.ReadDir(filepath.Join(h.Dir, "claims"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim records: %w", err)
+	}
+	var out []identity.Key
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasPrefix(name, "m-") || !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		rec, ok := readClaimFile(filepath.Join(h.Dir, "claims", name))
+		if !ok || rec.Done {
+			continue
+		}
+		if k, err := identity.New(rec.Tenant, rec.User); err == nil && k.Hex()+".json" == name {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,699 @@
+package lifecycle
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/gofrs/flock"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/identity"
+)
+
+// A warm pool keeps sandboxes of one operator template made ahead: created, started, hardened and with their
+// agents connected, holding nothing of anyone. A new key's first command claims one (the "claim" row of ensure)
+// instead of creating a sandbox: the member's container is renamed to the key's name (atomic in the engine, so a
+// member is claimed once), a claim record maps the key to the member's files (claims.go), and the key gets the
+// member's uid. Nothing the member's container was created with names the key, so nothing is recreated: its
+// workspace, volumes, channel directory and uid were made for the member alone and become the key's.
+//
+// One process per state home keeps the pools (pool.lock): the daemon or `serve`. It refills in the background as
+// soon as a member is claimed, never past the operator's cap on members in all; an empty pool leaves a new key to
+// the usual create. On start it finishes or undoes claims a killed process left half-done, adopts the members it
+// finds as nobody's, and drains those whose template changed (posture or image) or is no longer pooled.
+
+// PoolSpec is one template's warm pool: Size members of Shape (whose Template names the pool).
+type PoolSpec struct {
+	Shape *Shape
+	Size  int
+}
+
+// refillParallel bounds the members made at once: each create and start keeps the engine busy, and a claim that
+// runs meanwhile should not wait behind many of them.
+const refillParallel = 4
+
+// refillRetry is how long a pool waits after a member could not be made before it tries again.
+const refillRetry = 5 * time.Second
+
+// pools is the Manager's set of warm pools.
+type pools struct {
+	lock   *flock.Flock
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the refill loop and every member being made or drained
+	wake   chan struct{}  // room for one: a claim or a change asks the loop to look again
+	sem    chan struct{}  // refillParallel slots
+
+	mu     sync.Mutex       // guards what follows
+	cap    int              // members in all, ready or being made
+	byTpl  map[string]*pool // by template name
+	making int              // members being made, all pools
+}
+
+// pool is one template's members.
+type pool struct {
+	spec   PoolSpec
+	ready  []*member // created, started, connected; nobody's
+	making int
+}
+
+// member is one pool sandbox.
+type member struct {
+	key   identity.Key
+	sb    *driver.Sandbox
+	owner atomic.Pointer[identity.Key] // the key that claimed it; nil until then (its channel's verifier reads it)
+}
+
+func (mb *member) current() identity.Key {
+	if k := mb.owner.Load(); k != nil {
+		return *k
+	}
+	return mb.key
+}
+
+// PoolStatus is what one template's pool holds now.
+type PoolStatus struct {
+	Template string
+	Size     int // the operator's N
+	Ready    int
+	Making   int
+}
+
+// nameOf is the container name of key: a key's own, or an unclaimed member's.
+func (m *Manager) nameOf(key identity.Key) string {
+	if key.Tenant == "" {
+		return key.MemberName()
+	}
+	return key.ContainerName()
+}
+
+// StartPools keeps the warm pools specs ask for, never more than limit members in all (0: the sum of the
+// sizes). Called again, it replaces the specs: members of templates no longer pooled, or whose shape or image
+// changed, are drained. It returns false, and keeps no pool, when another process of the home keeps them.
+func (m *Manager) StartPools(ctx context.Context, specs []PoolSpec, limit int) (bool, error) {
+	if _, ok := m.drv.(driver.Renamer); !ok {
+		return false, fault.New(fault.InvalidArgument, "remove pool from the templates, or use the docker driver",
+			"the %s driver cannot keep warm pools (it cannot rename a sandbox)", m.drv.Name())
+	}
+	sum := 0
+	seen := map[string]bool{}
+	for _, s := range specs {
+		if s.Shape == nil || s.Shape.Template == "" || s.Size < 0 {
+			return false, fault.New(fault.InvalidArgument, "give each pool a template and a size of 0 or more",
+				"a warm pool needs a template and a size")
+		}
+		if seen[s.Shape.Template] {
+			return false, fault.New(fault.InvalidArgument, "name each template once", "template %q is pooled twice", s.Shape.Template)
+		}
+		if len(s.Shape.cfg.Companions) > 0 {
+			return false, fault.New(fault.InvalidArgument, "remove pool from the template",
+				"template %q has companion services, which a pool cannot make ahead", s.Shape.Template)
+		}
+		seen[s.Shape.Template] = true
+		sum += s.Size
+	}
+	if limit <= 0 {
+		limit = sum
+	}
+	m.mu.Lock()
+	p := m.pools
+	m.mu.Unlock()
+	if p == nil {
+		lock := flock.New(filepath.Join(m.home.Dir, "pool.lock"))
+		ok, err := lock.TryLock()
+		if err != nil {
+			return false, fmt.Errorf("pool lock: %w", err)
+		}
+		if !ok {
+			return false, nil
+		}
+		p = &pools{lock: lock, wake: make(chan struct{}, 1), sem: make(chan struct{}, refillParallel),
+			byTpl: map[string]*pool{}}
+		if err := m.reconcileClaims(ctx); err != nil {
+			lock.Unlock()
+			return false, err
+		}
+	}
+	p.mu.Lock()
+	p.cap = limit
+	old := p.byTpl
+	p.byTpl = map[string]*pool{}
+	for _, s := range specs {
+		np := &pool{spec: s}
+		if op := old[s.Shape.Template]; op != nil {
+			np.ready, np.making = op.ready, op.making
+		}
+		p.byTpl[s.Shape.Template] = np
+	}
+	var drop []*member
+	for tpl, op := range old {
+		if p.byTpl[tpl] == nil {
+			drop = append(drop, op.ready...)
+		}
+	}
+	p.mu.Unlock()
+	first := false
+	m.mu.Lock()
+	if m.pools == nil {
+		m.pools, first = p, true
+	}
+	m.mu.Unlock()
+	if first {
+		if err := m.adoptMembers(ctx, p); err != nil {
+			return false, err
+		}
+		lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		p.cancel = cancel
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			m.refillLoop(lctx, p)
+		}()
+	}
+	for _, mb := range drop {
+		m.drainMember(ctx, p, mb)
+	}
+	m.drainStale(ctx, p)
+	p.poke()
+	return true, nil
+}
+
+// Pools reports each pool's members, sorted by template; nil when this process keeps none.
+func (m *Manager) Pools() []PoolStatus {
+	p := m.poolSet()
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []PoolStatus
+	for tpl, pl := range p.byTpl {
+		out = append(out, PoolStatus{Template: tpl, Size: pl.spec.Size, Ready: len(pl.ready), Making: pl.making})
+	}
+	slices.SortFunc(out, func(a, b PoolStatus) int {
+		if a.Template < b.Template {
+			return -1
+		}
+		if a.Template > b.Template {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (m *Manager) poolSet() *pools {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pools
+}
+
+// stopPools ends the refill loop and waits for the members being made; members stay (the next process adopts
+// them).
+func (m *Manager) stopPools() {
+	m.mu.Lock()
+	p := m.pools
+	m.pools = nil
+	m.mu.Unlock()
+	if p == nil {
+		return
+	}
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.wg.Wait()
+	_ = p.lock.Unlock()
+}
+
+func (p *pools) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// refillLoop makes members wherever a pool is short, until ctx ends.
+func (m *Manager) refillLoop(ctx context.Context, p *pools) {
+	retry := time.NewTicker(refillRetry)
+	defer retry.Stop()
+	for {
+		m.refill(ctx, p)
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-retry.C:
+		}
+	}
+}
+
+// refill starts making the members each pool lacks, within the cap; each is made in its own goroutine, at most
+// refillParallel at once.
+func (m *Manager) refill(ctx context.Context, p *pools) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	total := p.making
+	for _, pl := range p.byTpl {
+		total += len(pl.ready)
+	}
+	tpls := make([]string, 0, len(p.byTpl))
+	for tpl := range p.byTpl {
+		tpls = append(tpls, tpl)
+	}
+	slices.Sort(tpls)
+	for _, tpl := range tpls {
+		pl := p.byTpl[tpl]
+		for len(pl.ready)+pl.making < pl.spec.Size && total < p.cap && ctx.Err() == nil {
+			pl.making++
+			p.making++
+			total++
+			sh := pl.spec.Shape
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				mb, err := m.makeMember(ctx, p, sh)
+				p.mu.Lock()
+				if cur := p.byTpl[sh.Template]; cur != nil {
+					cur.making--
+				}
+				p.making--
+				cur := p.byTpl[sh.Template]
+				keep := err == nil && cur != nil && cur.spec.Shape == sh
+				if keep {
+					cur.ready = append(cur.ready, mb)
+				}
+				p.mu.Unlock()
+				switch {
+				case err != nil:
+					if ctx.Err() == nil {
+						m.cfg.Logger.Warn("warm pool: a member could not be made", "template", sh.Template, "err", err)
+					}
+				case !keep: // the template changed or left while it was being made
+					m.drainMember(ctx, p, mb)
+				}
+			}()
+		}
+	}
+}
+
+// makeMember creates, starts and connects one member of shape sh.
+func (m *Manager) makeMember(ctx context.Context, p *pools, sh *Shape) (*member, error) {
+	select {
+	case p.sem <- struct{}{}:
+		defer func() { <-p.sem }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	var raw [8]byte
+	_, _ = rand.Read(raw[:])
+	mb := &member{key: identity.Member(sh.Template, hex.EncodeToString(raw[:]))}
+	cctx, cancel := context.WithTimeout(ctx, m.cfg.SetupTimeout)
+	defer cancel()
+	imageID, err := m.images.resolve(cctx, sh.cfg.Image)
+	if err != nil {
+		return nil, err
+	}
+	want, hash, err := m.postureOf(mb.key, sh)
+	if err != nil {
+		return nil, err
+	}
+	undo := func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		m.removeMemberFiles(uctx, sh, mb)
+	}
+	if dir := m.channelDir(mb.key); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("channel dir: %w", err)
+		}
+	}
+	l, _ := m.listenerWith(mb.key, m.verifier(mb.current))
+	spec := m.createSpec(mb.key, sh, want, hash, imageID)
+	spec.Name = mb.key.MemberName()
+	spec.Labels[driver.LabelPool] = sh.Template
+	sb, err := m.createFrom(cctx, mb.key, sh, spec)
+	if err != nil {
+		undo()
+		return nil, err
+	}
+	running, err := m.drv.Inspect(cctx, sb.Name)
+	if err == nil && running.State != driver.StateRunning {
+		err = fmt.Errorf("pool member %s is %s right after start: %w", sb.Name, running.State, cerrdefs.ErrUnavailable)
+	}
+	if err != nil {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		_ = m.drv.Remove(uctx, sb)
+		cancel()
+		undo()
+		return nil, err
+	}
+	mb.sb = running
+	m.remember(mb.key, running)
+	if l != nil { // connected before it counts as ready: a claim's first command goes straight over the channel
+		if _, err := l.Current(cctx, channelWaitForce); err != nil {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			_ = m.drv.Remove(uctx, running)
+			cancel()
+			undo()
+			return nil, fmt.Errorf("pool member %s: its agent did not connect: %w", sb.Name, err)
+		}
+	}
+	return mb, nil
+}
+
+// removeMemberFiles removes what a member's key names on the host: its listener, channel directory, workspace
+// and volumes, and its cached posture.
+func (m *Manager) removeMemberFiles(ctx context.Context, sh *Shape, mb *member) {
+	_ = ctx
+	m.forget(mb.key)
+	m.dropListener(mb.key)
+	if err := m.home.RemoveWorkspace(mb.key); err != nil {
+		m.cfg.Logger.Warn("warm pool: member workspace not removed", "member", mb.key.MemberName(), "err", err)
+	}
+	if sh != nil {
+		sh.postures.delete(mb.key.Hex())
+	}
+}
+
+// drainMember removes an unclaimed member and its files, in the background (owned by p.wg).
+func (m *Manager) drainMember(ctx context.Context, p *pools, mb *member) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := m.drv.Remove(dctx, mb.sb); err != nil {
+			m.cfg.Logger.Warn("warm pool: member not removed", "member", mb.sb.Name, "err", err)
+			return
+		}
+		m.removeMemberFiles(dctx, nil, mb)
+		m.cfg.Logger.Debug("warm pool: member drained", "member", mb.sb.Name)
+	}()
+}
+
+// drainStale drains the ready members whose posture or image no longer match their template's shape, and those
+// past the pool's size (it was made smaller).
+func (m *Manager) drainStale(ctx context.Context, p *pools) {
+	p.mu.Lock()
+	var stale []*member
+	for _, pl := range p.byTpl {
+		keep := pl.ready[:0]
+		for _, mb := range pl.ready {
+			if len(keep) < pl.spec.Size && m.memberFits(ctx, pl.spec.Shape, mb, "") {
+				keep = append(keep, mb)
+			} else {
+				stale = append(stale, mb)
+			}
+		}
+		clear(pl.ready[len(keep):])
+		pl.ready = keep
+	}
+	p.mu.Unlock()
+	for _, mb := range stale {
+		m.drainMember(ctx, p, mb)
+	}
+}
+
+// memberFits: mb is what shape sh makes (its posture and image; imageID "" resolves sh's image).
+func (m *Manager) memberFits(ctx context.Context, sh *Shape, mb *member, imageID string) bool {
+	if mb.sb.Labels[driver.LabelPool] != sh.Template {
+		return false
+	}
+	if imageID == "" {
+		id, err := m.images.resolve(ctx, sh.cfg.Image)
+		if err != nil {
+			return false
+		}
+		imageID = id
+	}
+	_, hash, err := m.postureOf(mb.key, sh)
+	return err == nil && compatible(mb.sb, imageID, hash)
+}
+
+// claim is ensure's claim row: when key is new (no sandbox this process knows of, no claim, no workspace) and
+// its shape's template keeps a pool with a ready member of this very posture and image, the member becomes the
+// key's. ok false: nothing was claimed and ensure goes on as for any key. The caller holds key's gate.
+func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageID string) (*driver.Sandbox, bool, error) {
+	if sh.Template == "" || key.Tenant == "" || m.cached(key) != nil {
+		return nil, false, nil
+	}
+	p := m.poolSet()
+	if p == nil {
+		return nil, false, nil
+	}
+	if rec, ok := m.home.readClaim(key); ok {
+		if rec.Done {
+			return nil, false, nil
+		}
+		if done, err := m.reconcileClaim(ctx, key, rec); err != nil || done {
+			return nil, false, err
+		}
+	}
+	if m.home.HasWorkspace(key) {
+		return nil, false, nil // not new: its files are kept (a removal that kept the workspace)
+	}
+	began := time.Now()
+	for {
+		mb := p.take(sh.Template)
+		if mb == nil {
+			return nil, false, nil // empty: the usual create, while the refill catches up
+		}
+		if !m.memberFits(ctx, sh, mb, imageID) {
+			m.drainMember(ctx, p, mb) // made for another posture or image: the template changed
+			continue
+		}
+		sb, err := m.takeMember(ctx, key, mb)
+		if cerrdefs.IsConflict(err) {
+			p.giveBack(sh.Template, mb) // the key has a sandbox after all (another process made it)
+			return nil, false, nil
+		}
+		if err != nil {
+			m.cfg.Logger.Warn("warm pool: claim failed", "member", mb.sb.Name, "key", key.Short(), "err", err)
+			m.drainMember(ctx, p, mb)
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			continue
+		}
+		sh.postures.delete(mb.key.Hex())
+		m.emit(ctx, events.NameSandboxClaimed, events.SandboxClaimed{Sandbox: sb.Name, Driver: m.drv.Name(),
+			Template: sh.Template, Member: mb.key.MemberName(), DurationMS: time.Since(began).Milliseconds()})
+		if err := m.postCreate(ctx, key, sb, sh); err != nil {
+			return nil, false, err
+		}
+		if err := m.postStart(ctx, sb, sh); err != nil {
+			return nil, false, err
+		}
+		return sb, true, nil
+	}
+}
+
+// claimHook, when set (tests), is called at each step of a claim: "recorded" (pending record written),
+// "renamed" (the member has the key's name, the record is still pending).
+var claimHook func(step string)
+
+// takeMember makes mb key's: a pending record, the rename (the atomic step), the record done, the member's uid
+// recorded as the key's, its channel listener handed to the key.
+func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) (*driver.Sandbox, error) {
+	rec := claimRecord{Tenant: key.Tenant, User: key.User, Template: mb.sb.Labels[driver.LabelPool],
+		Member: memberIDOf(mb.key.User)}
+	if err := m.home.writeClaim(key, rec); err != nil {
+		return nil, err
+	}
+	if claimHook != nil {
+		claimHook("recorded")
+	}
+	if err := m.drv.(driver.Renamer).Rename(ctx, mb.sb, key.ContainerName()); err != nil {
+		m.home.dropClaim(key)
+		return nil, err
+	}
+	if claimHook != nil {
+		claimHook("renamed")
+	}
+	rec.Done = true
+	if err := m.home.writeClaim(key, rec); err != nil {
+		return nil, err // pending: reconciled at the key's next command or the next start
+	}
+	if err := m.adoptUID(key, mb.key); err != nil {
+		return nil, err
+	}
+	sb := mb.sb.Clone()
+	sb.Name = key.ContainerName()
+	k := key
+	mb.owner.Store(&k)
+	m.mu.Lock()
+	delete(m.known, mb.key.Hex())
+	m.known[key.Hex()] = sb
+	l := m.listeners[mb.key.Hex()]
+	delete(m.listeners, mb.key.Hex())
+	own := m.listeners[key.Hex()] // made for the key's own channel directory before the claim: not used
+	if l != nil {
+		m.listeners[key.Hex()] = l
+	} else {
+		delete(m.listeners, key.Hex())
+	}
+	m.mu.Unlock()
+	if own != nil && own != l {
+		own.Close()
+		_ = os.RemoveAll(filepath.Join(m.home.Dir, "chan", key.Short()))
+	}
+	return sb, nil
+}
+
+// adoptUID records the member's uid as key's, so the key keeps it however its sandbox is made later.
+func (m *Manager) adoptUID(key, member identity.Key) error {
+	if m.cfg.UIDs.Count == 0 {
+		return nil
+	}
+	uid, err := m.home.AllocateUID(member, m.cfg.UIDs, HostIDTaken) // the member's, recorded when it was made
+	if err != nil {
+		return err
+	}
+	if err := m.home.assignUID(key, uid); err != nil {
+		return err
+	}
+	m.uids.store(key.Hex(), uid)
+	m.uids.delete(member.Hex())
+	return nil
+}
+
+// take removes and returns a ready member of template, or nil.
+func (p *pools) take(template string) *member {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.byTpl[template]
+	if pl == nil || len(pl.ready) == 0 {
+		return nil
+	}
+	mb := pl.ready[len(pl.ready)-1]
+	pl.ready[len(pl.ready)-1] = nil
+	pl.ready = pl.ready[:len(pl.ready)-1]
+	p.poke() // refill at once
+	return mb
+}
+
+// giveBack returns an unclaimed member to its pool.
+func (p *pools) giveBack(template string, mb *member) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl := p.byTpl[template]; pl != nil {
+		pl.ready = append(pl.ready, mb)
+	}
+}
+
+// reconcileClaim settles key's pending record: the rename happened (the key's name is the member's container)
+// -> done; it did not -> the record goes and the member stays in its pool. done reports the first.
+func (m *Manager) reconcileClaim(ctx context.Context, key identity.Key, rec claimRecord) (done bool, err error) {
+	sb, err := m.drv.Inspect(ctx, key.ContainerName())
+	switch {
+	case err == nil && sb.Labels[driver.LabelKey] == rec.member().Hex() &&
+		sb.Labels[driver.LabelInstallation] == m.home.Installation:
+		rec.Done = true
+		if err := m.home.writeClaim(key, rec); err != nil {
+			return false, err
+		}
+		if err := m.adoptUID(key, rec.member()); err != nil {
+			return false, err
+		}
+		m.cfg.Logger.Info("warm pool: a half-done claim completed", "key", key.Short(), "sandbox", sb.Name)
+		return true, nil
+	case err == nil || cerrdefs.IsNotFound(err):
+		m.home.dropClaim(key)
+		m.cfg.Logger.Info("warm pool: a half-done claim undone", "key", key.Short())
+		return false, nil
+	}
+	return false, err
+}
+
+// reconcileClaims settles every pending record of the home (at pool start, before members are adopted).
+func (m *Manager) reconcileClaims(ctx context.Context) error {
+	keys, err := m.home.pendingClaims()
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		release, err := m.gates.acquire(ctx, k, m.cfg.GateWait)
+		if err != nil {
+			return err
+		}
+		if rec, ok := m.home.readClaim(k); ok && !rec.Done {
+			_, err = m.reconcileClaim(ctx, k, rec)
+		}
+		release()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// adoptMembers takes the unclaimed members an earlier process left into their pools, as nobody's; those of a
+// template no longer pooled, or made for another shape or image, are drained.
+func (m *Manager) adoptMembers(ctx context.Context, p *pools) error {
+	sbs, err := m.drv.List(ctx, m.home.Installation)
+	if err != nil {
+		return err
+	}
+	for _, sb := range sbs {
+		tpl := sb.Labels[driver.LabelPool]
+		if tpl == "" {
+			continue
+		}
+		mk := identity.Member(tpl, memberIDOf(sb.Labels[driver.LabelUser]))
+		if mk.Hex() != sb.Labels[driver.LabelKey] || sb.Name != mk.MemberName() {
+			continue // claimed (it has its key's name), or not a member we made
+		}
+		mb := &member{key: mk, sb: sb}
+		p.mu.Lock()
+		pl := p.byTpl[tpl]
+		fits := pl != nil && sb.State == driver.StateRunning && m.memberFits(ctx, pl.spec.Shape, mb, "")
+		full := pl != nil && len(pl.ready) >= pl.spec.Size
+		if fits && !full {
+			pl.ready = append(pl.ready, mb)
+		}
+		p.mu.Unlock()
+		if !fits || full {
+			m.drainMember(ctx, p, mb)
+			continue
+		}
+		m.remember(mk, sb)
+		if dir := m.channelDir(mk); dir != "" {
+			_ = os.MkdirAll(dir, 0o755)
+		}
+		m.listenerWith(mk, m.verifier(mb.current)) // its agent redials with its backoff
+	}
+	return nil
+}
+
+func memberIDOf(user string) string {
+	for i := len(user) - 1; i >= 0; i-- {
+		if user[i] == '/' {
+			return user[i+1:]
+		}
+	}
+	return ""
+}
+
+// claimantOf is the key that claimed the pool member sb, if it was claimed and carries that key's name.
+func (m *Manager) claimantOf(sb *driver.Sandbox) (identity.Key, bool) {
+	tpl := sb.Labels[driver.LabelPool]
+	mk := identity.Member(tpl, memberIDOf(sb.Labels[driver.LabelUser]))
+	if mk.Hex() != sb.Labels[driver.LabelKey] || sb.Labels[driver.LabelInstallation] != m.home.Installation {
+		return identity.Key{}, false
+	}
+	k, ok := m.home.claimant(mk)
+	if !ok || k.ContainerName() != sb.Name {
+		return identity.Key{}, false
+	}
+	return k, true
+}
