@@ -42,6 +42,10 @@ var statusOf = map[fault.Code]int{
 	fault.SandboxNotRunning: http.StatusConflict,
 	fault.PathConflict:      http.StatusConflict,
 	fault.FileType:          http.StatusConflict,
+	fault.SandboxExists:     http.StatusConflict,
+
+	fault.SnapshotNotFound: http.StatusNotFound,
+	fault.QuotaExceeded:    http.StatusInsufficientStorage,
 
 	fault.RequestTooLarge: http.StatusRequestEntityTooLarge,
 	fault.FileTooLarge:    http.StatusRequestEntityTooLarge,
@@ -90,6 +94,7 @@ var statusOf = map[fault.Code]int{
 
 	// The server, the engine or the sandbox failed.
 	fault.Internal:             http.StatusInternalServerError,
+	fault.CallerFailed:         http.StatusConflict, // a run's recorded outcome, never a request's error; 409 if one ever is
 	fault.AgentMissing:         http.StatusInternalServerError,
 	fault.AgentProtocol:        http.StatusInternalServerError,
 	fault.ForeignContainer:     http.StatusInternalServerError,

@@ -92,12 +92,6 @@ func Names() []string {
 	return names
 }
 
-// Known reports whether name is one of the event names above.
-func Known(name string) bool {
-	_, ok := payloadTypes[name]
-	return ok
-}
-
 // New builds the event name for runID (empty: no run) with its payload, stamped with the current time. The
 // payload must be the payload type of name (a value or a non-nil pointer to one); anything else is an error, so
 // a producer cannot record an event under the wrong name.

@@ -15,6 +15,7 @@ type Code string
 const (
 	AgentMissing      Code = "AGENT_MISSING"      // the sandkeep-agent binary could not be found or read
 	AgentProtocol     Code = "AGENT_PROTOCOL"     // the agent's report was garbage, forged or cut off
+	CallerFailed      Code = "CALLER_FAILED"      // a run its caller finished as failed (POST /v1/runs/{id}/finish)
 	DriverUnavailable Code = "DRIVER_UNAVAILABLE" // the container engine could not be reached
 	ForeignContainer  Code = "FOREIGN_CONTAINER"  // a container has our name but is not ours
 	ImageUnavailable  Code = "IMAGE_UNAVAILABLE"  // the image is not present and could not be pulled
@@ -82,6 +83,10 @@ const (
 	// elsewhere (a Kubernetes claim).
 	FilesUnavailable  Code = "FILES_UNAVAILABLE"
 	SandboxNotRunning Code = "SANDBOX_NOT_RUNNING" // the sandbox exists but is stopped (a forward needs a running one)
+	// Fork and snapshots (issue 23).
+	SandboxExists    Code = "SANDBOX_EXISTS"     // a fork or restore named a key that already has a sandbox or a workspace
+	QuotaExceeded    Code = "QUOTA_EXCEEDED"     // a fork or snapshot would pass its tenant's quota; nothing was made
+	SnapshotNotFound Code = "SNAPSHOT_NOT_FOUND" // no snapshot of that name for this tenant
 
 	// Trust tiers (internal/tier, admission).
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)

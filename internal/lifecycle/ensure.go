@@ -265,7 +265,9 @@ func (m *Manager) idOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
 	if id, ok := m.uids.load(key.Hex()); ok {
 		return id, id, nil
 	}
-	id, err := m.home.AllocateUID(key, m.cfg.UIDs, HostIDTaken)
+	// A key that claimed a pool member has the member's uid: the claim record names the member, whose uid was
+	// allocated when it was made (claims.go).
+	id, err := m.home.AllocateUID(m.home.phys(key), m.cfg.UIDs, HostIDTaken)
 	if err != nil {
 		return 0, 0, err
 	}

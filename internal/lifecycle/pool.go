@@ -53,6 +53,9 @@ type pools struct {
 	wg     sync.WaitGroup // the refill loop and every member being made or drained
 	wake   chan struct{}  // room for one: a claim or a change asks the loop to look again
 	sem    chan struct{}  // refillParallel slots
+	// claiming counts claims in flight: a refill waits for a burst of claims to end, since it would compete with
+	// them for the engine (their renames) and the CPU; the last claim of a burst pokes it.
+	claiming atomic.Int32
 
 	mu     sync.Mutex       // guards what follows
 	cap    int              // members in all, ready or being made
@@ -260,6 +263,9 @@ func (m *Manager) refillLoop(ctx context.Context, p *pools) {
 // refill starts making the members each pool lacks, within the cap; each is made in its own goroutine, at most
 // refillParallel at once.
 func (m *Manager) refill(ctx context.Context, p *pools) {
+	if p.claiming.Load() > 0 {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	total := p.making
@@ -462,6 +468,12 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 	if m.home.HasWorkspace(key) {
 		return nil, false, nil // not new: its files are kept (a removal that kept the workspace)
 	}
+	p.claiming.Add(1)
+	defer func() {
+		if p.claiming.Add(-1) == 0 {
+			p.poke() // the burst is over: refill now
+		}
+	}()
 	began := time.Now()
 	for {
 		mb := p.take(sh.Template)
@@ -503,7 +515,7 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 var claimHook func(step string)
 
 // takeMember makes mb key's: a pending record, the rename (the atomic step), the record done, the member's uid
-// recorded as the key's, its channel listener handed to the key.
+// the key's through the record, its channel listener handed to the key.
 func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) (*driver.Sandbox, error) {
 	rec := claimRecord{Tenant: key.Tenant, User: key.User, Template: mb.sb.Labels[driver.LabelPool],
 		Member: memberIDOf(mb.key.User)}
@@ -524,9 +536,7 @@ func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) 
 	if err := m.home.writeClaim(key, rec); err != nil {
 		return nil, err // pending: reconciled at the key's next command or the next start
 	}
-	if err := m.adoptUID(key, mb.key); err != nil {
-		return nil, err
-	}
+	m.adoptUID(key, mb.key)
 	sb := mb.sb.Clone()
 	sb.Name = key.ContainerName()
 	k := key
@@ -550,21 +560,13 @@ func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) 
 	return sb, nil
 }
 
-// adoptUID records the member's uid as key's, so the key keeps it however its sandbox is made later.
-func (m *Manager) adoptUID(key, member identity.Key) error {
-	if m.cfg.UIDs.Count == 0 {
-		return nil
+// adoptUID hands the member's uid, as this process knows it, to key (idOf finds it through the claim record
+// otherwise): no write, so a burst of claims does not queue on the uid file's lock.
+func (m *Manager) adoptUID(key, member identity.Key) {
+	if v, ok := m.uids.load(member.Hex()); ok {
+		m.uids.store(key.Hex(), v)
+		m.uids.delete(member.Hex())
 	}
-	uid, err := m.home.AllocateUID(member, m.cfg.UIDs, HostIDTaken) // the member's, recorded when it was made
-	if err != nil {
-		return err
-	}
-	if err := m.home.assignUID(key, uid); err != nil {
-		return err
-	}
-	m.uids.store(key.Hex(), uid)
-	m.uids.delete(member.Hex())
-	return nil
 }
 
 // take removes and returns a ready member of template, or nil.
@@ -600,9 +602,6 @@ func (m *Manager) reconcileClaim(ctx context.Context, key identity.Key, rec clai
 		sb.Labels[driver.LabelInstallation] == m.home.Installation:
 		rec.Done = true
 		if err := m.home.writeClaim(key, rec); err != nil {
-			return false, err
-		}
-		if err := m.adoptUID(key, rec.member()); err != nil {
 			return false, err
 		}
 		m.cfg.Logger.Info("warm pool: a half-done claim completed", "key", key.Short(), "sandbox", sb.Name)

@@ -80,9 +80,13 @@ func TestPoolDocker(t *testing.T) {
 		}
 		uidA := lines[0]
 		if m.cfg.UIDs.Count > 0 {
-			want, err := m.home.AllocateUID(a, m.cfg.UIDs, HostIDTaken)
-			if err != nil || strconv.Itoa(want) != uidA {
+			// The key's uid is the one recorded for the member its claim record names.
+			want, err := m.home.AllocateUID(m.home.phys(a), m.cfg.UIDs, HostIDTaken)
+			if err != nil || strconv.Itoa(want) != uidA || m.home.phys(a).Hex() == a.Hex() {
 				t.Fatalf("key a runs as uid %s, its recorded uid is %d (%v)", uidA, want, err)
+			}
+			if got, _, err := m.idOf(a, sh); err != nil || strconv.Itoa(got) != uidA {
+				t.Fatalf("key a's uid as the lifecycle resolves it: %d (%v), its sandbox runs as %s", got, err, uidA)
 			}
 		}
 		_, hash, err := m.postureOf(a, poolShape(t, m, "pooled"))

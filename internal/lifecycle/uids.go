@@ -210,23 +210,3 @@ func readUIDs(path string) (byKey map[string]int, used map[int]string, err error
 	}
 	return byKey, used, nil
 }
-
-// assignUID records uid as key's (a warm pool member's uid, handed to the key that claimed it): the last line for
-// a key wins, and for a uid too, so the uid is the key's from now on.
-func (h *Home) assignUID(key identity.Key, uid int) error {
-	lock := flock.New(filepath.Join(h.Dir, uidsLock))
-	if err := lock.Lock(); err != nil {
-		return fmt.Errorf("uid allocation lock: %w", err)
-	}
-	defer lock.Unlock()
-	f, err := os.OpenFile(filepath.Join(h.Dir, uidsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("uid allocation: %w", err)
-	}
-	_, werr := fmt.Fprintf(f, "%s %d\n", key.Hex(), uid)
-	serr := f.Sync()
-	if err := errors.Join(werr, serr, f.Close()); err != nil {
-		return fmt.Errorf("uid allocation: %w", err)
-	}
-	return nil
-}
