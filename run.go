@@ -79,7 +79,7 @@ func (r *Run) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
 		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: sink,
 		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: pol, NetworkBlock: req.Network != nil || r.network != nil, Shape: r.shape,
-		TTY: req.TTY.size(), Resize: req.TTY.resize(),
+		TTY: req.TTY.size(), Resize: req.TTY.resize(), Concurrent: req.Concurrent,
 	})
 	if res == nil {
 		return nil, err

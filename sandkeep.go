@@ -225,6 +225,11 @@ type ExecRequest struct {
 	// (0x03) on Stdin interrupts the terminal's foreground process, as at a local terminal. Deadline, tree kill
 	// and exit status are as without a TTY.
 	TTY *TTY
+	// Concurrent runs the command beside the user's other concurrent commands and processes instead of one at a
+	// time (the default). Stop, rm and recycles still wait for it. A command with secret files or a network runs
+	// alone anyway (they are the sandbox's, one command at a time), and so does one where the sandbox has no
+	// agent channel this process serves (gVisor, the exec transport, kubernetes).
+	Concurrent bool
 }
 
 // WindowSize is a terminal's size in character cells.

@@ -34,6 +34,10 @@ var statusOf = map[fault.Code]int{
 	fault.UploadTooSlow: http.StatusRequestTimeout,
 	fault.FileNotFound:  http.StatusNotFound,
 
+	fault.ProcessNotFound:    http.StatusNotFound,
+	fault.ProcessExited:      http.StatusConflict,
+	fault.ProcessUnavailable: http.StatusUnprocessableEntity,
+
 	fault.SandboxBusy:       http.StatusConflict,
 	fault.SandboxNotRunning: http.StatusConflict,
 	fault.PathConflict:      http.StatusConflict,

@@ -98,6 +98,11 @@ const (
 	FeatureUnavailable Code = "FEATURE_UNAVAILABLE" // an OCI feature could not be fetched from its registry (unreachable, missing, refused)
 	ComposeInvalid     Code = "COMPOSE_INVALID"     // a compose file, or a service in it, asks for what sandkeep does not run
 	CompanionFailed    Code = "COMPANION_FAILED"    // a compose companion service could not be created, started or became unhealthy
+	// Processes: commands that outlive their call (sandkeep exec --detach, the process routes).
+	ProcessNotFound    Code = "PROCESS_NOT_FOUND"   // no process with that pid or tag in the sandbox
+	ProcessExited      Code = "PROCESS_EXITED"      // the process has ended: it takes no input, signal or resize
+	ProcessUnavailable Code = "PROCESS_UNAVAILABLE" // processes need the agent channel of a long-lived sandkeep (serve, the daemon)
+
 	// The local daemon (sandkeep daemon, SANDKEEP_DAEMON).
 	DaemonUnavailable Code = "DAEMON_UNAVAILABLE" // SANDKEEP_DAEMON=on, but the home's daemon cannot be reached or started
 	DaemonMismatch    Code = "DAEMON_MISMATCH"    // SANDKEEP_DAEMON=on, but the daemon runs with another operator environment
