@@ -151,6 +151,10 @@ type ExecRequest struct {
 	// (0x03) on Stdin interrupts the terminal's foreground process, as at a local terminal. Deadline, tree kill
 	// and exit status are as without a TTY.
 	TTY *TTY
+	// Concurrent runs the command beside the user's other concurrent commands and processes instead of one at a
+	// time (the default). Stop, rm and recycles still wait for it. A command with secret files or a network runs
+	// alone anyway, and so does one where the sandbox has no agent channel this process serves.
+	Concurrent bool
 }
 
 // Check is the one validator of a command, within the library's bounds: an argv, a timeout and an output limit
@@ -161,7 +165,7 @@ func (req ExecRequest) Check() error { return req.engine().Check() }
 
 func (req ExecRequest) engine() engine.ExecRequest {
 	e := engine.ExecRequest{Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
-		OutputLimit: req.OutputLimit, Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr}
+		OutputLimit: req.OutputLimit, Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Concurrent: req.Concurrent}
 	for _, s := range req.Secrets {
 		e.Secrets = append(e.Secrets, engine.Secret(s))
 	}

@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
-# test.sh — THE test command: Docker up, go vet, gofmt, then the whole test suite against the real engine.
+# test.sh — THE test command, in tiers (docs/TESTING.md says what each covers):
 #
-#   scripts/test.sh                          # vet + gofmt + go test ./...
-#   scripts/test.sh -run TestX ./internal/...  # extra args are passed to go test (and the packages to go vet)
+#   1 short   go vet, gofmt, `go test -short ./...`: no Docker, no network, no services; minutes. A full run
+#             adds deadcode -test ./... (any finding not in scripts/deadcode-allow.txt fails).
+#   2 docker  the end-to-end suites against the real engine (the packages whose tests use internal/testutil): the
+#             library over the agent channel, the CLI once through its daemon (its default path), plus the
+#             in-process fallback's own group and the exec transport's group; the daemon restart, alone.
+#   3 runsc + kubernetes   the Docker conformance (driver, lifecycle) and the runtime groups under gVisor; a real
+#             single-node cluster for the kubernetes driver's suite and the library's and serve's groups on it.
+#
+#   scripts/test.sh --short                    # tier 1 only: anywhere, no Docker socket needed
+#   scripts/test.sh                            # every tier (what CI runs: .ci/run)
+#   scripts/test.sh -run TestX ./internal/...  # one Docker pass over those packages, flags passed to go test
 #
 # Arguments that are neither flags nor flag values are packages: they replace the default ./... (for go vet
-# too). SANDKEEP_REQUIRE_DOCKER=1 is set: a missing daemon fails the run, it never skips.
+# too). Past tier 1, SANDKEEP_REQUIRE_DOCKER=1 is set: a missing daemon fails the run, it never skips.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+short=0
+if [ "${1:-}" = --short ]; then
+	short=1
+	shift
+fi
 
 phase() { printf '\n==> %s\n' "$*"; }
 fail() { printf '\n==> FAIL: %s\n' "$*" >&2; exit 1; }
@@ -39,21 +54,17 @@ done
 [ "${#pkgs[@]}" -gt 0 ] || pkgs=(./...)
 
 # --- kubernetes stage, part 1: build the components in the background, niced, so the build overlaps the other
-# suites (about 11 minutes on a loaded 2-core machine; nothing when the cache has them). Full runs only; CI
-# (CI=true) always runs the stage, a developer may skip it with SANDKEEP_SKIP_K8S=1.
+# suites (about 11 minutes on a loaded 2-core machine; nothing when the cache, /var/cache/sandkeep-k8s/<version>,
+# has them). Full runs only; CI (CI=true) always runs the stage, a developer may skip it with SANDKEEP_SKIP_K8S=1.
 k8s_stage=0
-if [ "${pkgs[*]}" = "./..." ] && { [ "${CI:-}" = true ] || [ "${SANDKEEP_SKIP_K8S:-0}" != 1 ]; }; then
+if [ "$short" = 0 ] && [ "${pkgs[*]}" = "./..." ] && { [ "${CI:-}" = true ] || [ "${SANDKEEP_SKIP_K8S:-0}" != 1 ]; }; then
 	k8s_stage=1
 fi
 k8s_log_dir="${SANDKEEP_K8S_LOGS:-/var/log/sandkeep-k8s}"
 k8s_build_pid=
-runsc_cli_pid= # the CLI suite under runsc, in the background beside the kubernetes stage (below)
 k8s_cleanup() {
 	if [ -n "$k8s_build_pid" ] && kill -0 "$k8s_build_pid" 2>/dev/null; then
 		kill -TERM -- "-$k8s_build_pid" 2>/dev/null || true
-	fi
-	if [ -n "$runsc_cli_pid" ] && kill -0 "$runsc_cli_pid" 2>/dev/null; then
-		kill -TERM -- "-$runsc_cli_pid" 2>/dev/null || true
 	fi
 }
 trap k8s_cleanup EXIT
@@ -66,6 +77,60 @@ if [ "$k8s_stage" = 1 ]; then
 fi
 # --- end kubernetes part 1 ---
 
+
+# --- tier 1 (short): go vet, gofmt, (full runs) deadcode, go test -short. With --short nothing else runs, and nothing here
+# needs Docker, the network or a service: testutil.Docker skips every Docker test under -short.
+tier1() {
+	phase "tier 1: go vet ${pkgs[*]}"
+	go vet "${pkgs[@]}" || fail "go vet"
+
+	phase "tier 1: gofmt -l ."
+	unformatted=$(gofmt -l .)
+	if [ -n "$unformatted" ]; then
+		printf '%s\n' "$unformatted" >&2
+		fail "gofmt: the files above are not formatted (run gofmt -w)"
+	fi
+
+	# deadcode (golang.org/x/tools/cmd/deadcode, pinned, installed once from the module proxy into a cache outside
+	# the repository): a function no test and no main can reach fails the run, unless scripts/deadcode-allow.txt
+	# names it with its reason. Whole-program and a few minutes of CPU: full runs only, not --short.
+	if [ "$short" = 0 ] && [ "${pkgs[*]}" = "./..." ]; then
+		local dc_version=v0.52.0
+		local dc="${SANDKEEP_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/sandkeep-tools}/deadcode-$dc_version/deadcode"
+		if [ ! -x "$dc" ]; then
+			phase "tier 1: installing deadcode $dc_version (golang.org/x/tools) into $(dirname "$dc")"
+			mkdir -p "$(dirname "$dc")"
+			GOBIN=$(dirname "$dc") GOFLAGS= go install "golang.org/x/tools/cmd/deadcode@$dc_version" || fail "go install deadcode"
+		fi
+		phase "tier 1: deadcode -test ./..."
+		local found dead
+		found=$("$dc" -test ./...) || fail "deadcode did not run (see above)"
+		# "path:line:col: unreachable func: Name" -> "path: unreachable func: Name", less the allowed ones.
+		dead=$(printf '%s\n' "$found" | sed -E 's/^([^:]+):[0-9]+:[0-9]+:/\1:/' | grep -v '^$' |
+			grep -vxF -f <(grep -v '^#' scripts/deadcode-allow.txt | grep -v '^$') || true)
+		if [ -n "$dead" ]; then
+			printf '%s\n' "$found" | grep -F -f <(printf '%s\n' "$dead" | sed -E 's/^([^:]+): .*: ([^:]+)$/\2/') >&2 || true
+			fail "deadcode: the $(printf '%s\n' "$dead" | wc -l) function(s) above are reached by no main and no test: delete them or use them (scripts/deadcode-allow.txt lists the accepted ones, each with its reason)"
+		fi
+		echo "deadcode: nothing new ($(printf '%s\n' "$found" | grep -c . || true) allowed in scripts/deadcode-allow.txt)"
+	fi
+
+	local race=()
+	if [ "$short" = 0 ]; then
+		race=(-race) # CI's tier 1 runs under the race detector (the Docker tiers did before; gcc is installed below)
+	fi
+	phase "tier 1: go test -short ${race[*]} $(printf "%s " "${flags[@]}")${pkgs[*]}"
+	local t0=$SECONDS
+	env -u SANDKEEP_REQUIRE_DOCKER -u SANDKEEP_REQUIRE_KUBE CGO_ENABLED=1 \
+		go test -short "${race[@]}" -count=1 -timeout 10m "${flags[@]}" "${pkgs[@]}" || fail "go test -short"
+	echo "tier 1 (go test -short): $((SECONDS - t0))s"
+}
+
+if [ "$short" = 1 ]; then
+	tier1
+	phase "OK (tier 1)"
+	exit 0
+fi
 
 # SANDKEEP_RUNSC=1 (the default here) also installs gVisor's runsc and registers it with the engine, for the
 # runsc pass below; SANDKEEP_RUNSC=0 leaves the engine's runtimes alone (and skips that pass).
@@ -118,83 +183,75 @@ for tsdir in test/mcp-ts test/e2b-ts; do
 	fi
 done
 
-phase "go vet ${pkgs[*]}"
-go vet "${pkgs[@]}" || fail "go vet"
+tier1
 
-phase "gofmt -l ."
-unformatted=$(gofmt -l .)
-if [ -n "$unformatted" ]; then
-	printf '%s\n' "$unformatted" >&2
-	fail "gofmt: the files above are not formatted (run gofmt -w)"
+# --- tier 2 (docker): the end-to-end suites against the real engine, each behaviour once at its layer.
+docker_env=(SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1)
+if [ "${pkgs[*]}" != "./..." ]; then
+	# A developer's packages: one Docker pass over them (SANDKEEP_TRANSPORT / SANDKEEP_TEST_DAEMON as set).
+	phase "tier 2: go test -race $(printf "%s " "${flags[@]}")${pkgs[*]}"
+	env "${docker_env[@]}" go test -race -count=1 -timeout 45m "${flags[@]}" "${pkgs[@]}" || fail "go test"
+	phase "OK"
+	exit 0
 fi
 
-# Every core guarantee must hold on both transports (the agent channel and Docker exec), so the suites that
-# drive whole commands run twice: first everything with the channel forced, then the library and the CLI over
-# Docker exec. SANDKEEP_TRANSPORT set by the caller picks a single pass instead.
-if [ -n "${SANDKEEP_TRANSPORT:-}" ]; then
-	passes=("$SANDKEEP_TRANSPORT")
-else
-	passes=(agent exec)
-fi
-for transport in "${passes[@]}"; do
-	run_pkgs=("${pkgs[@]}")
-	if [ "$transport" = exec ] && [ "${#passes[@]}" -gt 1 ] && [ "${pkgs[*]}" = "./..." ]; then
-		run_pkgs=(. ./cmd/sandkeep)
-	fi
-	phase "go test -race (transport $transport) $(printf "%s " "${flags[@]}")${run_pkgs[*]}"
-	SANDKEEP_TRANSPORT=$transport SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 45m "${flags[@]}" "${run_pkgs[@]}" || fail "go test (transport $transport)"
-done
+# The packages with end-to-end tests: those whose tests use internal/testutil (the engine, the test image, the
+# agent). Chosen by package, from go list's imports; the others ran in tier 1 and have nothing more to run.
+module=$(go list -m)
+mapfile -t docker_pkgs < <(go list -f '{{.ImportPath}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
+	awk -v tu="$module/internal/testutil" '{for (i = 2; i <= NF; i++) if ($i == tu) {print $1; next}}')
+[ "${#docker_pkgs[@]}" -gt 0 ] || fail "go list found no package whose tests use internal/testutil"
 
-# The CLI suite once more through the local daemon (issue 14): every sandkeep process of cmd/sandkeep's tests runs
-# with SANDKEEP_DAEMON=auto, so the first call of each test's home starts that home's daemon and later calls go
-# through it (the passes above run in-process, SANDKEEP_DAEMON=off). Full runs, or when cmd/sandkeep is named.
-if [ "${pkgs[*]}" = "./..." ] || [[ " ${pkgs[*]} " == *" ./cmd/sandkeep "* ]]; then
-	phase "go test -race (through the daemon) ./cmd/sandkeep"
-	SANDKEEP_TEST_DAEMON=auto SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 45m "${flags[@]}" ./cmd/sandkeep || fail "go test (through the daemon)"
-fi
+# 2a: every end-to-end suite once. The library over the agent channel (SANDKEEP_TRANSPORT=agent: a channel that
+# does not come up fails instead of falling back); the CLI suite through the local daemon, the CLI's default
+# path (SANDKEEP_TEST_DAEMON=auto: each test home's first call starts its daemon, later calls go through it).
+phase "tier 2: go test -race (library over the agent channel, CLI through the daemon) ${docker_pkgs[*]/#$module/.}"
+t0=$SECONDS
+env "${docker_env[@]}" SANDKEEP_TRANSPORT=agent SANDKEEP_TEST_DAEMON=auto \
+	go test -race -count=1 -timeout 45m "${flags[@]}" "${docker_pkgs[@]}" || fail "go test (tier 2)"
+echo "tier 2a: $((SECONDS - t0))s"
 
-# The Docker suites once more with sandboxes under gVisor (an operator's `runtime: runsc`), over the engine's exec
-# (runsc has no agent channel): the whole Docker driver package (conformance, hardening probes with gVisor's
-# answers, uids, quota, /tmp), the whole lifecycle package (its Docker test: secret files) and the library's whole
-# suite. Left out, each for its reason in docs/SECURITY.md, "gVisor": the builds (they never run under the sandbox
-# runtime), the egress suite (no network under runsc: TestGVisorRefusesNetwork shows the refusal instead) and the
-# daemon restart (it restarts the engine; it runs once, alone, below), and TestPortForwardChannel (forwarding over
-# the agent channel, which runsc has not; its exec fallback's open forward is not ended when a runsc container
-# stops: a known gap, docs/SECURITY.md "gVisor").
-if [ "${pkgs[*]}" = "./..." ] && [ "$SANDKEEP_RUNSC" = 1 ]; then
-	phase "go test -race: the Docker suites under gVisor (runsc)"
-	SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 20m -skip '^TestBuild' ./internal/driver/docker/ || fail "go test (runsc, driver)"
-	SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 45m -skip '^(TestEgress[A-Z].*|TestDaemonRestart|TestPortForwardChannel)$' ./internal/lifecycle/ . \
-		|| fail "go test (runsc, lifecycle and library)"
-fi
+# 2b: the CLI's in-process fallback (SANDKEEP_DAEMON=off: no daemon, or one that cannot serve the call) has its
+# own group: the exec behaviours a user sees (exit status, streams, timeout, failures, JSON, interrupt, closed
+# pipe, network, drops), the cross-process gate and ps/stop/rm. exec -t always runs in-process: 2a ran it.
+cli_inprocess='^(TestExec[A-Za-z]*|TestGateAcrossProcesses|TestPsStopRm)$'
+phase "tier 2: go test -race (the CLI in-process) -run '$cli_inprocess' ./cmd/sandkeep"
+env "${docker_env[@]}" go test -race -count=1 -timeout 30m -run "$cli_inprocess" -skip '^TestExecTTY' ./cmd/sandkeep \
+	|| fail "go test (the CLI in-process)"
 
-# Last and alone: a test that restarts the Docker daemon (every container stops), which would disturb any test
-# running beside it. Only in a full run.
-if [ "${pkgs[*]}" = "./..." ]; then
-	phase "go test -race: the daemon restarts under a long-lived manager (alone)"
-	SANDKEEP_TEST_DAEMON_RESTART=1 SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 10m -run '^TestDaemonRestart$' . || fail "go test (daemon restart)"
-fi
+# 2c: the exec transport (Docker exec of the agent, the fallback when the channel is down). The driver's
+# conformance (drivertest, in 2a: every exec of the Docker driver is an engine exec) and lifecycle's
+# TestSecretFilesDocker run it already; the library's command guarantees run once more over it, as a group.
+exec_group='^(TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestCancelledCallerKeepsGate|TestWorkdir|TestPosture|TestFiles)$'
+phase "tier 2: go test -race (the exec transport) -run '$exec_group' ."
+env "${docker_env[@]}" SANDKEEP_TRANSPORT=exec go test -race -count=1 -timeout 30m -run "$exec_group" . \
+	|| fail "go test (the exec transport)"
 
-# The CLI suite under gVisor (runsc), over the engine's exec: every sandkeep process of cmd/sandkeep's tests gets
-# SANDKEEP_RUNTIME=runsc (TestExecRuntime checks the engine's view). About 25 minutes under -race on the loaded
-# machine, most of it waiting on sandboxes, so it runs in the background beside the kubernetes stage (which waits
-# on the node) after the daemon restart above, and CI waits for it at the end. Left out, each for its reason in
-# docs/SECURITY.md "What CI runs under runsc": TestBench (it measures the agent channel, which runsc has not) and
-# TestDaemonNetwork (the daemon's egress proxy: no network under runsc; TestExecRuntime shows the refusal).
-runsc_cli_log="${SANDKEEP_ARTIFACTS}/runsc-cli.log"
-if [ "${pkgs[*]}" = "./..." ] && [ "$SANDKEEP_RUNSC" = 1 ]; then
-	phase "go test -race: the CLI suite under gVisor (runsc), in the background (log $runsc_cli_log)"
-	mkdir -p "$SANDKEEP_ARTIFACTS"
-	runsc_cli_start=$(date +%s)
-	SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1 \
-		setsid go test -race -count=1 -timeout 45m -skip '^(TestBench|TestDaemonNetwork)$' ./cmd/sandkeep \
-		>"$runsc_cli_log" 2>&1 </dev/null &
-	runsc_cli_pid=$!
+# 2d, last and alone: a test that restarts the Docker daemon (every container stops), which would disturb any
+# test running beside it.
+phase "tier 2: go test -race: the daemon restarts under a long-lived manager (alone)"
+env "${docker_env[@]}" SANDKEEP_TEST_DAEMON_RESTART=1 go test -race -count=1 -timeout 10m -run '^TestDaemonRestart$' . \
+	|| fail "go test (daemon restart)"
+
+# --- tier 3a: gVisor (runsc), over the engine's exec (runsc has no agent channel): the Docker driver's whole
+# package (conformance, hardening probes with gVisor's answers, uids, quota, /tmp) and lifecycle's, then the
+# library's and the CLI's runtime groups: what a runtime changes (posture, process trees, output, exit status,
+# files, devcontainer, the network refusal, the runtime the CLI asks for). Left out, each for its reason in
+# docs/SECURITY.md, "gVisor": the builds (they never run under the sandbox runtime), the egress suites (no
+# network under runsc: TestGVisorRefusesNetwork shows the refusal instead) and TestPortForwardChannel.
+if [ "$SANDKEEP_RUNSC" = 1 ]; then
+	runsc_env=("${docker_env[@]}" SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec)
+	t0=$SECONDS
+	phase "tier 3: go test -race under gVisor (runsc): ./internal/driver/docker ./internal/lifecycle"
+	env "${runsc_env[@]}" go test -race -count=1 -p 1 -timeout 30m -skip '^(TestBuild.*|TestEgress[A-Z].*)$' \
+		./internal/driver/docker/ ./internal/lifecycle/ || fail "go test (runsc, driver and lifecycle)"
+	runsc_lib='^(TestGVisorRefusesNetwork|TestPosture|TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestStoppedSandboxRestarts|TestRestartAdopts|TestFiles|TestDevcontainerAsWritten)$'
+	phase "tier 3: go test -race under gVisor (runsc): the library's runtime group"
+	env "${runsc_env[@]}" go test -race -count=1 -timeout 30m -run "$runsc_lib" . || fail "go test (runsc, library)"
+	runsc_cli='^(TestExecRuntime|TestExec|TestExecTimeout)$'
+	phase "tier 3: go test -race under gVisor (runsc): the CLI's runtime group"
+	env "${runsc_env[@]}" go test -race -count=1 -timeout 30m -run "$runsc_cli" ./cmd/sandkeep || fail "go test (runsc, CLI)"
+	echo "tier 3a (runsc): $((SECONDS - t0))s"
 fi
 
 # --- kubernetes stage, part 2: a real single-node cluster (scripts/k8s-up.sh), the kubernetes driver's suites
@@ -211,28 +268,28 @@ if [ "$k8s_stage" = 1 ]; then
 	phase "kubernetes: scripts/k8s-up.sh"
 	kubeconfig=$(bash scripts/k8s-up.sh) || fail "scripts/k8s-up.sh (logs in $k8s_log_dir)"
 	trap 'k8s_cleanup; bash scripts/k8s-down.sh >&2 || true' EXIT
-	phase "go test -race (kubernetes) ./internal/driver/kube/..."
+	phase "tier 3: go test -race (kubernetes) ./internal/driver/kube/..."
 	KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
 		go test -race -count=1 -timeout 20m ./internal/driver/kube/... || fail "go test (kubernetes; node logs in $k8s_log_dir)"
-	# The library's lifecycle suite (every test of sandkeep_test.go; the few that read Docker itself skip on
-	# kubernetes, each saying why) and, through a real `sandkeep serve`, the API suite with its files and the
-	# serve restart (adoption, a pod deleted behind its back): SANDKEEP_TEST_DRIVER=kubernetes points them at the
-	# node (internal/testutil/kubetest); -p 1: each test
-	# binary imports the images into the node's containerd when it starts; one at a time, so no import lands
-	# under another binary's running tests.
-	lib_tests=$(grep -o '^func Test[A-Za-z0-9_]*' sandkeep_test.go | sed 's/^func //' | grep -vx TestMain | paste -sd'|')
-	# Also the library's egress suites (TestEgress* of egress_test.go: allowlist and network_blocked events, no
-	# bypass, address classes, silent hosts, TLS inspection with credential injection and the SNI check, presets,
-	# the CA bundle, per-command policy and token, the refusal flood) through the pod's forwarded proxy under
-	# NetworkPolicy (kube-router), each test in its own namespace with its own enforcement probe; and the library's
-	# file API (TestFiles: upload, download, list, tar, the refusals of what a command planted, the limits, a
-	# stopped pod started for it), every operation through the pod's agent (sandkeep-agent fs). One binary per
-	# package, so the images are imported once each.
-	phase "go test -race (kubernetes): the library's lifecycle, egress and file suites, TestServeSDK, TestServeRestartKube, TestE2BTypeScript"
+	# The library's suite on the node (SANDKEEP_TEST_DRIVER=kubernetes points it at it, internal/testutil/kubetest):
+	# the lifecycle tests (the few that read Docker itself skip on kubernetes, each saying why), the egress suites
+	# (TestEgress*: allowlist and network_blocked events, no bypass, address classes, silent hosts, TLS inspection
+	# with credential injection and the SNI check, presets, the CA bundle, per-command policy and token, the
+	# refusal flood) through the pod's forwarded proxy under NetworkPolicy (kube-router), each test in its own
+	# namespace with its own enforcement probe, and the file API (TestFiles) through the pod's agent. Chosen by
+	# package, less a named group that is Docker's only: the devcontainer builds, the channel's port forwarding,
+	# the run records' Docker test and the degraded path (no kubernetes there). Then, through a real `sandkeep
+	# serve`, the API suite with its files, the serve restart (adoption, a pod deleted behind its back) and the e2b SDK.
+	# -p 1 and one binary per package: each test binary imports the images into the node's containerd when it
+	# starts; one at a time, so no import lands under another binary's running tests.
+	not_on_kube='^(TestDevcontainerAsWritten|TestPortForwardChannel|TestLibraryRuns|TestDegradedRunProceeds)$'
+	kube_env=(SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG="$kubeconfig" SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1)
+	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript"
 	k8s_suites_start=$(date +%s)
-	SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
-		go test -race -count=1 -p 1 -timeout 40m -run "^($lib_tests|TestEgress[A-Za-z0-9_]*|TestFiles|TestServeSDK|TestServeRestartKube|TestE2BTypeScript)\$" . ./cmd/sandkeep \
-		|| fail "go test (the suites on kubernetes; node logs in $k8s_log_dir)"
+	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
+		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
+	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript)$' ./cmd/sandkeep \
+		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"
 	trap k8s_cleanup EXIT
@@ -240,17 +297,5 @@ if [ "$k8s_stage" = 1 ]; then
 	echo "kubernetes stage (up, tests, down): $(($(date +%s) - k8s_stage_start))s"
 fi
 # --- end kubernetes part 2 ---
-
-if [ -n "$runsc_cli_pid" ]; then
-	phase "go test -race: waiting for the CLI suite under gVisor (runsc)"
-	if ! wait "$runsc_cli_pid"; then
-		runsc_cli_pid=
-		tail -n 200 "$runsc_cli_log" >&2
-		fail "go test (runsc, CLI; log $runsc_cli_log)"
-	fi
-	runsc_cli_pid=
-	tail -n 1 "$runsc_cli_log"
-	echo "the CLI suite under runsc: $(($(date +%s) - runsc_cli_start))s after it started"
-fi
 
 phase "OK"

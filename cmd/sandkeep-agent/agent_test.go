@@ -298,7 +298,8 @@ func checkGone(t *testing.T, pids []int, marker int) {
 	for _, e := range entries {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err == nil && bytes.Contains(b, []byte("\x00"+strconv.Itoa(marker)+"\x00")) {
-			t.Errorf("process %s still runs: %q", e.Name(), b)
+			st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+			t.Errorf("process %s still runs: %q (stat %s)", e.Name(), b, st)
 		}
 	}
 }

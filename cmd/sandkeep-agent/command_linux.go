@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,7 +39,9 @@ type command struct {
 
 	cancelOnce sync.Once
 	cancelled  chan struct{} // closed by cancel
-	reaped     chan struct{} // closed when the agent has no child left: the whole tree is gone
+	reaped     chan struct{} // closed when the whole tree is gone (or nothing was started)
+	pid        atomic.Int64  // the command's pid once it runs (its process group's id: it leads a session)
+	fgStatus   <-chan syscall.WaitStatus
 	done       chan struct{} // closed after the report was sent
 }
 
@@ -74,6 +77,23 @@ func (c *command) closeStdin() {
 }
 
 func (c *command) cancel() { c.cancelOnce.Do(func() { close(c.cancelled) }) }
+
+// signal sends sig to the command's process group (a shell's children with it, as a terminal's Ctrl-C would);
+// before the command runs or once its tree is gone it does nothing.
+func (c *command) signal(sig syscall.Signal) {
+	pid := int(c.pid.Load())
+	if pid <= 0 {
+		return
+	}
+	select {
+	case <-c.reaped:
+		return
+	default:
+	}
+	if err := syscall.Kill(-pid, sig); err == syscall.ESRCH {
+		_ = syscall.Kill(pid, sig) // it left its group: the command itself still gets it
+	}
+}
 
 // resize sets a TTY command's window size; for any other command, or one whose terminal is closed, it does
 // nothing.
@@ -161,18 +181,15 @@ func (c *command) startProcess(path, dir string, env []string) (*proc, error) {
 	p.errs = errR
 	files = append(files, errW)
 	// os.StartProcess rather than os/exec: no copy goroutines, and no Wait (the agent reaps with wait4(-1)).
-	process, err := os.StartProcess(path, c.req.Argv, &os.ProcAttr{
+	if err := c.spawn(p, path, &os.ProcAttr{
 		Dir:   dir,
 		Env:   env,
 		Files: []*os.File{in, outW, errW},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
-	})
-	if err != nil {
+	}); err != nil {
 		p.closeAll()
 		return nil, err
 	}
-	p.pid = process.Pid
-	_ = process.Release() // frees the pidfd; the process itself is reaped by reap
 	return p, nil
 }
 
@@ -192,18 +209,15 @@ func (c *command) startTTY(path, dir string, env []string) (*proc, error) {
 			return nil, err
 		}
 	}
-	process, err := os.StartProcess(path, c.req.Argv, &os.ProcAttr{
+	if err := c.spawn(p, path, &os.ProcAttr{
 		Dir:   dir,
 		Env:   env,
 		Files: []*os.File{slave, slave, slave},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
-	})
-	if err != nil {
+	}); err != nil {
 		p.closeAll()
 		return nil, err
 	}
-	p.pid = process.Pid
-	_ = process.Release()
 	c.ptyMu.Lock()
 	c.pty = master
 	if c.resized != nil {
@@ -211,6 +225,29 @@ func (c *command) startTTY(path, dir string, env []string) (*proc, error) {
 	}
 	c.ptyMu.Unlock()
 	return p, nil
+}
+
+// spawn starts the command through the reaper, which hands its exit status to c.fgStatus.
+func (c *command) spawn(p *proc, path string, attr *os.ProcAttr) error {
+	pid, status, err := c.srv.reaper.start(func() (int, error) {
+		process, err := os.StartProcess(path, c.req.Argv, attr)
+		if err != nil {
+			return 0, err
+		}
+		pid := process.Pid
+		_ = process.Release() // frees the pidfd (and clears Pid); the process itself is reaped by the reaper
+		return pid, nil
+	})
+	if err != nil {
+		return err
+	}
+	p.pid = pid
+	c.fgStatus = status
+	c.pid.Store(int64(pid))
+	if c.req.Started {
+		c.send(agentproto.FrameStarted, agentproto.EncodePID(pid))
+	}
+	return nil
 }
 
 func (p *proc) closeAll() {
@@ -234,8 +271,7 @@ func (c *command) startFailed(code int, msg string) agentproto.Result {
 // supervise runs a started command to the end: until the foreground process exits, the deadline passes or
 // the host cancels; then it kills whatever is left of the tree, drains the output and builds the result.
 func (c *command) supervise(p *proc) agentproto.Result {
-	fgStatus := make(chan syscall.WaitStatus, 1)
-	go reap(p.pid, fgStatus, c.reaped)
+	fgStatus := c.fgStatus
 	var pumps, feeder sync.WaitGroup
 	pumps.Add(1)
 	go func() { defer pumps.Done(); c.pump(p.stdout, agentproto.FrameStdout, p.outLim) }()
@@ -262,10 +298,11 @@ func (c *command) supervise(p *proc) agentproto.Result {
 		res.Cancelled = true
 	}
 	// Always: after a normal exit this ends the background processes, so none outlives its command.
-	c.srv.tree.kill(c.req.Grace(), c.reaped)
+	c.srv.tree.kill(c.req.Grace())
 	if !exited {
-		ws = <-fgStatus // sent before reaped was closed: the foreground was a child until reaped
+		ws = <-fgStatus // the foreground is dead by now; the reaper passes its status on as it collects it
 	}
+	close(c.reaped)
 	if p.stdin != nil {
 		_ = p.stdin.SetWriteDeadline(time.Unix(1, 0)) // no reader is left; never block the feeder
 	}

@@ -15,22 +15,27 @@ import (
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 )
 
-// server reads the host's frames and runs one command at a time.
+// server reads the host's frames and runs one command at a time itself; concurrent commands and processes run
+// under supervisors of their own (supervisor_linux.go, process_linux.go) beside it.
 type server struct {
-	fw   *agentproto.FrameWriter // stdout; shared by the running command's output pumps and its report
-	log  *log.Logger             // stderr
-	cur  *command                // the last command started; nil before the first
-	tree tree                    // the processes a command may leave behind (tree_linux.go)
-	fwd  *forwarder              // port forwarding streams (forward_linux.go); nil before the first
+	fw     *agentproto.FrameWriter // stdout; shared by the running command's output pumps and its report
+	log    *log.Logger             // stderr
+	cur    *command                // the last command started; nil before the first
+	tree   tree                    // the processes a command may leave behind (tree_linux.go)
+	fwd    *forwarder              // port forwarding streams (forward_linux.go); nil before the first
+	reaper *reaper                 // collects every child (reaper_linux.go)
+	sup    *supervisors
+	procs  *processes
 }
 
 // serve speaks the wire on in/out until in ends. It returns the process exit code: 0 on a clean end of stream
 // while idle (a command still running is killed first), 1 on a broken stream.
 func serve(in io.Reader, out io.Writer) int {
-	s := &server{fw: agentproto.NewFrameWriter(out), log: log.New(os.Stderr, "sandkeep-agent: ", 0)}
+	s := &server{fw: agentproto.NewFrameWriter(out), log: log.New(os.Stderr, "sandkeep-agent: ", 0),
+		reaper: newReaper(), sup: newSupervisors(), procs: newProcesses()}
 	// gVisor refuses a subreaper (EINVAL): its commands' orphans go to PID 1, and the tree then finds them
 	// there (tree_linux.go).
-	s.tree = newTree(setSubreaper() == nil)
+	s.tree = newTree(setSubreaper() == nil, s.reaper, s.sup)
 	// A host that went away must give a write error, not kill the agent (and orphan the tree) with SIGPIPE.
 	// Notify rather than Ignore: an ignored signal would stay ignored in the commands.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
@@ -41,6 +46,7 @@ func serve(in io.Reader, out io.Writer) int {
 		if err != nil {
 			s.closeForwards()
 			s.stop()
+			s.stopSupervisors()
 			if errors.Is(err, io.EOF) {
 				return 0
 			}
@@ -50,6 +56,7 @@ func serve(in io.Reader, out io.Writer) int {
 		if err := s.handle(f); err != nil {
 			s.closeForwards()
 			s.stop()
+			s.stopSupervisors()
 			s.log.Printf("%v", err)
 			return 1
 		}
@@ -62,13 +69,27 @@ func (s *server) handle(f agentproto.Frame) error {
 	if ok, err := s.forward(f); ok {
 		return err
 	}
+	switch f.Type {
+	case agentproto.FrameProcessOp:
+		s.processOp(f)
+		return nil
+	case agentproto.FrameStdin, agentproto.FrameStdinEOF, agentproto.FrameCancel, agentproto.FrameResize, agentproto.FrameSignal:
+		if f.Type == agentproto.FrameSignal {
+			if _, err := signalOf(f.Payload); err != nil {
+				return err
+			}
+		}
+		if f.Type == agentproto.FrameCancel && s.cancelAttach(f.ID) {
+			return nil
+		}
+		if s.relay(f) {
+			return nil
+		}
+	}
 	c := s.cur
 	current := c != nil && c.req.ID == f.ID
 	switch f.Type {
 	case agentproto.FrameRequest:
-		if c != nil {
-			<-c.done // the host sends a request only after the previous report; this is at most a moment
-		}
 		s.start(f)
 	case agentproto.FrameStdin:
 		if current {
@@ -89,6 +110,11 @@ func (s *server) handle(f agentproto.Frame) error {
 		}
 		if current {
 			c.resize(ws)
+		}
+	case agentproto.FrameSignal:
+		sig, _ := signalOf(f.Payload)
+		if current {
+			c.signal(sig)
 		}
 	default:
 		return fmt.Errorf("%w: unexpected frame %v from the host", agentproto.ErrProtocol, f.Type)
@@ -123,6 +149,17 @@ func (s *server) start(f agentproto.Frame) {
 	if err != nil {
 		s.report(agentproto.Result{ID: f.ID, ExitCode: 126, StartError: err.Error()})
 		return
+	}
+	switch {
+	case req.Detach != nil:
+		s.startProcess(req)
+		return
+	case req.Concurrent:
+		s.startConcurrent(req)
+		return
+	}
+	if c := s.cur; c != nil {
+		<-c.done // the host sends a request only after the previous report; this is at most a moment
 	}
 	s.cur = newCommand(req, received, s)
 	go s.cur.run()

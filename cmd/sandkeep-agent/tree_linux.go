@@ -43,11 +43,13 @@ type tree struct {
 	self    int
 	adopted bool   // no subreaper: orphans reparent to PID 1
 	start   uint64 // the agent's start time (clock ticks since boot, /proc/self/stat field 22)
+	r       *reaper
+	sup     *supervisors // children that supervise concurrent commands and processes: not part of the tree
 }
 
 // newTree is the tree of this process; subreaper says whether setSubreaper succeeded.
-func newTree(subreaper bool) tree {
-	t := tree{self: os.Getpid(), adopted: !subreaper}
+func newTree(subreaper bool, r *reaper, sup *supervisors) tree {
+	t := tree{self: os.Getpid(), adopted: !subreaper, r: r, sup: sup}
 	if t.adopted {
 		if st, ok := readStat(t.self); ok {
 			t.start = st.start
@@ -91,7 +93,12 @@ func (t tree) members() []int {
 		if i > 0 {
 			out = append(out, p)
 		}
-		queue = append(queue, children[p]...)
+		for _, c := range children[p] {
+			if p == t.self && t.sup.has(c) {
+				continue // a supervisor and its subtree belong to its own command
+			}
+			queue = append(queue, c)
+		}
 	}
 	return out
 }
@@ -137,51 +144,52 @@ func (t tree) signal(sig syscall.Signal) int {
 	return len(pids)
 }
 
-// gone reports whether the whole tree is gone: the agent has no child left (reaped is closed: wait4 found
-// nothing) and, when orphans reparent to PID 1 instead of the agent, no adopted orphan is alive either.
-func (t tree) gone(reaped <-chan struct{}) bool {
-	select {
-	case <-reaped:
-	default:
-		return false
+// quiet reports whether the tree is gone, and a channel closed at the reaper's next change. With no child left
+// at all (wait4 found none) and a subreaper, nothing of the tree can be alive (orphans reparent to the agent); without
+// one, no adopted orphan may be alive either. While supervisors run, the agent always has children: the tree is
+// gone when /proc shows no live member.
+func (t tree) quiet() (bool, <-chan struct{}) {
+	idle, changed := t.r.state()
+	switch {
+	case idle:
+		return !t.adopted || len(t.members()) == 0, changed
+	case !t.adopted && t.sup.count() > 0:
+		return len(t.members()) == 0, changed
 	}
-	return !t.adopted || len(t.members()) == 0
+	return false, changed
 }
 
 // wait returns true once the tree is gone, or false when the timer fires first.
-func (t tree) wait(reaped <-chan struct{}, timer <-chan time.Time) bool {
-	select {
-	case <-reaped:
-	case <-timer:
-		return t.gone(reaped)
+func (t tree) wait(timer <-chan time.Time) bool {
+	var poll <-chan time.Time
+	if t.adopted || t.sup.count() > 0 {
+		tick := time.NewTicker(adoptedPoll) // only /proc can tell, so look again now and then
+		defer tick.Stop()
+		poll = tick.C
 	}
-	if !t.adopted {
-		return true
-	}
-	poll := time.NewTicker(adoptedPoll)
-	defer poll.Stop()
 	for {
-		if len(t.members()) == 0 {
+		q, changed := t.quiet()
+		if q {
 			return true
 		}
 		select {
-		case <-poll.C:
+		case <-changed:
+		case <-poll:
 		case <-timer:
-			return t.gone(reaped)
+			q, _ := t.quiet()
+			return q
 		}
 	}
 }
 
 // kill ends every process of the tree: SIGTERM (and SIGCONT, so stopped processes see it), up to grace for
-// them to exit, then SIGKILL until none is left. It returns when the tree is gone (tree.gone): with a subreaper,
-// when reaped is closed, that is when the agent has no child left: wait4 then found nothing, so no descendant
-// exists (orphans reparent to the agent).
-func (t tree) kill(grace time.Duration, reaped <-chan struct{}) {
+// them to exit, then SIGKILL until none is left. It returns when the tree is gone (tree.quiet).
+func (t tree) kill(grace time.Duration) {
 	// Most commands leave nothing behind: the reaper then finds no child right after the foreground one, which
 	// proves there is no descendant, and the /proc walk (its cost grows with every process visible) is skipped.
-	// Without a subreaper the walk is the only proof, so it is always made.
+	// Without a subreaper, or beside supervisors, the walk is the only proof, so it is always made.
 	settle := time.NewTimer(reapSettle)
-	if t.wait(reaped, settle.C) {
+	if t.wait(settle.C) {
 		settle.Stop()
 		return
 	}
@@ -190,7 +198,7 @@ func (t tree) kill(grace time.Duration, reaped <-chan struct{}) {
 	}
 	g := time.NewTimer(grace)
 	defer g.Stop()
-	if t.wait(reaped, g.C) {
+	if t.wait(g.C) {
 		return
 	}
 	// Repeat: a process may fork between the scan and the kill.
@@ -198,27 +206,8 @@ func (t tree) kill(grace time.Duration, reaped <-chan struct{}) {
 	defer tick.Stop()
 	for {
 		t.signal(syscall.SIGKILL)
-		if t.wait(reaped, tick.C) {
+		if t.wait(tick.C) {
 			return
-		}
-	}
-}
-
-// reap collects every child of the agent until none is left, passes on the foreground command's status, and
-// closes reaped. It is the only place the agent waits for processes.
-func reap(fg int, fgStatus chan<- syscall.WaitStatus, reaped chan<- struct{}) {
-	defer close(reaped)
-	for {
-		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, 0, nil)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil { // ECHILD: no child, hence no descendant, is left
-			return
-		}
-		if pid == fg {
-			fgStatus <- ws // buffered: the foreground exits once
 		}
 	}
 }

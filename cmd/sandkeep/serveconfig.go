@@ -169,22 +169,6 @@ func (l limitsConfig) api() api.Limits {
 // sandkeep exec reads its network block (the operator's presets and silent list).
 const envConfig = "SANDKEEP_CONFIG"
 
-// operatorNetwork applies the network block of $SANDKEEP_CONFIG, when set, to c.
-func operatorNetwork(c *sandkeep.Config) error {
-	path := os.Getenv(envConfig)
-	if path == "" {
-		return nil
-	}
-	sc, err := loadServerConfig(path)
-	if err != nil {
-		return err
-	}
-	c.NetworkPresets = sc.Network.Presets
-	c.NetworkSilent = sc.Network.Silent
-	c.NetworkRefused = sc.Network.Refused
-	return nil
-}
-
 // loadServerConfig reads path ("" is the zero config) strictly (tier.DecodeOperator), then checks its values.
 func loadServerConfig(path string) (serverConfig, error) {
 	var c serverConfig

@@ -48,6 +48,12 @@ func maxPayload(t FrameType) (int, bool) {
 		return resizePayload, true
 	case FrameStdin, FrameStdout, FrameStderr, FrameResult:
 		return MaxFrame, true
+	case FrameProcessOp, FrameProcessReply:
+		return MaxRequest, true
+	case FrameSignal:
+		return 1, true
+	case FrameStarted:
+		return 4, true
 	}
 	return forwardMaxPayload(t) // port forwarding: forward.go
 }

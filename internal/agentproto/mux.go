@@ -2,6 +2,7 @@ package agentproto
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -43,7 +44,9 @@ type Mux struct {
 	nextID  uint32
 	pending map[uint32]chan error // forward opens waiting for the agent's reply
 
-	midCmd  atomic.Bool   // the reader is inside a frame that is not a forward frame (or an unknown one)
+	routes routes // command IDs whose frames go to a Conn of their own (Route), beside Commands
+
+	midCmd  atomic.Bool   // the reader is inside a frame for Commands that is not a forward frame (or an unknown one)
 	closing chan struct{} // closed by closeConn: a reader waiting on a full command queue gives up
 	dead    chan struct{} // closed when the reader has ended
 	deadErr error         // why; set before dead is closed
@@ -79,17 +82,34 @@ func (m *Mux) Alive() bool {
 func (m *Mux) Idle() bool { return m.Alive() && !m.midCmd.Load() && m.cmd.empty() }
 
 // watch is the channel as the Mux's reader reads it: it notes the type byte of each frame as it arrives, so that
-// a command frame (or garbage) the agent sent while idle shows before the whole frame is in.
+// a command frame (or garbage) the agent sent while idle shows before the whole frame is in. While routes are
+// open it waits for the frame's ID too: a frame for a routed command (a concurrent one, a process operation) is
+// not a frame for Commands.
 type watch struct {
 	m     *Mux
-	start bool // the next byte read is a frame's first
+	start bool    // the next byte read is a frame's first
+	hdr   [5]byte // the frame's type and ID, as far as read
+	n     int
 }
 
 func (w *watch) Read(p []byte) (int, error) {
 	n, err := w.m.conn.Read(p)
-	if n > 0 && w.start {
+	if w.start {
+		w.n = 0
+	}
+	for i := 0; i < n && w.n < len(w.hdr); i++ {
+		w.hdr[w.n] = p[i]
+		w.n++
+		forward := IsForwardFrame(FrameType(w.hdr[0]))
+		switch {
+		case w.n == 1 && (forward || w.m.routes.count() == 0):
+			w.m.midCmd.Store(!forward)
+		case w.n == len(w.hdr) && !forward:
+			w.m.midCmd.Store(!w.m.routes.has(binary.BigEndian.Uint32(w.hdr[1:5])))
+		}
+	}
+	if n > 0 {
 		w.start = false
-		w.m.midCmd.Store(!IsForwardFrame(FrameType(p[0])))
 	}
 	return n, err
 }
@@ -195,7 +215,11 @@ func (m *Mux) read() {
 					return err
 				}
 			default:
-				if !m.cmd.push(appendFrame(nil, f.Type, f.ID, f.Payload), m.closing) {
+				q, routed := m.routes.lookup(f.ID)
+				if !routed {
+					q = m.cmd
+				}
+				if q != nil && !q.push(appendFrame(nil, f.Type, f.ID, f.Payload), m.closing) {
 					return net.ErrClosed
 				}
 			}
@@ -218,6 +242,8 @@ type muxCommands struct {
 	m      *Mux
 	frames chan []byte // encoded command frames from the reader
 
+	gone chan struct{} // a route's: closed by its Close, after which Read ends; nil for Commands
+
 	mu   sync.Mutex    // guards cur, rdl and wake; one Read at a time in practice (Run's reader)
 	cur  []byte        // the rest of the frame being read
 	rdl  time.Time     // read deadline
@@ -234,6 +260,8 @@ func (c *muxCommands) push(b []byte, dead <-chan struct{}) bool {
 	// Full: the command's reader is behind; wait for it, or for the channel's end.
 	select {
 	case c.frames <- b:
+		return true
+	case <-c.gone: // a route closed meanwhile: its frames are dropped
 		return true
 	case <-dead:
 		return false
@@ -278,6 +306,8 @@ func (c *muxCommands) Read(p []byte) (int, error) {
 			c.mu.Lock()
 			return 0, os.ErrDeadlineExceeded
 		case <-wake:
+		case <-c.gone:
+			fail = true
 		}
 		c.mu.Lock()
 		switch {

@@ -47,6 +47,16 @@ type Request struct {
 	// MaxOutputLimit. Everything else is as for any command; an agent that predates the field refuses such a
 	// limit, so nothing goes unbounded by mistake.
 	Stream bool `json:"stream,omitempty"`
+	// Concurrent runs the command beside the agent's others, under a supervisor of its own (see process.go):
+	// the host sends it only for commands it lets run at once.
+	Concurrent bool `json:"concurrent,omitempty"`
+	// Detach starts a process that outlives the request (process.go); TimeoutMS is its lifetime bound.
+	Detach *Detach `json:"detach,omitempty"`
+	// Bounded and Started are between an agent and the supervisor it runs a process under: the parent bounds the
+	// output itself (its ring buffers), so both limits may be up to MaxStreamLimit; and the supervisor sends
+	// FrameStarted with the command's pid once it runs.
+	Bounded bool `json:"bounded,omitempty"`
+	Started bool `json:"started,omitempty"`
 }
 
 // Result is the agent's final report of one command.
@@ -60,4 +70,5 @@ type Result struct {
 	StderrTruncated bool   `json:"stderr_truncated"`
 	DurationMS      int64  `json:"duration_ms"`
 	StartError      string `json:"start_error,omitempty"` // why the command could not start (exit 126/127)
+	PID             int    `json:"pid,omitempty"`         // a Detach request: the process runs with this pid
 }

@@ -19,9 +19,12 @@ var ErrBadRequest = errors.New("invalid agent request")
 // agent's own), "K=V" env entries, a positive timeout, a grace that is not negative, and limits in
 // 1..MaxOutputLimit (stdout: 1..MaxStreamLimit for a Stream request).
 func (r *Request) Validate() error {
-	stdoutMax := int64(MaxOutputLimit)
-	if r.Stream {
+	stdoutMax, stderrMax := int64(MaxOutputLimit), int64(MaxOutputLimit)
+	if r.Stream || r.Bounded {
 		stdoutMax = MaxStreamLimit
+	}
+	if r.Bounded {
+		stderrMax = MaxStreamLimit
 	}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, a...))
@@ -39,8 +42,16 @@ func (r *Request) Validate() error {
 		return bad("grace %dms is negative", r.GraceMS)
 	case r.StdoutLimit <= 0 || r.StdoutLimit > stdoutMax:
 		return bad("stdout limit %d outside 1..%d", r.StdoutLimit, stdoutMax)
-	case r.StderrLimit <= 0 || r.StderrLimit > MaxOutputLimit:
-		return bad("stderr limit %d outside 1..%d", r.StderrLimit, MaxOutputLimit)
+	case r.StderrLimit <= 0 || r.StderrLimit > stderrMax:
+		return bad("stderr limit %d outside 1..%d", r.StderrLimit, stderrMax)
+	}
+	if d := r.Detach; d != nil {
+		if err := CheckTag(d.Tag); err != nil {
+			return err
+		}
+		if d.Ring < 0 || d.Ring > MaxRing {
+			return bad("ring buffer %d outside 0..%d", d.Ring, MaxRing)
+		}
 	}
 	if r.TTY != nil {
 		if err := r.TTY.Check(); err != nil {
@@ -82,6 +93,8 @@ func DecodeResult(payload []byte, id uint32) (Result, error) {
 		return Result{}, fmt.Errorf("%w: signal %d with exit code %d", ErrProtocol, res.Signal, res.ExitCode)
 	case res.DurationMS < 0:
 		return Result{}, fmt.Errorf("%w: negative duration", ErrProtocol)
+	case res.PID < 0:
+		return Result{}, fmt.Errorf("%w: negative pid", ErrProtocol)
 	}
 	return res, nil
 }

@@ -34,6 +34,10 @@ var statusOf = map[fault.Code]int{
 	fault.UploadTooSlow: http.StatusRequestTimeout,
 	fault.FileNotFound:  http.StatusNotFound,
 
+	fault.ProcessNotFound:    http.StatusNotFound,
+	fault.ProcessExited:      http.StatusConflict,
+	fault.ProcessUnavailable: http.StatusUnprocessableEntity,
+
 	fault.SandboxBusy:       http.StatusConflict,
 	fault.SandboxNotRunning: http.StatusConflict,
 	fault.PathConflict:      http.StatusConflict,
@@ -90,6 +94,7 @@ var statusOf = map[fault.Code]int{
 
 	// The server, the engine or the sandbox failed.
 	fault.Internal:             http.StatusInternalServerError,
+	fault.CallerFailed:         http.StatusConflict, // a run's recorded outcome, never a request's error; 409 if one ever is
 	fault.AgentMissing:         http.StatusInternalServerError,
 	fault.AgentProtocol:        http.StatusInternalServerError,
 	fault.ForeignContainer:     http.StatusInternalServerError,

@@ -11,9 +11,6 @@ import (
 //go:embed openapi.json
 var openAPI []byte
 
-// OpenAPI returns the OpenAPI 3.1 document served at /v1/openapi.json.
-func OpenAPI() []byte { return openAPI }
-
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "max-age=300")

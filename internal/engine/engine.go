@@ -213,6 +213,8 @@ type ExecRequest struct {
 	// (0x03) on Stdin interrupts the terminal's foreground process, as at a local terminal. Deadline, tree kill
 	// and exit status are as without a TTY.
 	TTY *TTY
+	// Concurrent runs the command beside the user's other concurrent commands and processes (lifecycle).
+	Concurrent bool
 }
 
 // WindowSize is a terminal's size in character cells.

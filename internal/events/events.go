@@ -39,6 +39,8 @@ const (
 	NameNetworkBlockedRepeat = "network_blocked_repeats"
 	NamePortForwardOpened    = "port_forward_opened"
 	NamePortForwardClosed    = "port_forward_closed"
+	NameProcessStarted       = "process_started"
+	NameProcessEnded         = "process_ended"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -77,6 +79,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameNetworkBlockedRepeat: reflect.TypeFor[NetworkBlockedRepeats](),
 	NamePortForwardOpened:    reflect.TypeFor[PortForwardOpened](),
 	NamePortForwardClosed:    reflect.TypeFor[PortForwardClosed](),
+	NameProcessStarted:       reflect.TypeFor[ProcessStarted](),
+	NameProcessEnded:         reflect.TypeFor[ProcessEnded](),
 }
 
 // Names returns every event name, in no particular order.
@@ -86,12 +90,6 @@ func Names() []string {
 		names = append(names, n)
 	}
 	return names
-}
-
-// Known reports whether name is one of the event names above.
-func Known(name string) bool {
-	_, ok := payloadTypes[name]
-	return ok
 }
 
 // New builds the event name for runID (empty: no run) with its payload, stamped with the current time. The

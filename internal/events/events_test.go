@@ -37,6 +37,8 @@ func TestNewAndDecode(t *testing.T) {
 		{"network blocked", NameNetworkBlocked, NetworkBlocked{Host: "example.com", Port: 443}},
 		{"network blocked repeats", NameNetworkBlockedRepeat, NetworkBlockedRepeats{Repeats: []BlockedCount{{Host: "x.com", Port: 443, Count: 9}}, Dropped: 3}},
 		{"port forward opened", NamePortForwardOpened, PortForwardOpened{Sandbox: "s", Port: 8080, Conn: 1, Via: "cli"}},
+		{"process started", NameProcessStarted, ProcessStarted{Sandbox: "s", PID: 7, Tag: "srv", Command: "npm", LifetimeMS: 3600000}},
+		{"process ended", NameProcessEnded, ProcessEnded{Sandbox: "s", PID: 7, Reason: ProcessLifetime, ExitCode: 143, Signal: 15, DurationMS: 5}},
 		{"port forward closed", NamePortForwardClosed, PortForwardClosed{Sandbox: "s", Port: 8080, Conn: 1, BytesIn: 10, BytesOut: 20, DurationMS: 5}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
@@ -73,8 +75,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 22 {
-		t.Errorf("Names() has %d names, want 22", len(Names()))
+	if len(Names()) != 24 {
+		t.Errorf("Names() has %d names, want 24", len(Names()))
 	}
 }
 

@@ -260,3 +260,35 @@ type PortForwardClosed struct {
 	BytesOut   int64  `json:"bytes_out"`
 	DurationMS int64  `json:"duration_ms"`
 }
+
+// ProcessStarted (process_started): a command started a process that outlives the call (exec --detach, the
+// process routes). Like an exec, it is described by argv[0] only.
+type ProcessStarted struct {
+	Sandbox    string `json:"sandbox"`
+	PID        int    `json:"pid"`
+	Tag        string `json:"tag,omitempty"`
+	Command    string `json:"command"`
+	LifetimeMS int64  `json:"lifetime_ms"` // its bound: past it, its tree is killed
+	TTY        bool   `json:"tty,omitempty"`
+}
+
+// Reasons a process ended (ProcessEnded.Reason).
+const (
+	ProcessExitedItself = "exited"          // it ended on its own (a signal sent to it included)
+	ProcessLifetime     = "lifetime"        // its lifetime bound passed: its tree was killed
+	ProcessKilled       = "killed"          // a caller killed it (its tree)
+	ProcessSandboxEnded = "sandbox_stopped" // its sandbox stopped, was removed or recycled
+	ProcessChannelEnded = "channel_closed"  // the process that served the sandbox's channel went away
+)
+
+// ProcessEnded (process_ended): a process is over, with its tree. ExitCode and Signal are the agent's report
+// when there was one (Reason exited, lifetime or killed).
+type ProcessEnded struct {
+	Sandbox    string `json:"sandbox"`
+	PID        int    `json:"pid"`
+	Tag        string `json:"tag,omitempty"`
+	Reason     string `json:"reason"`
+	ExitCode   int    `json:"exit_code"`
+	Signal     int    `json:"signal,omitempty"`
+	DurationMS int64  `json:"duration_ms"`
+}

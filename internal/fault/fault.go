@@ -15,6 +15,7 @@ type Code string
 const (
 	AgentMissing      Code = "AGENT_MISSING"      // the sandkeep-agent binary could not be found or read
 	AgentProtocol     Code = "AGENT_PROTOCOL"     // the agent's report was garbage, forged or cut off
+	CallerFailed      Code = "CALLER_FAILED"      // a run its caller finished as failed (POST /v1/runs/{id}/finish)
 	DriverUnavailable Code = "DRIVER_UNAVAILABLE" // the container engine could not be reached
 	ForeignContainer  Code = "FOREIGN_CONTAINER"  // a container has our name but is not ours
 	ImageUnavailable  Code = "IMAGE_UNAVAILABLE"  // the image is not present and could not be pulled
@@ -97,6 +98,11 @@ const (
 	FeatureUnavailable Code = "FEATURE_UNAVAILABLE" // an OCI feature could not be fetched from its registry (unreachable, missing, refused)
 	ComposeInvalid     Code = "COMPOSE_INVALID"     // a compose file, or a service in it, asks for what sandkeep does not run
 	CompanionFailed    Code = "COMPANION_FAILED"    // a compose companion service could not be created, started or became unhealthy
+	// Processes: commands that outlive their call (sandkeep exec --detach, the process routes).
+	ProcessNotFound    Code = "PROCESS_NOT_FOUND"   // no process with that pid or tag in the sandbox
+	ProcessExited      Code = "PROCESS_EXITED"      // the process has ended: it takes no input, signal or resize
+	ProcessUnavailable Code = "PROCESS_UNAVAILABLE" // processes need the agent channel of a long-lived sandkeep (serve, the daemon)
+
 	// The local daemon (sandkeep daemon, SANDKEEP_DAEMON).
 	DaemonUnavailable Code = "DAEMON_UNAVAILABLE" // SANDKEEP_DAEMON=on, but the home's daemon cannot be reached or started
 	DaemonMismatch    Code = "DAEMON_MISMATCH"    // SANDKEEP_DAEMON=on, but the daemon runs with another operator environment

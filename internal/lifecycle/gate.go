@@ -13,9 +13,11 @@ import (
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
-// gates hands out the per-key gate. A gate is two locks taken in order: an in-process semaphore (so
+// gates hands out the per-key gate. A gate is two locks taken in order: an in-process shared/exclusive lock (so
 // goroutines queue without touching the file system) and a flock on the key's lock file (so processes that
-// share the home queue too). Different keys never wait for each other.
+// share the home queue too). Lifecycle operations (ensure, recycle, stop, remove) and the commands of the native
+// exec take it exclusively, one at a time; commands whose caller asked to run concurrently take it shared, beside
+// each other but never beside an exclusive holder. Different keys never wait for each other.
 //
 // A key's entry lives only while someone waits for or holds its gate: the last one out removes it, so a
 // long-lived process that has seen millions of keys keeps only the busy ones. At most max entries live at once;
@@ -28,9 +30,15 @@ type gates struct {
 }
 
 type gate struct {
-	sem     chan struct{} // capacity 1: holding the slot means this process may try the flock
-	waiters atomic.Int32  // callers queued or holding; the sweeper leaves a key with waiters alone
-	file    *flock.Flock
+	mu       sync.Mutex
+	excl     bool          // an exclusive holder has it (or is taking the file lock)
+	shared   int           // shared holders (and the one taking the file lock for them)
+	fileSh   bool          // the file lock is held shared, for the shared holders as a group
+	taking   bool          // a shared holder is taking the file lock: the others wait for it
+	pendingX int           // exclusive callers waiting: new shared callers let them go first
+	changed  chan struct{} // closed and replaced at every release
+	waiters  atomic.Int32  // callers queued or holding; the sweeper leaves a key with waiters alone
+	file     *flock.Flock
 }
 
 // DefaultMaxKeys bounds the keys one process holds or waits for at once (gates, and the build gates).
@@ -53,7 +61,7 @@ func (g *gates) join(k identity.Key) (*gate, error) {
 			return nil, fault.New(fault.KeyLimit, "retry when fewer users' commands are running, or raise the limit (MaxKeys)",
 				"this sandkeep already runs or queues commands for %d users, its limit; sandbox %s was not started", g.max, k.Short())
 		}
-		gt = &gate{sem: make(chan struct{}, 1), file: flock.New(g.home.lockPath(k))}
+		gt = &gate{file: flock.New(g.home.lockPath(k)), changed: make(chan struct{})}
 		g.keys[k.Hex()] = gt
 	}
 	gt.waiters.Add(1)
@@ -84,6 +92,11 @@ func (g *gates) size() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return len(g.keys)
+}
+
+func (gt *gate) broadcast() {
+	close(gt.changed)
+	gt.changed = make(chan struct{})
 }
 
 // waitNoticeAfter is how long a caller waits at a gate before the hook WhenWaiting put in its context is called.
@@ -117,9 +130,14 @@ func noticeAfter(ctx context.Context, bound time.Duration) (stop func()) {
 	}
 }
 
-// acquire takes k's gate, waiting at most wait. It returns SANDBOX_BUSY when the wait runs out and the ctx
-// error when the caller gives up first.
+// acquire takes k's gate exclusively, waiting at most wait. It returns SANDBOX_BUSY when the wait runs out and
+// the ctx error when the caller gives up first.
 func (g *gates) acquire(ctx context.Context, k identity.Key, wait time.Duration) (release func(), err error) {
+	return g.acquireMode(ctx, k, wait, false)
+}
+
+// acquireMode takes k's gate shared (beside other shared holders) or exclusively.
+func (g *gates) acquireMode(ctx context.Context, k identity.Key, wait time.Duration, shared bool) (release func(), err error) {
 	defer noticeAfter(ctx, wait)()
 	gt, err := g.join(k)
 	if err != nil {
@@ -127,27 +145,77 @@ func (g *gates) acquire(ctx context.Context, k identity.Key, wait time.Duration)
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	select {
-	case gt.sem <- struct{}{}:
-	case <-timer.C:
-		g.leave(k, gt)
-		return nil, busy(k, wait)
-	case <-ctx.Done():
-		g.leave(k, gt)
-		return nil, fmt.Errorf("wait for sandbox %s: %w", k.Short(), context.Cause(ctx))
-	}
-	if err := lockFile(ctx, gt.file, timer.C); err != nil {
-		<-gt.sem
+	fail := func(err error) (func(), error) {
 		g.leave(k, gt)
 		if err == errWaitExpired {
 			return nil, busy(k, wait)
 		}
 		return nil, fmt.Errorf("wait for sandbox %s: %w", k.Short(), err)
 	}
-	return g.releaser(k, gt), nil
+	if !shared {
+		gt.mu.Lock()
+		gt.pendingX++
+		gt.mu.Unlock()
+	}
+	for {
+		gt.mu.Lock()
+		var ok, takeFile bool
+		switch {
+		case !shared && !gt.excl && gt.shared == 0:
+			gt.pendingX--
+			gt.excl, ok, takeFile = true, true, true
+		case shared && !gt.excl && gt.pendingX == 0 && !gt.taking:
+			gt.shared++
+			ok, takeFile = true, !gt.fileSh
+			gt.taking = takeFile
+		}
+		changed := gt.changed
+		gt.mu.Unlock()
+		if ok && !takeFile {
+			return g.releaser(k, gt, true), nil
+		}
+		if ok {
+			err := lockFile(ctx, gt.file, timer.C, shared)
+			gt.mu.Lock()
+			if shared {
+				gt.taking = false
+				gt.fileSh = err == nil
+				if err != nil {
+					gt.shared--
+				}
+			} else if err != nil {
+				gt.excl = false
+			}
+			gt.broadcast()
+			gt.mu.Unlock()
+			if err != nil {
+				return fail(err)
+			}
+			return g.releaser(k, gt, shared), nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			if !shared {
+				gt.mu.Lock()
+				gt.pendingX--
+				gt.broadcast()
+				gt.mu.Unlock()
+			}
+			return fail(errWaitExpired)
+		case <-ctx.Done():
+			if !shared {
+				gt.mu.Lock()
+				gt.pendingX--
+				gt.broadcast()
+				gt.mu.Unlock()
+			}
+			return fail(context.Cause(ctx))
+		}
+	}
 }
 
-// tryAcquire takes k's gate only when nobody holds or waits for it (the sweeper's way in).
+// tryAcquire takes k's gate exclusively only when nobody holds or waits for it (the sweeper's way in).
 func (g *gates) tryAcquire(k identity.Key) (release func(), ok bool) {
 	if g.waiting(k) > 0 {
 		return nil, false
@@ -156,27 +224,43 @@ func (g *gates) tryAcquire(k identity.Key) (release func(), ok bool) {
 	if err != nil {
 		return nil, false
 	}
-	select {
-	case gt.sem <- struct{}{}:
-	default:
+	gt.mu.Lock()
+	if gt.excl || gt.shared > 0 || gt.pendingX > 0 {
+		gt.mu.Unlock()
 		g.leave(k, gt)
 		return nil, false
 	}
+	gt.excl = true
+	gt.mu.Unlock()
 	locked, err := gt.file.TryLock()
 	if err != nil || !locked {
-		<-gt.sem
+		gt.mu.Lock()
+		gt.excl = false
+		gt.broadcast()
+		gt.mu.Unlock()
 		g.leave(k, gt)
 		return nil, false
 	}
-	return g.releaser(k, gt), true
+	return g.releaser(k, gt, false), true
 }
 
-func (g *gates) releaser(k identity.Key, gt *gate) func() {
+func (g *gates) releaser(k identity.Key, gt *gate, shared bool) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			_ = gt.file.Unlock()
-			<-gt.sem
+			gt.mu.Lock()
+			if shared {
+				gt.shared--
+				if gt.shared == 0 && gt.fileSh {
+					_ = gt.file.Unlock()
+					gt.fileSh = false
+				}
+			} else {
+				_ = gt.file.Unlock()
+				gt.excl = false
+			}
+			gt.broadcast()
+			gt.mu.Unlock()
 			g.leave(k, gt)
 		})
 	}
@@ -185,11 +269,15 @@ func (g *gates) releaser(k identity.Key, gt *gate) func() {
 var errWaitExpired = fmt.Errorf("gate wait expired")
 
 // lockFile polls the flock: flock(2) has no timeout, and only one goroutine per process polls a given key
-// (the others wait on the semaphore), so a short backoff costs little.
-func lockFile(ctx context.Context, f *flock.Flock, expired <-chan time.Time) error {
+// (the others wait in process), so a short backoff costs little.
+func lockFile(ctx context.Context, f *flock.Flock, expired <-chan time.Time, shared bool) error {
 	delay := time.Millisecond
+	try := f.TryLock
+	if shared {
+		try = f.TryRLock
+	}
 	for {
-		ok, err := f.TryLock()
+		ok, err := try()
 		if err != nil {
 			return err
 		}

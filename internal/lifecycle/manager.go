@@ -52,6 +52,7 @@ type Manager struct {
 	pools     *pools                       // the warm pools this process keeps (pool.go); nil: none
 
 	nextID atomic.Uint32
+	procs  procWatch // the watchers of the processes this Manager started (process.go)
 }
 
 // New validates cfg, prepares the home (installation id, agent copy) and returns a Manager over drv.
@@ -113,6 +114,9 @@ type ExecRequest struct {
 	// Shape is the sandbox the command runs in (NewShape); nil is the Manager's own Config. A key's sandbox made
 	// for another shape has drifted and is recycled.
 	Shape *Shape
+	// Concurrent asks to run beside the key's other concurrent commands and processes rather than one at a time
+	// (concurrent.go); a command with secrets or a network, or a sandbox without a channel, runs alone anyway.
+	Concurrent bool
 }
 
 // ExecResult is the outcome of one command.
@@ -131,6 +135,9 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	}
 	if err := checkSecrets(req.Secrets); err != nil { // secrets: refused before anything runs
 		return nil, err
+	}
+	if m.concurrentOK(key, req) {
+		return m.execShared(ctx, key, req, preq)
 	}
 	waitStart := time.Now()
 	release, err := m.gates.acquire(ctx, key, m.cfg.GateWait)
@@ -312,6 +319,7 @@ func (m *Manager) remember(key identity.Key, sb *driver.Sandbox) {
 }
 
 func (m *Manager) forget(key identity.Key) {
+	m.procs.sandboxGone(key)
 	m.mu.Lock()
 	delete(m.known, key.Hex())
 	m.mu.Unlock()
@@ -410,6 +418,7 @@ func (m *Manager) checkOurs(key identity.Key, sb *driver.Sandbox) error {
 // Close closes the agent channel listeners. Sandboxes keep running; they are persistent by design, and their
 // agents reconnect to the next process that serves them.
 func (m *Manager) Close() error {
+	m.procs.close()
 	m.stopPools() // pool.go: members stay, for the next process to adopt
 	m.images.close()
 	m.closeEgress()

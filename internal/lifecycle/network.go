@@ -71,11 +71,6 @@ var defaultPreset = []string{
 	"deb.debian.org", "security.debian.org", "archive.ubuntu.com", "security.ubuntu.com", "dl-cdn.alpinelinux.org",
 }
 
-// DefaultPresets returns the built-in presets.
-func DefaultPresets() map[string][]string {
-	return map[string][]string{PresetDefault: slices.Clone(defaultPreset)}
-}
-
 // MergeNetwork combines a sandbox's block with one command's. A nil side yields the other; replace takes the
 // command's block as it is; append (the default) takes the command's mode, preset and inspection where it sets
 // them and adds its rules after the sandbox's (so they win: last match wins) and its credentials.

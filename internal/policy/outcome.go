@@ -92,6 +92,7 @@ var outcomes = map[fault.Code]Outcome{
 	fault.FilesUnavailable:         input,
 	fault.TierRefused:              input,
 	fault.TemplateNotFound:         input,
+	fault.CallerFailed:             input, // the caller finished its run as failed: the caller's verdict, not sandkeep's to retry
 	fault.FeatureInvalid:           input,
 	fault.ComposeInvalid:           input,
 	fault.DaemonMismatch:           input,

@@ -106,7 +106,7 @@ func lower(operator, call string) (string, error) {
 func (s *Service) EndRun(ctx context.Context, id string, failed bool) error {
 	upd := store.RunUpdate{Status: store.StatusSucceeded}
 	if failed {
-		upd.Status, upd.FailureCode, upd.Disposition = store.StatusFailed, CodeCallerFailed, store.DispositionDeterministic
+		upd.Status, upd.FailureCode, upd.Disposition = store.StatusFailed, string(fault.CallerFailed), store.DispositionDeterministic
 	}
 	return storeErr(s.st.UpdateRun(ctx, id, upd))
 }
@@ -196,9 +196,6 @@ func storeErr(err error) error {
 
 // ListAll returns every sandbox of the installation (the API's sandboxes gauge).
 func (s *Service) ListAll(ctx context.Context) ([]sandkeep.Sandbox, error) { return s.m.List(ctx) }
-
-// CodeCallerFailed is the failure code of a run its caller finished as failed (POST /v1/runs/{id}/finish).
-const CodeCallerFailed = "CALLER_FAILED"
 
 var _ PortDialer = (*Service)(nil)
 

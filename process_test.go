@@ -1,0 +1,232 @@
+package sandkeep_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/fault"
+)
+
+// processesHere: processes need the Docker driver's agent channel under runc; the kubernetes driver, gVisor and
+// the exec transport refuse them with PROCESS_UNAVAILABLE (checked by TestProcessUnavailable).
+func processesHere() bool {
+	return !onKube && os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" && os.Getenv("SANDKEEP_TRANSPORT") != "exec"
+}
+
+// eventLog collects events from OnEvent.
+type eventLog struct {
+	mu  sync.Mutex
+	all []string
+	end []events.ProcessEnded
+}
+
+func (l *eventLog) add(name string, payload any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all = append(l.all, name)
+	if e, ok := payload.(events.ProcessEnded); ok {
+		l.end = append(l.end, e)
+	}
+}
+
+// ended waits for pid's process_ended.
+func (l *eventLog) ended(t *testing.T, pid int) events.ProcessEnded {
+	t.Helper()
+	deadline := time.Now().Add(slack + time.Minute)
+	for time.Now().Before(deadline) {
+		l.mu.Lock()
+		for _, e := range l.end {
+			if e.PID == pid {
+				l.mu.Unlock()
+				return e
+			}
+		}
+		l.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no process_ended for pid %d; events: %v", pid, l.all)
+	return events.ProcessEnded{}
+}
+
+// TestProcessBesideCommands: a dev server started as a process keeps running while the user's commands run and
+// end beside it (its start does not hold the gate); it is listed, attached to (replay, then live), written to,
+// and killed; each step is an event in its run.
+func TestProcessBesideCommands(t *testing.T) {
+	if !processesHere() {
+		t.Skip("processes need the Docker driver's agent channel under runc (TestProcessUnavailable)")
+	}
+	s := newSuite(t, baseConfig(t))
+	key := s.key("proc", "u1")
+	ctx := t.Context()
+	var log eventLog
+	p, err := s.m.StartProcess(ctx, key, sandkeep.StartRequest{
+		Argv: []string{"sh", "-c", "echo ready; while read line; do echo got $line; done; echo stdin closed; sleep 600"},
+		Tag:  "dev", Stdin: true, OnEvent: log.add,
+	})
+	if err != nil || !p.Running || p.PID <= 0 || p.Tag != "dev" {
+		t.Fatalf("StartProcess: %+v %v", p, err)
+	}
+	// Commands of the same user run while it runs, one after another as always.
+	for i := range 3 {
+		if out := s.sh(key, "echo beside"); out != "beside\n" {
+			t.Fatalf("command %d beside the process: %q", i, out)
+		}
+	}
+	ps, err := s.m.Processes(ctx, key)
+	if err != nil || len(ps) != 1 || ps[0].PID != p.PID || !ps[0].Running || !ps[0].Stdin {
+		var agentLog bytes.Buffer
+		if rc, lerr := s.logs(key); lerr == nil {
+			_, _ = io.Copy(&agentLog, rc)
+			rc.Close()
+		}
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		t.Fatalf("Processes: %+v %v; events %v %+v; the sandbox's log: %q", ps, err, log.all, log.end, agentLog.String())
+	}
+	if err := s.m.SendInput(ctx, key, sandkeep.ProcessRef{Tag: "dev"}, []byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.m.CloseStdin(ctx, key, sandkeep.ProcessRef{PID: p.PID}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	got, err := s.m.AttachProcess(actx, key, sandkeep.ProcessRef{Tag: "dev"}, sandkeep.AttachOptions{Stdout: &out, Replay: true})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || got == nil || !got.Running || out.String() != "ready\ngot one\nstdin closed\n" {
+		t.Fatalf("attach: %+v %v %q", got, err, out.String())
+	}
+	if err := s.m.SendInput(ctx, key, sandkeep.ProcessRef{PID: p.PID}, []byte("x")); !fault.Is(err, fault.InvalidArgument) {
+		t.Fatalf("input after close: %v", err)
+	}
+	if err := s.m.KillProcess(ctx, key, sandkeep.ProcessRef{Tag: "dev"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.m.AttachProcess(ctx, key, sandkeep.ProcessRef{PID: p.PID}, sandkeep.AttachOptions{})
+	if err != nil || got.Running || !got.Killed {
+		t.Fatalf("after kill: %+v %v", got, err)
+	}
+	if e := log.ended(t, p.PID); e.Reason != events.ProcessKilled || e.Tag != "dev" {
+		t.Fatalf("process_ended: %+v", e)
+	}
+	if err := s.m.SignalProcess(ctx, key, sandkeep.ProcessRef{PID: p.PID}, syscall.SIGTERM); !fault.Is(err, fault.ProcessExited) {
+		t.Fatalf("signal to an exited process: %v", err)
+	}
+	if err := s.m.KillProcess(ctx, key, sandkeep.ProcessRef{Tag: "no-such"}); !fault.Is(err, fault.ProcessNotFound) {
+		t.Fatalf("unknown tag: %v", err)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if !strings.Contains(strings.Join(log.all, ","), events.NameProcessStarted) {
+		t.Fatalf("no process_started: %v", log.all)
+	}
+}
+
+// TestProcessEnds: a process dies with its tree when its lifetime bound passes and when its sandbox stops, with
+// a process_ended event saying which.
+func TestProcessEnds(t *testing.T) {
+	if !processesHere() {
+		t.Skip("processes need the Docker driver's agent channel under runc (TestProcessUnavailable)")
+	}
+	s := newSuite(t, baseConfig(t))
+	key := s.key("proc", "u2")
+	ctx := t.Context()
+	var log eventLog
+	bounded, err := s.m.StartProcess(ctx, key, sandkeep.StartRequest{Argv: []string{"sleep", "600"}, Lifetime: 2 * time.Second, OnEvent: log.add})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := s.m.StartProcess(ctx, key, sandkeep.StartRequest{Argv: []string{"sh", "-c", "sleep 600 & sleep 600"}, OnEvent: log.add})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := log.ended(t, bounded.PID); e.Reason != events.ProcessLifetime {
+		t.Fatalf("bounded: %+v", e)
+	}
+	if err := s.m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if e := log.ended(t, long.PID); e.Reason != events.ProcessSandboxEnded {
+		t.Fatalf("after stop: %+v", e)
+	}
+	// The sandbox starts again for the next command, without the process.
+	s.sh(key, "true")
+	ps, err := s.m.Processes(ctx, key)
+	if err != nil || len(ps) != 0 {
+		t.Fatalf("after a restart: %+v %v", ps, err)
+	}
+	if out := s.sh(key, "ps -o args | grep -c '[s]leep 600' || true"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("sleep still runs after the stop: %q", out)
+	}
+}
+
+// TestConcurrentExec: commands of one user that ask run at once; those that do not still wait their turn.
+func TestConcurrentExec(t *testing.T) {
+	if !processesHere() {
+		t.Skip("concurrency needs the Docker driver's agent channel under runc")
+	}
+	s := newSuite(t, baseConfig(t))
+	key := s.key("proc", "u3")
+	s.sh(key, "true") // the sandbox exists
+	ctx := t.Context()
+	var slowEnd time.Time
+	var slowErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	tl := newTimeline("slow-started")
+	go func() {
+		defer wg.Done()
+		var res *sandkeep.ExecResult
+		res, slowErr = s.m.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"sh", "-c", "echo slow-started; sleep 3"},
+			Stdout: tl, Concurrent: true})
+		if slowErr == nil && res.ExitCode != 0 {
+			slowErr = errors.New("slow command failed")
+		}
+		slowEnd = time.Now()
+	}()
+	tl.wait(t, "slow-started", slack)
+	res, err := s.m.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"echo", "fast"}, Concurrent: true})
+	fastEnd := time.Now()
+	if err != nil || res.Stdout != "fast\n" {
+		t.Fatalf("fast: %+v %v", res, err)
+	}
+	// A command with a secret file runs alone (its file is the sandbox's while it runs), after the slow one.
+	res, err = s.m.Exec(ctx, key, sandkeep.ExecRequest{Argv: []string{"cat", "/run/secrets/token"}, Concurrent: true,
+		Secrets: []sandkeep.Secret{{Name: "token", Path: "/run/secrets/token", Value: []byte("s3cret")}}})
+	secretEnd := time.Now()
+	if err != nil || res.Stdout != "s3cret" {
+		t.Fatalf("secret: %+v %v", res, err)
+	}
+	wg.Wait()
+	if slowErr != nil {
+		t.Fatal(slowErr)
+	}
+	if !fastEnd.Before(slowEnd) || secretEnd.Before(slowEnd) {
+		t.Fatalf("fast ended %v, slow %v, secret %v: want fast before slow, secret after", fastEnd, slowEnd, secretEnd)
+	}
+}
+
+// TestProcessUnavailable: where the agent channel is not this process's (kubernetes, gVisor, the exec
+// transport), a process is refused with PROCESS_UNAVAILABLE and nothing starts.
+func TestProcessUnavailable(t *testing.T) {
+	cfg := baseConfig(t)
+	if processesHere() {
+		cfg = withTransport(t, cfg, "exec")
+	}
+	s := newSuite(t, cfg)
+	key := s.key("proc", "u4")
+	_, err := s.m.StartProcess(t.Context(), key, sandkeep.StartRequest{Argv: []string{"sleep", "60"}})
+	if !fault.Is(err, fault.ProcessUnavailable) {
+		t.Fatalf("StartProcess: %v", err)
+	}
+}
