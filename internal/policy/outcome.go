@@ -96,6 +96,12 @@ var outcomes = map[fault.Code]Outcome{
 	fault.FeatureInvalid:           input,
 	fault.ComposeInvalid:           input,
 	fault.DaemonMismatch:           input,
+	fault.SandboxExists:            input, // a fork or restore into a key that has one: the caller's to change
+	fault.QuotaExceeded:            input,
+	fault.SnapshotNotFound:         input,
+	fault.ProcessNotFound:          input,
+	fault.ProcessExited:            input,
+	fault.ProcessUnavailable:       input, // the transport decides it (exec, runsc, kube): a retry meets the same
 }
 
 // OutcomeOf is how a run that failed with code is recorded; a code without a row (a bug: the table's test
