@@ -30,17 +30,11 @@ import (
 // Key identifies one sandbox: the SHA-256 of a length-prefixed framing of (tenant, user).
 type Key = identity.Key
 
-// NewKey validates tenant and user (non-empty, at most 256 bytes, no control characters) and returns their Key.
-func NewKey(tenant, user string) (Key, error) { return identity.New(tenant, user) }
-
 // Error is a failure with a stable Code, a message and a Hint.
 type Error = fault.Error
 
 // Code is a stable failure code such as SANDBOX_BUSY.
 type Code = fault.Code
-
-// CodeOf returns the Code carried by err, or "" when err is not a sandkeep *Error.
-func CodeOf(err error) Code { return fault.CodeOf(err) }
 
 // Manager admits runs and runs their commands in per-key sandboxes. It is safe for concurrent use, and several
 // processes may use managers over the same Home at once. Every command goes through admission (Admit): the
