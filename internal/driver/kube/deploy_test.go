@@ -60,6 +60,7 @@ var driverAccess = []access{
 	{verb: "create", group: "networking.k8s.io", resource: "networkpolicies"},
 	{verb: "delete", group: "networking.k8s.io", resource: "networkpolicies"},
 	{verb: "get", resource: "namespaces", name: "@sandbox"},
+	{verb: "list", resource: "resourcequotas"}, // SANDBOX_CAPACITY: which quota refused a pod (kube.go overQuota)
 }
 
 // deniedAccess must be refused: secrets, other verbs, other namespaces, anything cluster-wide.
