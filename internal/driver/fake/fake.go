@@ -59,14 +59,14 @@ type Hooks struct {
 type Driver struct {
 	tempDir string // parent of the private workspaces of sandboxes without a /workspace mount
 
-	mu       sync.Mutex        // guards everything below
-	images   map[string]string // ref -> image ID, as ResolveImage answers
-	imageIDs map[string]bool   // every ID ever added: a retag leaves the old image, as an engine does
+	mu       sync.Mutex          // guards everything below
+	images   map[string]string   // ref -> image ID, as ResolveImage answers
+	imageIDs map[string]bool     // every ID ever added: a retag leaves the old image, as an engine does
 	imageEnv map[string][]string // image ID -> its configured ENV lines (WithImageEnv)
-	boxes    map[string]*box   // by sandbox name
-	faults   map[Op]error      // failing every call until cleared
-	next     map[Op][]error    // failing the next calls, one error each, before faults applies
-	calls    map[Op]int        // calls made, failed ones included
+	boxes    map[string]*box     // by sandbox name
+	faults   map[Op]error        // failing every call until cleared
+	next     map[Op][]error      // failing the next calls, one error each, before faults applies
+	calls    map[Op]int          // calls made, failed ones included
 	hooks    Hooks
 }
 
