@@ -159,9 +159,11 @@ func (h *Home) ensureWorkspace(k identity.Key, uid, gid int) (string, ownership,
 
 func (h *Home) ensureWorkspaceOwned(k identity.Key, uid, gid int, own *ownership) (string, error) {
 	dir := h.Workspace(k)
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	err := os.Mkdir(dir, 0o700)
+	if err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", fmt.Errorf("create workspace: %w", err)
 	}
+	created := err == nil
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return "", fmt.Errorf("workspace: %w", err)
@@ -183,7 +185,7 @@ func (h *Home) ensureWorkspaceOwned(k identity.Key, uid, gid int, own *ownership
 			if err := chownTree(dir, int(st.Uid), uid, gid); err != nil {
 				return "", fmt.Errorf("workspace owner: %w", err)
 			}
-			if int(st.Uid) != uid {
+			if int(st.Uid) != uid && !created {
 				own.handedFrom = int(st.Uid)
 			}
 		}
