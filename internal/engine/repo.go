@@ -94,6 +94,11 @@ func (m *Manager) loadRepositoryIn(path string, container func(string) (string, 
 			if err := r.takeCompose(dc); err != nil {
 				return nil, err
 			}
+			for _, c := range r.companions {
+				if c.Build != nil {
+					src.CompanionBuilds = append(src.CompanionBuilds, c.Name)
+				}
+			}
 		}
 	}
 	if list := tier.RepositoryFrom(&r.sb, r.root, m.cfg.Repository, src); list.HasErrors() {
