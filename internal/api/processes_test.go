@@ -76,4 +76,3 @@ func TestProcessRoutes(t *testing.T) {
 		t.Fatalf("after kill: %s %v", lines[len(lines)-1], err)
 	}
 }
-
