@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
-	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"

@@ -19,7 +19,6 @@ import (
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
-
 // takeFeatures records devcontainer.json's features on the repository, with the folder their local names are
 // relative to.
 func (r *repository) takeFeatures(dc *devcontainer.Config) {

@@ -15,10 +15,10 @@ import (
 // from a 60 KB repository. Files are kept in memory only while they are small and few; the rest go to files in
 // the spool's directory, and all of them together are bounded.
 const (
-	MaxTotalFeatureBytes int64 = 512 << 20 // every feature's files together, memory and disk
-	maxInlineFile        int64 = 64 << 10  // a larger file goes to disk
-	maxInlineBytes       int64 = 8 << 20   // the files kept in memory together; past it every file goes to disk
-	MaxConcurrentResolves      = 4         // resolutions at once in this process; more wait (Resolve)
+	MaxTotalFeatureBytes  int64 = 512 << 20 // every feature's files together, memory and disk
+	maxInlineFile         int64 = 64 << 10  // a larger file goes to disk
+	maxInlineBytes        int64 = 8 << 20   // the files kept in memory together; past it every file goes to disk
+	MaxConcurrentResolves       = 4         // resolutions at once in this process; more wait (Resolve)
 )
 
 // resolveSlots bounds the resolutions running at once, so that many runs resolving features at the same
