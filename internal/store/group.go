@@ -18,6 +18,9 @@ type Writes interface {
 	InsertRun(ctx context.Context, r Run) error
 	FinishRun(ctx context.Context, id string, upd RunUpdate) error
 	InsertEvent(ctx context.Context, e Event) (int64, error)
+	// CheckFence returns ErrFenced(f) unless lease f.Lease is live with token f.Token, and keeps it so until the
+	// transaction ends (a takeover waits for it).
+	CheckFence(ctx context.Context, f Fence) error
 }
 
 // Committer runs fn in one write transaction and commits it when fn returns nil (rolls it back otherwise).

@@ -4,7 +4,8 @@
 //
 // Errors are classified with github.com/containerd/errdefs: ErrNotFound (no such run or token),
 // ErrAlreadyExists (a run id reused, a token id, hash or live name reused), ErrFailedPrecondition (a finished
-// run cannot change again), ErrInvalidArgument (a value outside its enumeration, a missing field).
+// run cannot change again; a write under a lost lease, ErrLeaseLost), ErrConflict (a lease another owner holds,
+// ErrLeaseHeld), ErrInvalidArgument (a value outside its enumeration, a missing field).
 package store
 
 import (
@@ -61,6 +62,11 @@ type Store interface {
 	TokenStore
 	// Dashboard is the read-only queries of the operator dashboard.
 	Dashboard
+	// LeaseStore keeps the leases of a fleet's replicas (owners of keys, the reaper's leader).
+	LeaseStore
+	// Fenced returns the run and event writes made under fence f (Group.Fenced): each is refused with
+	// ErrLeaseLost once f no longer holds.
+	Fenced(f Fence) RunWriter
 	// Close commits every enqueued write and releases the store's resources.
 	Close() error
 }

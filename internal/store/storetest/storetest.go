@@ -109,6 +109,11 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"TokenNotFound", testTokenNotFound},
 		{"ListTokens", testListTokens},
 		{"ConcurrentTokenName", testConcurrentTokenName},
+		{"LeaseLifecycle", testLeaseLifecycle},
+		{"LeaseTakeover", testLeaseTakeover},
+		{"LeaseRace", testLeaseRace},
+		{"LeaseList", testLeaseList},
+		{"LeaseOrdering", testLeaseOrdering},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, get(t)) })
