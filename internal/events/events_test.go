@@ -20,6 +20,7 @@ func TestNewAndDecode(t *testing.T) {
 		{"started", NameSandboxStarted, SandboxStarted{Sandbox: "sandkeep-u-1", Driver: "docker", Image: "debian:12", Created: true, DurationMS: 12}},
 		{"adopted", NameSandboxAdopted, SandboxAdopted{Sandbox: "s", Driver: "docker"}},
 		{"claimed", NameSandboxClaimed, SandboxClaimed{Sandbox: "s", Driver: "docker", Template: "t", Member: "m", DurationMS: 3}},
+		{"forked", NameSandboxForked, SandboxForked{Sandbox: "s", From: "f", Driver: "docker", Template: "t", Files: 2, Bytes: 9, Reflinked: 1, DurationMS: 3}},
 		{"recycled", NameSandboxRecycled, SandboxRecycled{Reason: RecyclePosture, Sandbox: "s"}},
 		{"stopped idle", NameSandboxStoppedIdle, SandboxStoppedIdle{Sandbox: "s", IdleMS: 60000}},
 		{"removed", NameSandboxRemoved, SandboxRemoved{Sandbox: "s", Reason: "retention"}},
@@ -40,6 +41,11 @@ func TestNewAndDecode(t *testing.T) {
 		{"process started", NameProcessStarted, ProcessStarted{Sandbox: "s", PID: 7, Tag: "srv", Command: "npm", LifetimeMS: 3600000}},
 		{"process ended", NameProcessEnded, ProcessEnded{Sandbox: "s", PID: 7, Reason: ProcessLifetime, ExitCode: 143, Signal: 15, DurationMS: 5}},
 		{"port forward closed", NamePortForwardClosed, PortForwardClosed{Sandbox: "s", Port: 8080, Conn: 1, BytesIn: 10, BytesOut: 20, DurationMS: 5}},
+		{"shared", NameSandboxShared, SandboxShared{Sandbox: "s", Driver: "docker", Adopted: true}},
+		{"host binds dropped", NameHostBindsDropped, HostBindsDropped{Driver: "kubernetes", Targets: []string{"/cache"}, Withdrawn: []string{"CACHE_DIR"}}},
+		{"user remap", NameUserRemap, UserRemap{Origin: RemapWorkspace, Sandbox: "s", FromUID: new(int), UID: 100100, GID: 100100}},
+		{"uid mismatch", NameUIDMismatch, UIDMismatch{Sandbox: "s", OwnerUID: 1000, UID: 100100}},
+		{"image env planted", NameImageEnvPlanted, ImageEnvPlanted{Sandbox: "s", Image: "i", Names: []string{"PATH", "GOPATH"}, Overridden: []string{"HOME"}}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
@@ -75,8 +81,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 24 {
-		t.Errorf("Names() has %d names, want 24", len(Names()))
+	if len(Names()) != 30 {
+		t.Errorf("Names() has %d names, want 30", len(Names()))
 	}
 }
 
