@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/doctor"
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/egress"
@@ -28,6 +29,7 @@ func newDoctor(g *globals) *cobra.Command {
 	var (
 		strict  bool
 		asJSON  bool
+		seccomp bool
 		pf      policyFlags
 		timeout = doctor.DefaultTimeout
 	)
@@ -39,6 +41,11 @@ func newDoctor(g *globals) *cobra.Command {
 			"spec, every check with pass/warn/fail and a fix line. Exit status: 0 all passed, 1 a check failed, 2 bad usage.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if seccomp {
+				// For the daemon's own default (its builds cannot be given one): "build limits" below.
+				_, err := fmt.Fprintln(g.stdout, driver.SeccompProfile())
+				return err
+			}
 			if timeout <= 0 {
 				printError(g.stderr, fault.New(fault.InvalidArgument, "use a positive duration", "--timeout must be positive"))
 				return exitError{exitUsage}
@@ -60,6 +67,7 @@ func newDoctor(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&strict, "strict", false, "also check the resolved spec: validity, mounts, image present, network rules, driver capabilities")
 	f.BoolVar(&asJSON, "json", false, "print one JSON document")
+	f.BoolVar(&seccomp, "seccomp-profile", false, "print sandkeep's seccomp profile (to make it the engine's default, which builds run under) and exit")
 	f.StringVar(&pf.spec, "spec", "", "the project's sandkeep.yaml (default $SANDKEEP_SPEC)")
 	f.StringVar(&pf.sandbox, "sandbox", "", "the mode a run would be given with --sandbox")
 	f.StringVar(&pf.driver, "driver", "", "the driver a run would be given with --driver")
@@ -220,7 +228,9 @@ func (st *doctorState) hardening(ctx context.Context, g *globals) (doctor.Engine
 	if err != nil {
 		return doctor.Engine{}, doctor.Sandboxes{}, err
 	}
-	return doctor.Engine{Version: e.Version, Runtimes: e.Runtimes, DefaultRuntime: e.DefaultRuntime, SecurityOptions: e.SecurityOptions},
+	bl := st.docker.BuildLimits(ctx)
+	return doctor.Engine{Version: e.Version, Runtimes: e.Runtimes, DefaultRuntime: e.DefaultRuntime, SecurityOptions: e.SecurityOptions,
+			BuildPids: bl.Pids, BuildPidsOff: bl.PidsOff, BuildSeccomp: bl.Seccomp},
 		sbs, nil
 }
 

@@ -248,6 +248,7 @@ func (p *parser) build(fields map[string]member, cfg *Config) *spec.Build {
 	bm, hasBuild := fields["build"]
 	if hasBuild {
 		buildOff = bm.key.StartOffset
+		p.pos["build"] = buildOff
 		obj := p.object(`"build"`, bm.val)
 		if obj == nil {
 			return nil

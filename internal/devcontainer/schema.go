@@ -276,6 +276,7 @@ func (p *parser) schema(fields map[string]member, cfg *Config) {
 	}
 	if m, ok := fields["features"]; ok {
 		cfg.Features = p.features(m) // installed by internal/devcontainer/feature
+		p.pos["features"] = m.key.StartOffset
 	}
 	for name, m := range fields {
 		if !knownFields[name] && !silentFields[name] {

@@ -142,6 +142,8 @@ const (
 	DoctorRuntimeDefault   Code = "SK406" // warning: the engine's default runtime is not runc, and sandboxes name none
 	DoctorUsernsRemap      Code = "SK407" // warning: the engine remaps user namespaces (userns-remap) or runs rootless: per-key uids must fall inside its mapping
 	DoctorSandboxUIDShared Code = "SK408" // warning: per-key host uids are off: every sandbox runs as one host uid
+	DoctorBuildPids        Code = "SK409" // warning: a build's RUN steps get no pids limit (no cgroupfs driver, a remote engine, or sandkeep not root)
+	DoctorBuildSeccomp     Code = "SK410" // warning: a build's RUN steps run under the engine's default seccomp profile, not sandkeep's
 )
 
 // SK2xx: devcontainer.json, reported by internal/devcontainer.
@@ -182,4 +184,5 @@ const (
 	TierNetworkIPRule     Code = "SK509" // a repository network rule that is an IP address or CIDR (repo_network_ip_rules is off)
 	TierHostState         Code = "SK510" // the repository asks for host_state: auto (host state is the operator's to bind)
 	TierOperatorInvalid   Code = "SK511" // the operator's own tier settings are malformed (a secret name, a from_file, a host)
+	TierBuildRefused      Code = "SK512" // the repository asks for an image build (Dockerfile, feature, companion build) and the operator refuses them (repo_builds: refuse)
 )

@@ -18,6 +18,12 @@ type Engine struct {
 	Runtimes        []string // registered OCI runtimes
 	DefaultRuntime  string   // what a container naming none gets
 	SecurityOptions []string // seccomp, apparmor, userns, rootless, ...
+
+	// What a build's RUN steps get (the Docker driver's BuildLimits): the pids bound of one build (0: none,
+	// BuildPidsOff says why) and the seccomp profile, the daemon's default ("default" is the engine's own).
+	BuildPids    int64
+	BuildPidsOff string
+	BuildSeccomp string
 }
 
 // Sandboxes is how sandkeep's configuration asks sandboxes to run on that engine.
@@ -35,10 +41,33 @@ const runsc = "runsc"
 const seccompFixedIn = 25
 
 // EngineChecks judge the engine and the sandboxes' runtime and identity, one Result each: "engine seccomp",
-// "sandbox runtime", "user namespaces", "sandbox uids". A Result that is not a pass carries a diag code
-// (SK4xx), written first in its Detail too.
+// "sandbox runtime", "user namespaces", "sandbox uids", "build limits". A Result that is not a pass carries a
+// diag code (SK4xx), written first in its Detail too.
 func EngineChecks(e Engine, s Sandboxes) []Result {
-	return []Result{engineSeccomp(e), sandboxRuntime(e, s), userNamespaces(e, s), sandboxUIDs(s)}
+	return []Result{engineSeccomp(e), sandboxRuntime(e, s), userNamespaces(e, s), sandboxUIDs(s), buildLimits(e)}
+}
+
+// engineNames are EngineChecks' names, in its order.
+var engineNames = []string{"engine seccomp", "sandbox runtime", "user namespaces", "sandbox uids", "build limits"}
+
+// buildLimits judges what a repository's build (Dockerfile RUN steps, a feature's install.sh, a companion's
+// build) runs under: they run as root with the engine's capabilities, so the pids bound and the seccomp profile
+// are what keep a hostile Dockerfile from the host's process table and kernel surface (issue 22, finding 3).
+func buildLimits(e Engine) Result {
+	var r Result
+	const refuse = "or refuse repository builds: repo_builds: refuse in the operator's config (docs/SECURITY.md, \"Builds\")"
+	switch {
+	case e.BuildPids == 0:
+		r = coded(Warn, diag.DoctorBuildPids, "builds' RUN steps have no pids limit: "+e.BuildPidsOff,
+			"run sandkeep as root beside an engine with the cgroupfs cgroup driver, "+refuse)
+	case e.BuildSeccomp == "default" || e.BuildSeccomp == "builtin" || e.BuildSeccomp == "":
+		r = coded(Warn, diag.DoctorBuildSeccomp, fmt.Sprintf("builds' RUN steps run under the engine's default seccomp profile (the engine refuses a seccomp option on a build; Docker %s's default allows io_uring and ptrace before 25.0); pids are bounded at %d per build", e.Version, e.BuildPids),
+			"make sandkeep's profile the daemon's default (`sandkeep doctor --seccomp-profile > /etc/docker/sandkeep-seccomp.json`, then \"seccomp-profile\" in /etc/docker/daemon.json), "+refuse)
+	default:
+		r = Result{Status: Pass, Detail: fmt.Sprintf("RUN steps: pids bounded at %d per build, nofile and core ulimits, the daemon's seccomp profile %s", e.BuildPids, e.BuildSeccomp)}
+	}
+	r.Name = "build limits"
+	return r
 }
 
 func coded(status Status, code diag.Code, detail, fix string) Result {
@@ -146,7 +175,7 @@ func HardeningChecks(needs []string, facts func(ctx context.Context) (Engine, Sa
 		results []Result
 		err     error
 	)
-	names := []string{"engine seccomp", "sandbox runtime", "user namespaces", "sandbox uids"}
+	names := engineNames
 	checks := make([]Check, len(names))
 	for i, name := range names {
 		checks[i] = Check{Name: name, Needs: needs, Run: func(ctx context.Context) Result {

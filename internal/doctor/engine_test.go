@@ -26,6 +26,10 @@ func TestEngineChecks(t *testing.T) {
 	crun.DefaultRuntime = "crun"
 	garbled := debian
 	garbled.Version = "master-dockerproject"
+	buildPids := debian
+	buildPids.BuildPids, buildPids.BuildSeccomp = 512, "default"
+	buildProfile := buildPids
+	buildProfile.BuildSeccomp = "/etc/docker/sandkeep-seccomp.json"
 	for _, tc := range []struct {
 		name  string
 		e     Engine
@@ -47,6 +51,10 @@ func TestEngineChecks(t *testing.T) {
 		{"userns-remap, uids off", remapped, Sandboxes{UIDsOff: "off"}, "user namespaces", Pass, ""},
 		{"per-key uids", debian, perKey, "sandbox uids", Pass, ""},
 		{"shared uid", debian, Sandboxes{UIDsOff: "sandkeep is not root"}, "sandbox uids", Warn, diag.DoctorSandboxUIDShared},
+		// Issue 22, finding 3: builds run as root; doctor says what bounds them.
+		{"build without pids", debian, perKey, "build limits", Warn, diag.DoctorBuildPids},
+		{"build under the engine's seccomp", buildPids, perKey, "build limits", Warn, diag.DoctorBuildSeccomp},
+		{"build limited", buildProfile, perKey, "build limits", Pass, ""},
 	} {
 		var got *Result
 		for _, r := range EngineChecks(tc.e, tc.s) {
@@ -67,7 +75,7 @@ func TestEngineChecks(t *testing.T) {
 	}
 }
 
-// TestHardeningChecks: the engine is asked once for the four checks; its error fails each of them.
+// TestHardeningChecks: the engine is asked once for the five checks; its error fails each of them.
 func TestHardeningChecks(t *testing.T) {
 	calls := 0
 	checks := HardeningChecks(nil, func(context.Context) (Engine, Sandboxes, error) {
@@ -75,7 +83,7 @@ func TestHardeningChecks(t *testing.T) {
 		return debian, Sandboxes{UIDs: "200000-265535"}, nil
 	})
 	res := Run(t.Context(), checks, 0)
-	if calls != 1 || len(res) != 4 || res[0].Status != Warn || res[3].Status != Pass || ExitCode(res) != 0 {
+	if calls != 1 || len(res) != 5 || res[0].Status != Warn || res[3].Status != Pass || ExitCode(res) != 0 {
 		t.Errorf("calls %d, results %+v", calls, res)
 	}
 	res = Run(t.Context(), HardeningChecks(nil, func(context.Context) (Engine, Sandboxes, error) {

@@ -98,6 +98,10 @@ type Run struct {
 	postAttach string    // devcontainer.json's postAttachCommand: run before the run's first command
 	attachOnce sync.Once // guards attachErr
 	attachErr  error     // the postAttachCommand's failure, which every command of the run then returns
+
+	shareMu      sync.Mutex // guards shareSeen and shareAdopted
+	shareSeen    bool       // the run's first command went out (or the run provided its sandbox): shared is decided
+	shareAdopted bool       // the run adopted the sandbox another process had just made
 }
 
 // Admit decides whether and how key's work runs, records the run with that verdict before anything runs, and
@@ -374,7 +378,10 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		}
 	}
 	r.postAttach = repo.sb.PostAttach
-	if tpl != nil || repo.shaped() || image != "" || companions != nil {
+	// A driver that cannot bind host paths gets the shape without them (hostbinds.go), said in one event.
+	noBinds := !onHost && !lc.Driver().Capabilities().HostBinds
+	var dropped *events.HostBindsDropped
+	if tpl != nil || repo.shaped() || image != "" || companions != nil || (noBinds && len(m.cfg.Mounts) > 0) {
 		var applyErr error
 		r.shape, err = lc.NewShape(tpl.name(), func(c *lifecycle.Config) {
 			tpl.apply(c)
@@ -383,12 +390,28 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 				c.Image = image
 			}
 			c.Companions = companions
+			if noBinds {
+				dropped = dropHostBinds(c, lc.Driver().Name())
+			}
 		})
 		if err == nil {
 			err = applyErr
 		}
 		if err != nil {
 			return err
+		}
+	}
+	if dropped != nil && r.owned { // an attached run said so when it was admitted
+		r.event(events.NameHostBindsDropped, *dropped)
+	}
+	if len(repo.userMaps) > 0 && !onHost && r.owned {
+		uid, gid, err := lc.IdentityOf(r.key, r.shape)
+		if err != nil {
+			return err
+		}
+		for _, um := range repo.userMaps {
+			um.UID, um.GID = uid, gid
+			r.event(events.NameUserRemap, um)
 		}
 	}
 	if r.network, err = lifecycle.MergeNetwork(m.cfg.Network, tpl.network()); err != nil {

@@ -37,6 +37,7 @@ type repository struct {
 	features []devcontainer.FeatureRequest // devcontainer.json's features, installed by installFeatures (features.go)
 	dcDir    string                        // devcontainer.json's folder relative to root: local features are in it
 	dcUsers  feature.Users                 // devcontainer.json's users, for install.sh's _REMOTE_USER and _CONTAINER_USER
+	userMaps []events.UserRemap            // the users devcontainer.json names, each mapped onto the sandbox's uid (uid, gid filled at prepare)
 
 	companions  []compose.Service // a compose-based devcontainer's runServices (compose.go)
 	service     string            // a compose-based devcontainer's service: the sandbox itself
@@ -83,6 +84,7 @@ func (m *Manager) loadRepositoryIn(path string, container func(string) (string, 
 			r.dropped = droppedEvent(dc)
 			r.warnings = append(r.warnings, m.hostRequirements(dc)...)
 			r.takeFeatures(dc)
+			r.userMaps = userMaps(dc)
 			r.containerRefs = dc.ContainerRefs
 			for k, v := range dc.ContainerEnv {
 				if devcontainer.DenyClass(k) == "" {
@@ -91,6 +93,11 @@ func (m *Manager) loadRepositoryIn(path string, container func(string) (string, 
 			}
 			if err := r.takeCompose(dc); err != nil {
 				return nil, err
+			}
+			for _, c := range r.companions {
+				if c.Build != nil {
+					src.CompanionBuilds = append(src.CompanionBuilds, c.Name)
+				}
 			}
 		}
 	}
@@ -307,4 +314,16 @@ func (r *repository) apply(c *lifecycle.Config) error {
 		}
 	}
 	return nil
+}
+
+// userMaps are the users devcontainer.json names (remoteUser, containerUser) that sandkeep does not create or
+// switch to: the sandbox's uid stands for each (sandbox_user_remap, origin devcontainer.json).
+func userMaps(dc *devcontainer.Config) []events.UserRemap {
+	var out []events.UserRemap
+	for _, u := range []struct{ field, user string }{{"remoteUser", dc.RemoteUser}, {"containerUser", dc.ContainerUser}} {
+		if u.user != "" {
+			out = append(out, events.UserRemap{Origin: events.RemapDevcontainer, Field: u.field, User: u.user})
+		}
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
@@ -97,6 +98,37 @@ func (r *Run) exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 
 // sink is where the run's events go: its record, then its observer. It is the one place events fan out.
 func (r *Run) sink(name string, payload any) {
+	if shared, ok := r.shared(name, payload); ok {
+		r.emit(events.NameSandboxShared, shared)
+	}
+	r.emit(name, payload)
+}
+
+// shared watches the run's events up to its first command: when that command goes out to a sandbox that no
+// event of the run made, started or claimed, the run shares a live sandbox, and sandbox_shared says so before
+// the command's exec_started. Runs on the host passthrough share nothing.
+func (r *Run) shared(name string, payload any) (events.SandboxShared, bool) {
+	r.shareMu.Lock()
+	defer r.shareMu.Unlock()
+	if r.shareSeen || r.Driver == DriverHost {
+		return events.SandboxShared{}, false
+	}
+	switch name {
+	case events.NameSandboxStarted, events.NameSandboxClaimed:
+		r.shareSeen = true // the run provided the sandbox it runs in
+	case events.NameSandboxAdopted:
+		r.shareAdopted = true
+	case events.NameExecStarted:
+		r.shareSeen = true
+		if es, ok := payload.(events.ExecStarted); ok {
+			return events.SandboxShared{Sandbox: es.Sandbox, Driver: r.Driver, Adopted: r.shareAdopted}, true
+		}
+	}
+	return events.SandboxShared{}, false
+}
+
+// emit records one event of the run and tells its observer.
+func (r *Run) emit(name string, payload any) {
 	if r.rec != nil {
 		r.rec.Event(name, payload)
 	}

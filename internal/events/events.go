@@ -41,6 +41,11 @@ const (
 	NamePortForwardClosed    = "port_forward_closed"
 	NameProcessStarted       = "process_started"
 	NameProcessEnded         = "process_ended"
+	NameSandboxShared        = "sandbox_shared"
+	NameHostBindsDropped     = "sandbox_host_binds_dropped"
+	NameUserRemap            = "sandbox_user_remap"
+	NameUIDMismatch          = "sandbox_uid_mismatch_warning"
+	NameImageEnvPlanted      = "sandbox_image_env_planted"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -81,6 +86,11 @@ var payloadTypes = map[string]reflect.Type{
 	NamePortForwardClosed:    reflect.TypeFor[PortForwardClosed](),
 	NameProcessStarted:       reflect.TypeFor[ProcessStarted](),
 	NameProcessEnded:         reflect.TypeFor[ProcessEnded](),
+	NameSandboxShared:        reflect.TypeFor[SandboxShared](),
+	NameHostBindsDropped:     reflect.TypeFor[HostBindsDropped](),
+	NameUserRemap:            reflect.TypeFor[UserRemap](),
+	NameUIDMismatch:          reflect.TypeFor[UIDMismatch](),
+	NameImageEnvPlanted:      reflect.TypeFor[ImageEnvPlanted](),
 }
 
 // Names returns every event name, in no particular order.

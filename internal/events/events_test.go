@@ -40,6 +40,11 @@ func TestNewAndDecode(t *testing.T) {
 		{"process started", NameProcessStarted, ProcessStarted{Sandbox: "s", PID: 7, Tag: "srv", Command: "npm", LifetimeMS: 3600000}},
 		{"process ended", NameProcessEnded, ProcessEnded{Sandbox: "s", PID: 7, Reason: ProcessLifetime, ExitCode: 143, Signal: 15, DurationMS: 5}},
 		{"port forward closed", NamePortForwardClosed, PortForwardClosed{Sandbox: "s", Port: 8080, Conn: 1, BytesIn: 10, BytesOut: 20, DurationMS: 5}},
+		{"shared", NameSandboxShared, SandboxShared{Sandbox: "s", Driver: "docker", Adopted: true}},
+		{"host binds dropped", NameHostBindsDropped, HostBindsDropped{Driver: "kubernetes", Targets: []string{"/cache"}, Withdrawn: []string{"CACHE_DIR"}}},
+		{"user remap", NameUserRemap, UserRemap{Origin: RemapWorkspace, Sandbox: "s", FromUID: new(int), UID: 100100, GID: 100100}},
+		{"uid mismatch", NameUIDMismatch, UIDMismatch{Sandbox: "s", OwnerUID: 1000, UID: 100100}},
+		{"image env planted", NameImageEnvPlanted, ImageEnvPlanted{Sandbox: "s", Image: "i", Names: []string{"PATH", "GOPATH"}, Overridden: []string{"HOME"}}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
@@ -75,8 +80,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 24 {
-		t.Errorf("Names() has %d names, want 24", len(Names()))
+	if len(Names()) != 29 {
+		t.Errorf("Names() has %d names, want 29", len(Names()))
 	}
 }
 

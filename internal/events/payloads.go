@@ -292,3 +292,61 @@ type ProcessEnded struct {
 	Signal     int    `json:"signal,omitempty"`
 	DurationMS int64  `json:"duration_ms"`
 }
+
+// SandboxShared (sandbox_shared): a run's first command found its key's sandbox live and ran in it as it was
+// (reused, or adopted from the process that had just made it): the run shares a sandbox that other runs of the
+// key made and use, with what they left in it. Once per run, before its first exec_started.
+type SandboxShared struct {
+	Sandbox string `json:"sandbox"`
+	Driver  string `json:"driver"`
+	Adopted bool   `json:"adopted,omitempty"` // taken over from another process rather than reused
+}
+
+// HostBindsDropped (sandbox_host_binds_dropped): the run's driver cannot bind host paths (kubernetes), so the
+// shape's host binds were dropped rather than the sandbox refused, and the environment variables whose value
+// pointed into a dropped bind's target were withdrawn (names only), so no command is promised a path that is not
+// there. Once per run, at admission.
+type HostBindsDropped struct {
+	Driver    string   `json:"driver"`
+	Targets   []string `json:"targets"`             // the dropped binds' targets inside the sandbox (never host paths)
+	Withdrawn []string `json:"withdrawn,omitempty"` // the variables withdrawn with them
+}
+
+// Origins of a user remapping (UserRemap.Origin).
+const (
+	RemapDevcontainer = "devcontainer.json" // a user the file names, mapped onto the sandbox's uid
+	RemapWorkspace    = "workspace"         // the workspace's files handed over from the key's previous uid
+)
+
+// UserRemap (sandbox_user_remap): the sandbox's identity was mapped. With Origin devcontainer.json, the user the
+// file names (remoteUser or containerUser, Field) is not created or switched to: commands run as the operator's
+// UID:GID, which stands for it. With Origin workspace, the key's sandbox uid changed (a uid range was set or
+// changed) and the files of the workspace that FromUID owned were handed over to UID:GID before the sandbox ran.
+type UserRemap struct {
+	Origin  string `json:"origin"`
+	Sandbox string `json:"sandbox,omitempty"`
+	Field   string `json:"field,omitempty"`
+	User    string `json:"user,omitempty"`
+	FromUID *int   `json:"from_uid,omitempty"`
+	UID     int    `json:"uid"`
+	GID     int    `json:"gid"`
+}
+
+// UIDMismatch (sandbox_uid_mismatch_warning): the key's workspace is owned by OwnerUID, not by the sandbox's UID,
+// and this sandkeep could not hand it over (it does not run as root): commands may fail to write their own
+// workspace. The sandbox runs anyway; run sandkeep as root once, or remove the workspace, to mend it.
+type UIDMismatch struct {
+	Sandbox  string `json:"sandbox,omitempty"`
+	OwnerUID int    `json:"owner_uid"`
+	UID      int    `json:"uid"`
+}
+
+// ImageEnvPlanted (sandbox_image_env_planted): a new sandbox's image configures environment variables (its ENV
+// lines), and every command in the sandbox starts with them, under the variables sandkeep and the spec set
+// (Overridden: the image's names the sandbox's own environment replaced). Names only, never values.
+type ImageEnvPlanted struct {
+	Sandbox    string   `json:"sandbox"`
+	Image      string   `json:"image"`
+	Names      []string `json:"names"`
+	Overridden []string `json:"overridden,omitempty"`
+}

@@ -90,6 +90,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			m.decided(key, sb, DecisionCreate)
 			m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
 				Image: sh.cfg.Image, Created: true, DurationMS: time.Since(began).Milliseconds()})
+			m.imageEnvPlanted(ctx, sb, sh.cfg.Image, imageID, want.Env) // imageenv.go
 			running, d, err := m.started(ctx, key, sb, DecisionCreate)
 			if err != nil {
 				return nil, "", err
@@ -120,7 +121,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 		case ok && sb.State == driver.StateStopped:
 			d := pick(adopted, DecisionAdopt, DecisionStart)
 			m.decided(key, sb, d)
-			if _, err := m.ensureWorkspace(key, sh, true); err != nil {
+			if _, err := m.ensureWorkspace(ctx, key, sh, true); err != nil {
 				return nil, "", err
 			}
 			began := time.Now()
@@ -159,7 +160,7 @@ func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want 
 
 // createFrom makes the sandbox of spec for key (a warm pool member's key, for a member) and starts it.
 func (m *Manager) createFrom(ctx context.Context, key identity.Key, sh *Shape, spec *driver.CreateSpec) (*driver.Sandbox, error) {
-	if _, err := m.ensureWorkspace(key, sh, true); err != nil {
+	if _, err := m.ensureWorkspace(ctx, key, sh, true); err != nil {
 		return nil, err
 	}
 	sb, err := m.drv.Create(ctx, spec)
@@ -256,6 +257,12 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	return kp.posture, kp.hash, nil
 }
 
+// IdentityOf is the uid and gid key's sandbox runs as in shape sh (nil: the Manager's own): its User, or with a
+// uid range the key's own uid, allocated now when it has none yet.
+func (m *Manager) IdentityOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
+	return m.idOf(key, m.shapeOf(sh))
+}
+
 // idOf is the host uid and gid key's sandbox runs as in shape sh: its User, or with a uid range the key's own uid
 // (its gid is the same number). An allocated uid is remembered (a bounded cache: the home keeps it anyway).
 func (m *Manager) idOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
@@ -278,13 +285,15 @@ func (m *Manager) idOf(key identity.Key, sh *Shape) (uid, gid int, err error) {
 // ensureWorkspace creates key's workspace owned by its sandbox's uid (handing over what is inside when that uid
 // changed, e.g. when the operator set a uid range), on its quota file system when the shape sets one (quota.go).
 // stopped says the key's sandbox is not running, so a quota raised since may grow the file system.
-func (m *Manager) ensureWorkspace(key identity.Key, sh *Shape, stopped bool) (string, error) {
+// A workspace handed over from another uid is a sandbox_user_remap; one this process could not hand over (it does
+// not run as root) a sandbox_uid_mismatch_warning.
+func (m *Manager) ensureWorkspace(ctx context.Context, key identity.Key, sh *Shape, stopped bool) (string, error) {
 	uid, gid, err := m.idOf(key, sh)
 	if err != nil {
 		return "", err
 	}
 	if sh.cfg.DiskBytes > 0 {
-		if _, err := m.home.EnsureWorkspace(key, uid, gid); err != nil { // the mount point
+		if _, err := m.workspaceOwned(ctx, key, uid, gid); err != nil { // the mount point
 			return "", err
 		}
 		q := Quota{Bytes: sh.cfg.DiskBytes, Inodes: sh.cfg.DiskInodes}
@@ -297,5 +306,22 @@ func (m *Manager) ensureWorkspace(key identity.Key, sh *Shape, stopped bool) (st
 			return "", err
 		}
 	}
-	return m.home.EnsureWorkspace(key, uid, gid)
+	return m.workspaceOwned(ctx, key, uid, gid)
+}
+
+// workspaceOwned is Home.EnsureWorkspace, with the events of what it found of the workspace's owner.
+func (m *Manager) workspaceOwned(ctx context.Context, key identity.Key, uid, gid int) (string, error) {
+	dir, own, err := m.home.ensureWorkspace(key, uid, gid)
+	if err != nil {
+		return "", err
+	}
+	if own.handedFrom >= 0 {
+		from := own.handedFrom
+		m.emit(ctx, events.NameUserRemap, events.UserRemap{Origin: events.RemapWorkspace, Sandbox: key.ContainerName(),
+			FromUID: &from, UID: uid, GID: gid})
+	}
+	if own.mismatch >= 0 {
+		m.emit(ctx, events.NameUIDMismatch, events.UIDMismatch{Sandbox: key.ContainerName(), OwnerUID: own.mismatch, UID: uid})
+	}
+	return dir, nil
 }

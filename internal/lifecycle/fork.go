@@ -77,7 +77,7 @@ func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, li
 			_ = m.home.RemoveWorkspace(to)
 		}
 	}()
-	dst, err := m.ensureWorkspace(to, sh, true)
+	dst, err := m.ensureWorkspace(ctx, to, sh, true)
 	if err != nil {
 		return nil, err
 	}

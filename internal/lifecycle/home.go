@@ -136,10 +136,34 @@ func (h *Home) usedPath(k identity.Key) string { return filepath.Join(h.Dir, "ke
 // sandkeep's (its parent is not writable from a sandbox), so checking it with Lstat is enough: what lies
 // inside is the sandbox's and is never followed here.
 func (h *Home) EnsureWorkspace(k identity.Key, uid, gid int) (string, error) {
+	dir, _, err := h.ensureWorkspace(k, uid, gid)
+	return dir, err
+}
+
+// ownership is what EnsureWorkspace found of a workspace's owner: who it handed the workspace over from, or who
+// owns it still because this process could not (not root). -1: nothing of the kind.
+type ownership struct {
+	handedFrom int // the previous owner's uid, whose files now belong to the sandbox's uid
+	mismatch   int // the owner's uid, which is not the sandbox's and was left as it was
+}
+
+// geteuid is os.Geteuid; tests stand in for a sandkeep that does not run as root.
+var geteuid = os.Geteuid
+
+// ensureWorkspace is EnsureWorkspace, saying what it did about the workspace's owner.
+func (h *Home) ensureWorkspace(k identity.Key, uid, gid int) (string, ownership, error) {
+	own := ownership{handedFrom: -1, mismatch: -1}
+	dir, err := h.ensureWorkspaceOwned(k, uid, gid, &own)
+	return dir, own, err
+}
+
+func (h *Home) ensureWorkspaceOwned(k identity.Key, uid, gid int, own *ownership) (string, error) {
 	dir := h.Workspace(k)
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	err := os.Mkdir(dir, 0o700)
+	if err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", fmt.Errorf("create workspace: %w", err)
 	}
+	created := err == nil
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return "", fmt.Errorf("workspace: %w", err)
@@ -150,11 +174,19 @@ func (h *Home) EnsureWorkspace(k identity.Key, uid, gid int) (string, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return "", fmt.Errorf("workspace mode: %w", err)
 	}
-	if os.Geteuid() == 0 || os.Geteuid() == uid {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 && (int(st.Uid) != uid || int(st.Gid) != gid) {
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	euid := geteuid()
+	if st != nil && euid != 0 && int(st.Uid) != uid {
+		own.mismatch = int(st.Uid) // not ours to hand over: the sandbox runs anyway, and its run says so
+	}
+	if euid == 0 || euid == uid {
+		if st != nil && euid == 0 && (int(st.Uid) != uid || int(st.Gid) != gid) {
 			// The key's sandbox user changed (a uid range was set or changed): what it wrote is handed over.
 			if err := chownTree(dir, int(st.Uid), uid, gid); err != nil {
 				return "", fmt.Errorf("workspace owner: %w", err)
+			}
+			if int(st.Uid) != uid && !created {
+				own.handedFrom = int(st.Uid)
 			}
 		}
 		if err := os.Lchown(dir, uid, gid); err != nil {

@@ -1,6 +1,8 @@
 package lifecycle
 
 import (
+	"context"
+
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
@@ -25,7 +27,8 @@ func (m *Manager) Workspace(key identity.Key, create bool) (dir string, uid, gid
 		return "", 0, 0, err
 	}
 	// Its sandbox may be running: the quota file system is mounted if it is not, never grown.
-	dir, err = m.ensureWorkspace(key, m.def, false)
+	// No run asks here (file access): what it finds of the owner goes to the Manager's events.
+	dir, err = m.ensureWorkspace(context.Background(), key, m.def, false)
 	if err != nil {
 		return "", 0, 0, err
 	}

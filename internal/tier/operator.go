@@ -60,6 +60,12 @@ type Operator struct {
 	// RepoNetworkIPRules lets a repository allow IP addresses and CIDRs, not only host names.
 	RepoNetworkIPRules bool `yaml:"repo_network_ip_rules,omitempty" json:"repo_network_ip_rules,omitempty"`
 
+	// RepoBuilds is "refuse" to refuse every image build a repository asks for (a Dockerfile build, a
+	// devcontainer feature, a compose companion's build: SK512), or "" / "allow". A build's RUN steps run as
+	// root with the engine's capabilities and, on most engines, its default seccomp profile (the engine refuses
+	// a build's seccomp option); `sandkeep doctor`'s "build limits" says what they get here.
+	RepoBuilds string `yaml:"repo_builds,omitempty" json:"repo_builds,omitempty"`
+
 	// LookupEnv reads the operator's environment for from_env sources; nil is os.LookupEnv. Tests inject it.
 	LookupEnv func(name string) (string, bool) `yaml:"-" json:"-"`
 }
@@ -85,6 +91,12 @@ type CredentialSource struct {
 	Fields         []string `yaml:"fields,omitempty" json:"fields,omitempty"`
 	AllowPlaintext bool     `yaml:"allow_plaintext,omitempty" json:"allow_plaintext,omitempty"`
 }
+
+// Operator.RepoBuilds' values.
+const (
+	RepoBuildsAllow  = "allow"
+	RepoBuildsRefuse = "refuse"
+)
 
 // MaxOperatorSize bounds ParseOperator's input.
 const MaxOperatorSize = 1 << 20
@@ -209,6 +221,11 @@ func (op Operator) Validate() diag.List {
 				add(diag.Error, hf, "list only the hosts it may go to", "%q is negated", h)
 			}
 		}
+	}
+	switch op.RepoBuilds {
+	case "", RepoBuildsAllow, RepoBuildsRefuse:
+	default:
+		add(diag.Error, "repo_builds", "write repo_builds: refuse, or allow (the default)", "%q is neither allow nor refuse", op.RepoBuilds)
 	}
 	for i, p := range op.HostPaths {
 		f := fmt.Sprintf("host_paths[%d]", i)

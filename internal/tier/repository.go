@@ -19,6 +19,9 @@ import (
 type Sources struct {
 	Spec         *spec.File           // sandkeep.yaml, from spec.Load or spec.Parse
 	Devcontainer *devcontainer.Config // devcontainer.json, from devcontainer.Load or devcontainer.Parse
+	// CompanionBuilds are the compose companions (runServices) that are built from a Dockerfile, by service
+	// name; the sandbox's own service's build is sb.Build.
+	CompanionBuilds []string
 }
 
 // Repository checks a repository-tier sandbox block (the spec fused with devcontainer.json, before the
@@ -41,6 +44,7 @@ func Repository(sb *spec.Sandbox, root string, op Operator) diag.List {
 //	SK508 network mode open or denylist, or a "**" rule, unless RepoNetworkOpen
 //	SK509 an allowing IP or CIDR rule, unless RepoNetworkIPRules
 //	SK510 host_state: auto
+//	SK512 a build, a feature or a companion build, when RepoBuilds is "refuse"
 //
 // A writable mount, unless RepoMountsWritable, is made read-only in sb (its string rewritten) with a SK503
 // warning rather than refused: the issue's rule is "read-only unless the operator allows writes", and a
@@ -80,7 +84,36 @@ func RepositoryFrom(sb *spec.Sandbox, root string, op Operator, src Sources) dia
 	if sb.Network != nil {
 		c.network(sb.Network)
 	}
+	if op.RepoBuilds == RepoBuildsRefuse {
+		c.builds(sb)
+	}
 	return c.list
+}
+
+// builds refuses every image build the repository asks for: its RUN steps, a feature's install.sh and a
+// companion's build run as root under the engine's own seccomp profile (issue 22, finding 3).
+func (c *repoCheck) builds(sb *spec.Sandbox) {
+	const hint = "name a prebuilt image (image: ...) instead; the operator refuses repository builds here (repo_builds: refuse)"
+	if sb.Build != nil {
+		file, line, col, field := "", 0, 0, "sandbox.build"
+		if dc := c.src.Devcontainer; dc != nil && dc.Build != nil {
+			line, col = dc.Pos("build")
+			file, field = dc.Path, "build"
+		} else {
+			file, line, col = c.inSpec(field)
+		}
+		c.add(diag.Error, diag.TierBuildRefused, file, line, col, field, hint,
+			"the repository asks for an image build: the operator refuses repository builds")
+	}
+	if dc := c.src.Devcontainer; dc != nil && len(dc.Features) > 0 {
+		line, col := dc.Pos("features")
+		c.add(diag.Error, diag.TierBuildRefused, dc.Path, line, col, "features", "remove the features (bake them into a prebuilt image); the operator refuses repository builds here (repo_builds: refuse)",
+			"the repository asks for %d devcontainer feature(s), each installed by an image build: the operator refuses repository builds", len(dc.Features))
+	}
+	for _, svc := range c.src.CompanionBuilds {
+		c.add(diag.Error, diag.TierBuildRefused, "", 0, 0, "services."+svc+".build", hint,
+			"the compose companion %s is built from a Dockerfile: the operator refuses repository builds", svc)
+	}
 }
 
 // repoCheck collects one RepositoryFrom's diagnostics.

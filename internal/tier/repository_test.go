@@ -186,6 +186,15 @@ func TestRepository(t *testing.T) {
 		}},
 		{name: "network-ip-open-allowed", dir: "network-ip-open", op: func(_ fixture, op *Operator) { op.RepoNetworkOpen, op.RepoNetworkIPRules = true, true }},
 		{name: "host-state", want: []want{{code: diag.TierHostState, field: "sandbox.host_state", hint: "host_state", file: spec}}},
+		// Issue 22, finding 3: an operator who cannot accept builds' limits refuses them; allowed by default.
+		{name: "build-refused", dir: "allowed-build", op: func(_ fixture, op *Operator) { op.RepoBuilds = RepoBuildsRefuse },
+			want: []want{{code: diag.TierBuildRefused, field: "sandbox.build", hint: "repo_builds", file: spec}}},
+		{name: "dc-build"},
+		{name: "dc-build-refused", dir: "dc-build", op: func(_ fixture, op *Operator) { op.RepoBuilds = RepoBuildsRefuse },
+			want: []want{
+				{code: diag.TierBuildRefused, field: "build", hint: "repo_builds", file: dc},
+				{code: diag.TierBuildRefused, field: "features", hint: "repo_builds", file: dc},
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,6 +236,9 @@ func TestRepository(t *testing.T) {
 			// The same block without positions gives the same codes and fields.
 			sb2, _, _ := load(t, fx, op, os.LookupEnv)
 			plain := Repository(&sb2, fx.repo, op)
+			if src.Devcontainer != nil && len(src.Devcontainer.Features) > 0 && op.RepoBuilds == RepoBuildsRefuse {
+				plain = append(plain, diag.Diagnostic{}) // features are devcontainer.json's alone: not in the block
+			}
 			if len(plain) != len(list) {
 				t.Errorf("Repository without sources: %d diagnostics, RepositoryFrom: %d", len(plain), len(list))
 			}

@@ -40,7 +40,8 @@ const hintBuild = "read the build output above, fix the Dockerfile, and run agai
 // Build builds req's image with the classic builder, or returns the image already built from the very same
 // inputs (tag build.Tag(digest) carrying label build.LabelDigest=digest). The base image is never re-pulled when
 // present (PullParent false); a base image that is absent is pulled by the daemon, as `docker build` does.
-// RUN steps run with network mode "none", 2 GiB of memory (no swap) and one CPU; a Dockerfile that would reach
+// RUN steps run with network mode "none", 2 GiB of memory (no swap), one CPU, nofile 8192 and no core files, and
+// together under a cgroup with pids.max 512 where the engine allows one (BuildLimits); a Dockerfile that would reach
 // a network anyway (ADD <url>, RUN --network) is refused before the daemon is called (build.CheckDockerfile).
 // Intermediate containers are removed, even on failure.
 //
@@ -74,6 +75,14 @@ func (d *Driver) Build(ctx context.Context, req build.Request, progress io.Write
 		return ref, id, nil
 	}
 
+	_, cg := d.buildLimits(ctx)
+	cgroupParent, removeCgroup, err := cg.make()
+	if err != nil {
+		return "", "", fault.Wrap(err, build.CodeFailed, "check that sandkeep runs as root on the engine's host, or see `sandkeep doctor`'s build limits",
+			"cannot bound the build's processes: %v", err)
+	}
+	defer removeCgroup()
+
 	args := make(map[string]*string, len(req.Args))
 	for k, v := range req.Args {
 		args[k] = &v
@@ -92,7 +101,11 @@ func (d *Driver) Build(ctx context.Context, req build.Request, progress io.Write
 		MemorySwap:  buildMemoryBytes,
 		CPUPeriod:   buildCPUPeriod,
 		CPUQuota:    buildCPUQuota,
-		Version:     apibuild.BuilderV1,
+		// The processes of all its RUN steps together, and the sandbox's nofile and core ulimits
+		// (buildlimits.go; issue 22, finding 3).
+		CgroupParent: cgroupParent,
+		Ulimits:      buildUlimits(),
+		Version:      apibuild.BuilderV1,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

@@ -429,3 +429,51 @@ func TestBuildBounded(t *testing.T) {
 		t.Errorf("RUN's bounds:\n%s", progress.String())
 	}
 }
+
+// TestBuildLimits: a RUN step gets the sandbox's nofile and core ulimits and runs under the build's own
+// pids-limited cgroup (issue 22, finding 3: builds had no pids limit and the engine's ulimits); the cgroup is
+// gone once the build is.
+func TestBuildLimits(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, _ := newBuildDriver(t)
+	if l := d.BuildLimits(t.Context()); l.Pids != 512 {
+		t.Fatalf("BuildLimits = %+v, want a pids limit of 512 on this host (cgroupfs, root)", l)
+	}
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\n" +
+		"RUN echo limits nofile=$(ulimit -n) core=$(ulimit -c) cgroup=$(grep pids /proc/self/cgroup | cut -d: -f3)\n"})
+	var progress bytes.Buffer
+	ref, _, err := d.Build(t.Context(), build.Request{Root: root}, &progress)
+	if ref != "" {
+		removeImage(t, ref)
+	}
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, progress.String())
+	}
+	m := regexp.MustCompile(`limits nofile=8192 core=0 cgroup=/sandkeep-build/([0-9a-f]+)/`).FindStringSubmatch(progress.String())
+	if m == nil {
+		t.Fatalf("RUN's limits:\n%s", progress.String())
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/pids/sandkeep-build", m[1])); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the build's cgroup is still there after the build (stat: %v)", err)
+	}
+}
+
+// TestBuildPidsLimited: a RUN step that starts 700 processes runs out of pids at the build's bound (512) and
+// fails the build; without the bound all 700 started.
+func TestBuildPidsLimited(t *testing.T) {
+	base := testutil.TestImage(t)
+	d, _ := newBuildDriver(t)
+	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\n" +
+		"RUN n=0; while [ $n -lt 700 ]; do sleep 30 & n=$((n+1)); done; echo spawned-$n\n"})
+	var progress bytes.Buffer
+	ref, _, err := d.Build(t.Context(), build.Request{Root: root}, &progress)
+	if ref != "" {
+		removeImage(t, ref)
+	}
+	if err == nil || strings.Contains(progress.String(), "spawned-700") {
+		t.Fatalf("700 processes started in one RUN step (err %v):\n%s", err, progress.String())
+	}
+	if !strings.Contains(progress.String(), "can't fork") {
+		t.Errorf("the build failed for another reason than fork: %v\n%s", err, progress.String())
+	}
+}

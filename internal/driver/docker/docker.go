@@ -45,6 +45,7 @@ type Driver struct {
 	api         engine
 	pullTimeout time.Duration
 	name        string
+	buildState  // what a build's RUN steps get on this engine, found at the first build
 }
 
 var (

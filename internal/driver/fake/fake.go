@@ -59,13 +59,14 @@ type Hooks struct {
 type Driver struct {
 	tempDir string // parent of the private workspaces of sandboxes without a /workspace mount
 
-	mu       sync.Mutex        // guards everything below
-	images   map[string]string // ref -> image ID, as ResolveImage answers
-	imageIDs map[string]bool   // every ID ever added: a retag leaves the old image, as an engine does
-	boxes    map[string]*box   // by sandbox name
-	faults   map[Op]error      // failing every call until cleared
-	next     map[Op][]error    // failing the next calls, one error each, before faults applies
-	calls    map[Op]int        // calls made, failed ones included
+	mu       sync.Mutex          // guards everything below
+	images   map[string]string   // ref -> image ID, as ResolveImage answers
+	imageIDs map[string]bool     // every ID ever added: a retag leaves the old image, as an engine does
+	imageEnv map[string][]string // image ID -> its configured ENV lines (WithImageEnv)
+	boxes    map[string]*box     // by sandbox name
+	faults   map[Op]error        // failing every call until cleared
+	next     map[Op][]error      // failing the next calls, one error each, before faults applies
+	calls    map[Op]int          // calls made, failed ones included
 	hooks    Hooks
 }
 
@@ -84,12 +85,19 @@ func WithTempDir(dir string) Option { return func(d *Driver) { d.tempDir = dir }
 // WithImage makes ref resolve to id, as AddImage does.
 func WithImage(ref, id string) Option { return func(d *Driver) { d.addImage(ref, id) } }
 
+// WithImageEnv gives the image id configured ENV lines ("NAME=value"), as a Dockerfile's ENV does: its sandboxes'
+// commands start with them under the posture's, and ImageEnv reports them.
+func WithImageEnv(id string, env ...string) Option {
+	return func(d *Driver) { d.imageEnv[id] = env }
+}
+
 // New returns an empty fake driver: no sandboxes, no images, no faults.
 func New(opts ...Option) *Driver {
 	d := &Driver{
 		tempDir:  os.TempDir(),
 		images:   map[string]string{},
 		imageIDs: map[string]bool{},
+		imageEnv: map[string][]string{},
 		boxes:    map[string]*box{},
 		faults:   map[Op]error{},
 		next:     map[Op][]error{},
@@ -283,7 +291,8 @@ func (d *Driver) create(spec *driver.CreateSpec) (*driver.Sandbox, error) {
 	}
 	b := &box{workspace: mounted, procs: map[*proc]struct{}{}}
 	// The host's PATH first, so that a posture without one still finds sh; a posture PATH overrides it.
-	b.env = append([]string{"PATH=" + os.Getenv("PATH")}, spec.Posture.Env...)
+	// The image's ENV sits between them, as an engine folds an image's environment under a container's.
+	b.env = append(append([]string{"PATH=" + os.Getenv("PATH")}, d.imageEnv[spec.ImageID]...), spec.Posture.Env...)
 	if b.workspace == "" {
 		dir, err := os.MkdirTemp(d.tempDir, "sandkeep-fake-ws-*")
 		if err != nil {
@@ -488,4 +497,19 @@ func (d *Driver) List(ctx context.Context, installation string) ([]*driver.Sandb
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// ImageEnv returns the ENV lines of image ref (a ref or an ID) given by WithImageEnv; an unknown image is
+// NotFound, as the engine's inspect is.
+func (d *Driver) ImageEnv(_ context.Context, ref string) ([]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	id, ok := d.images[ref]
+	if !ok && d.imageIDs[ref] {
+		id, ok = ref, true
+	}
+	if !ok {
+		return nil, fmt.Errorf("inspect image %q: %w", ref, errdefs.ErrNotFound)
+	}
+	return slices.Clone(d.imageEnv[id]), nil
 }
