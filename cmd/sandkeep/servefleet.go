@@ -24,10 +24,10 @@ import (
 // internal address, the secret every replica shares, the lease lifetime, and the installation id every replica
 // labels its sandboxes with (so that one replica can take over another's).
 type fleetConfig struct {
-	Listen       string `yaml:"listen"`        // the internal address, e.g. 0.0.0.0:7879; empty: no fleet
-	Advertise    string `yaml:"advertise"`     // what other replicas dial (host:port); default: Listen
-	SecretEnv    string `yaml:"secret_env"`    // the environment variable holding the shared secret (16 bytes or more)
-	LeaseTTL     string `yaml:"lease_ttl"`     // default 10s
+	Listen       string `yaml:"listen"`       // the internal address, e.g. 0.0.0.0:7879; empty: no fleet
+	Advertise    string `yaml:"advertise"`    // what other replicas dial (host:port); default: Listen
+	SecretEnv    string `yaml:"secret_env"`   // the environment variable holding the shared secret (16 bytes or more)
+	LeaseTTL     string `yaml:"lease_ttl"`    // default 10s
 	Installation string `yaml:"installation"` // 32 lower-case hex digits, the same on every replica
 }
 
