@@ -40,7 +40,7 @@ func newLogs(g *globals) *cobra.Command {
 			}
 			defer st.Close()
 			if _, err := st.GetRun(cmd.Context(), runID); err != nil {
-				return fault.Wrap(err, fault.NotFound, "`sandkeep runs` lists the recorded runs", "no run %q", runID)
+				return fault.Wrap(err, fault.RunNotFound, "`sandkeep runs` lists the recorded runs", "no run %q", runID)
 			}
 			return printRunLogs(cmd.Context(), g.stdout, st, runID, follow, every, asJSON)
 		},
