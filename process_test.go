@@ -62,12 +62,6 @@ func (l *eventLog) ended(t *testing.T, pid int) events.ProcessEnded {
 // end beside it (its start does not hold the gate); it is listed, attached to (replay, then live), written to,
 // and killed; each step is an event in its run.
 func TestProcessBesideCommands(t *testing.T) {
-	// Known bug, not yet fixed: on a fresh sandbox the host sometimes closes the channel ~20 ms after the first
-	// process start, and the process ends with it (2 in ~20 runs under load, once in CI). Until it is fixed this
-	// test would fail CI at random; see the closing note of 2026-12-03.
-	if os.Getenv("SANDKEEP_TEST_PROCESS_RACE") != "1" {
-		t.Skip("known channel-close race on a fresh sandbox's first process start; SANDKEEP_TEST_PROCESS_RACE=1 runs it")
-	}
 	if !processesHere() {
 		t.Skip("processes need the Docker driver's agent channel under runc (TestProcessUnavailable)")
 	}

@@ -80,6 +80,8 @@ type serverConfig struct {
 	TenantTemplates map[string]string         `yaml:"tenant_templates"`
 	// PoolCap bounds the templates' warm pools' members in all (0: the sum of their pool sizes).
 	PoolCap int `yaml:"pool_cap"`
+	// Fleet makes this server one replica of several over one store (servefleet.go).
+	Fleet fleetConfig `yaml:"fleet"`
 }
 
 // templateConfig is one template of the server config.

@@ -46,7 +46,10 @@ type Mux struct {
 
 	routes routes // command IDs whose frames go to a Conn of their own (Route), beside Commands
 
-	midCmd  atomic.Bool   // the reader is inside a frame for Commands that is not a forward frame (or an unknown one)
+	// midCmd is the sequence number of the frame the reader is inside when that frame is for Commands (not a
+	// forward frame, not a routed one, or not known yet), else 0. It stays set until the reader has queued the
+	// frame, which Commands' reader may already have taken by then: Idle compares it with cmd.taken.
+	midCmd  atomic.Uint64
 	closing chan struct{} // closed by closeConn: a reader waiting on a full command queue gives up
 	dead    chan struct{} // closed when the reader has ended
 	deadErr error         // why; set before dead is closed
@@ -58,7 +61,7 @@ func NewMux(conn MuxConn) *Mux {
 	m := &Mux{conn: conn, fw: NewFrameWriter(conn), pending: map[uint32]chan error{},
 		closing: make(chan struct{}), dead: make(chan struct{})}
 	m.table = NewForwardTable(m.fw, func(error) { m.closeConn() })
-	m.cmd = &muxCommands{m: m, frames: make(chan []byte, commandQueue), wake: make(chan struct{})}
+	m.cmd = &muxCommands{m: m, frames: make(chan queued, commandQueue), wake: make(chan struct{})}
 	go m.read()
 	return m
 }
@@ -78,8 +81,12 @@ func (m *Mux) Alive() bool {
 }
 
 // Idle reports whether the channel is up and no command frame waits to be read: between commands the agent sends
-// none, so a waiting one means a broken protocol.
-func (m *Mux) Idle() bool { return m.Alive() && !m.midCmd.Load() && m.cmd.empty() }
+// none, so a waiting one means a broken protocol. A frame the last command already took (its result) does not
+// count, even while the reader has not yet noted that it queued it: the next command may come that fast.
+func (m *Mux) Idle() bool {
+	mid := m.midCmd.Load() // before taken: a frame marked here and taken since is not waiting
+	return m.Alive() && (mid == 0 || mid <= m.cmd.taken.Load()) && m.cmd.empty()
+}
 
 // watch is the channel as the Mux's reader reads it: it notes the type byte of each frame as it arrives, so that
 // a command frame (or garbage) the agent sent while idle shows before the whole frame is in. While routes are
@@ -87,6 +94,7 @@ func (m *Mux) Idle() bool { return m.Alive() && !m.midCmd.Load() && m.cmd.empty(
 // not a frame for Commands.
 type watch struct {
 	m     *Mux
+	seq   uint64  // the frame's sequence number on the channel, from 1
 	start bool    // the next byte read is a frame's first
 	hdr   [5]byte // the frame's type and ID, as far as read
 	n     int
@@ -103,15 +111,24 @@ func (w *watch) Read(p []byte) (int, error) {
 		forward := IsForwardFrame(FrameType(w.hdr[0]))
 		switch {
 		case w.n == 1 && (forward || w.m.routes.count() == 0):
-			w.m.midCmd.Store(!forward)
+			w.mark(!forward)
 		case w.n == len(w.hdr) && !forward:
-			w.m.midCmd.Store(!w.m.routes.has(binary.BigEndian.Uint32(w.hdr[1:5])))
+			w.mark(!w.m.routes.has(binary.BigEndian.Uint32(w.hdr[1:5])))
 		}
 	}
 	if n > 0 {
 		w.start = false
 	}
 	return n, err
+}
+
+// mark notes whether the frame being read is for Commands.
+func (w *watch) mark(cmd bool) {
+	if cmd {
+		w.m.midCmd.Store(w.seq)
+	} else {
+		w.m.midCmd.Store(0)
+	}
 }
 
 // Done is closed when the channel has ended.
@@ -190,6 +207,7 @@ func (m *Mux) read() {
 	err := func() error {
 		for {
 			w.start = true
+			w.seq++
 			f, err := ReadFrame(w, &buf)
 			if err != nil {
 				return err
@@ -219,11 +237,14 @@ func (m *Mux) read() {
 				if !routed {
 					q = m.cmd
 				}
-				if q != nil && !q.push(appendFrame(nil, f.Type, f.ID, f.Payload), m.closing) {
+				if q != nil && !q.push(queued{appendFrame(nil, f.Type, f.ID, f.Payload), w.seq}, m.closing) {
 					return net.ErrClosed
 				}
 			}
-			m.midCmd.Store(false) // a whole command frame is in the queue by now, where Idle sees it
+			if afterQueued != nil {
+				afterQueued(f)
+			}
+			m.midCmd.Store(0) // a whole command frame is in the queue by now (or taken), where Idle sees it
 		}
 	}()
 	if errors.Is(err, io.EOF) {
@@ -237,10 +258,21 @@ func (m *Mux) read() {
 	close(m.dead)
 }
 
+// afterQueued, when set (by tests), runs in the reader after each frame for a command was queued and before the
+// reader notes it: the moment a command may already have its result.
+var afterQueued func(Frame)
+
+// queued is one encoded command frame and its sequence number on the channel.
+type queued struct {
+	b   []byte
+	seq uint64
+}
+
 // muxCommands is Mux.Commands.
 type muxCommands struct {
 	m      *Mux
-	frames chan []byte // encoded command frames from the reader
+	frames chan queued   // encoded command frames from the reader
+	taken  atomic.Uint64 // the sequence number of the last frame its reader took from frames
 
 	gone chan struct{} // a route's: closed by its Close, after which Read ends; nil for Commands
 
@@ -251,7 +283,7 @@ type muxCommands struct {
 }
 
 // push queues one encoded frame, waiting while the queue is full; false when the channel closed meanwhile.
-func (c *muxCommands) push(b []byte, dead <-chan struct{}) bool {
+func (c *muxCommands) push(b queued, dead <-chan struct{}) bool {
 	select {
 	case c.frames <- b:
 		return true
@@ -291,7 +323,7 @@ func (c *muxCommands) Read(p []byte) (int, error) {
 		wake := c.wake
 		c.mu.Unlock()
 		var (
-			b        []byte
+			b        queued
 			ok, fail bool
 		)
 		select {
@@ -314,7 +346,8 @@ func (c *muxCommands) Read(p []byte) (int, error) {
 		case fail:
 			return 0, io.EOF // Run makes it a broken channel
 		case ok:
-			c.cur = b
+			c.cur = b.b
+			c.taken.Store(b.seq)
 		}
 	}
 	n := copy(p, c.cur)

@@ -50,7 +50,7 @@ type RouteConn struct {
 // operations run on the same channel. Its frames have the same bound as Commands' (commandQueue): a reader that
 // falls behind holds up the channel. id must not be in use by another route.
 func (m *Mux) Route(id uint32) *RouteConn {
-	c := &muxCommands{m: m, frames: make(chan []byte, commandQueue), wake: make(chan struct{}), gone: make(chan struct{})}
+	c := &muxCommands{m: m, frames: make(chan queued, commandQueue), wake: make(chan struct{}), gone: make(chan struct{})}
 	m.routes.mu.Lock()
 	if m.routes.m == nil {
 		m.routes.m = map[uint32]*muxCommands{}

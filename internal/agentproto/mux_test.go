@@ -1,6 +1,7 @@
 package agentproto
 
 import (
+	"encoding/json"
 	"errors"
 	"net"
 	"net/netip"
@@ -113,5 +114,54 @@ func TestMuxIdle(t *testing.T) {
 	}
 	if m.Idle() {
 		t.Fatal("a command frame's first bytes while idle left the channel idle")
+	}
+}
+
+// TestMuxIdleAfterResult: once a command has its result the channel is idle at once, also while the Mux's reader
+// has not yet noted that it queued that result (the next command of the same user may come that fast). The
+// channel used to look busy in that moment, and the next command's Take dropped it, ending the sandbox's
+// processes with it (TestProcessBesideCommands failed about one run in four under -race).
+func TestMuxIdleAfterResult(t *testing.T) {
+	queued := make(chan struct{})
+	release := make(chan struct{})
+	afterQueued = func(f Frame) {
+		if f.Type == FrameResult {
+			close(queued)
+			<-release // hold the reader in the moment between queueing the result and noting it
+		}
+	}
+	m, agent := muxPair(t)
+	t.Cleanup(func() { afterQueued = nil }) // after muxPair's cleanup has ended the reader (cleanups run last first)
+	go func() {
+		var buf []byte
+		f, err := ReadFrame(agent, &buf)
+		if err != nil {
+			return
+		}
+		_ = WriteFrame(agent, FrameAccepted, f.ID, nil)
+		_ = WriteFrame(agent, FrameStdout, f.ID, []byte("hi\n"))
+		body, _ := json.Marshal(Result{ID: f.ID})
+		_ = WriteFrame(agent, FrameResult, f.ID, body)
+	}()
+	res, err := RunWith(t.Context(), m.Commands(), testRequest(3), nil, nil, nil, RunOptions{AcceptWait: 5 * time.Second})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("run: %+v %v", res, err)
+	}
+	<-queued
+	idle := m.Idle()
+	close(release)
+	if !idle {
+		t.Fatal("the channel looked busy right after its command's result: the next command would drop it")
+	}
+	// A frame for nobody that arrives while idle still makes it busy.
+	if err := WriteFrame(agent, FrameStdout, 9, []byte("stray")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for m.Idle() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if m.Idle() {
+		t.Fatal("a stray command frame left the channel idle")
 	}
 }

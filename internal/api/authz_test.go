@@ -105,6 +105,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"GET /v1/sandboxes/{user}", req{"GET", "/v1/sandboxes/bob", "", nil}},
 		{"POST /v1/sandboxes/{user}/stop", req{"POST", "/v1/sandboxes/bob/stop", "", nil}},
 		{"DELETE /v1/sandboxes/{user}", req{"DELETE", "/v1/sandboxes/bob", "", nil}},
+		{"POST /v1/sandboxes/{user}/fork", req{"POST", "/v1/sandboxes/bob/fork", `{"to":"carol"}`, nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}", req{"GET", "/v1/sandboxes/bob/files/f.txt", "", nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}#list", req{"GET", "/v1/sandboxes/bob/files/?list=1", "", nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}#tar", req{"GET", "/v1/sandboxes/bob/files/", "", nil}},

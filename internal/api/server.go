@@ -225,6 +225,7 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b 
 	s.handle("GET /v1/sandboxes", authToken, s.handleSandboxes, ScopeRead)
 	s.handle("GET /v1/sandboxes/{user}", authToken, s.handleSandbox, ScopeRead)
 	s.handle("POST /v1/sandboxes/{user}/stop", authToken, s.handleStop, ScopeAdmin)
+	s.handle("POST /v1/sandboxes/{user}/fork", authToken, s.handleFork, ScopeExec)
 	s.handle("DELETE /v1/sandboxes/{user}", authToken, s.handleRemove, ScopeAdmin)
 	s.handle("PUT /v1/sandboxes/{user}/files/{path...}", authToken, s.handlePutFile, ScopeFiles)
 	s.handle("GET /v1/sandboxes/{user}/files/{path...}", authToken, s.handleGetFile, ScopeFiles)

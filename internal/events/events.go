@@ -21,6 +21,7 @@ const (
 	NameSandboxStarted       = "sandbox_started"
 	NameSandboxAdopted       = "sandbox_adopted"
 	NameSandboxClaimed       = "sandbox_claimed"
+	NameSandboxForked        = "sandbox_forked"
 	NameSandboxRecycled      = "sandbox_recycled"
 	NameSandboxStoppedIdle   = "sandbox_stopped_idle"
 	NameSandboxRemoved       = "sandbox_removed"
@@ -66,6 +67,7 @@ var payloadTypes = map[string]reflect.Type{
 	NameSandboxStarted:       reflect.TypeFor[SandboxStarted](),
 	NameSandboxAdopted:       reflect.TypeFor[SandboxAdopted](),
 	NameSandboxClaimed:       reflect.TypeFor[SandboxClaimed](),
+	NameSandboxForked:        reflect.TypeFor[SandboxForked](),
 	NameSandboxRecycled:      reflect.TypeFor[SandboxRecycled](),
 	NameSandboxStoppedIdle:   reflect.TypeFor[SandboxStoppedIdle](),
 	NameSandboxRemoved:       reflect.TypeFor[SandboxRemoved](),

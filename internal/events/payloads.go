@@ -41,6 +41,20 @@ type SandboxClaimed struct {
 	DurationMS int64  `json:"duration_ms"`
 }
 
+// SandboxForked (sandbox_forked): a new key's sandbox was made with a copy of another key's workspace (fork), in
+// the new key's run. From names the source's sandbox; Files and Bytes are the regular files copied, Reflinked
+// how many of them share their extents with the source's (copy-on-write) instead of being copied.
+type SandboxForked struct {
+	Sandbox    string `json:"sandbox"`
+	From       string `json:"from"`
+	Driver     string `json:"driver"`
+	Template   string `json:"template,omitempty"`
+	Files      int64  `json:"files"`
+	Bytes      int64  `json:"bytes"`
+	Reflinked  int64  `json:"reflinked"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
 // Recycle reasons, the values of SandboxRecycled.Reason.
 const (
 	RecycleImage       = "image"        // the image (or build result) changed

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
@@ -24,13 +25,22 @@ type ForkLimits struct {
 	Inodes int64 // entries in all (files, directories, links)
 }
 
+// ForkOptions are a fork's bounds and where its events go.
+type ForkOptions struct {
+	Limits  ForkLimits
+	OnEvent Sink // the caller's run: sandbox_started of the new sandbox, then sandbox_forked
+}
+
 // Fork makes to a new key with a copy of from's workspace (reflinked file by file where the file system can, a
 // copy where it cannot) and to's sandbox in shape sh (from's template); from is left running. Both keys' gates
 // are held, so no command of either runs during the copy. to must be new: a key with a sandbox or a workspace is
-// SANDBOX_EXISTS. A copy that would pass lim, or the shape's workspace quota, is QUOTA_EXCEEDED and leaves
-// nothing; so does any other failure.
-func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, lim ForkLimits) (*driver.Sandbox, error) {
+// SANDBOX_EXISTS. A copy that would pass opts.Limits, or the shape's workspace quota, is QUOTA_EXCEEDED and
+// leaves nothing; so does any other failure.
+func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, opts ForkOptions) (*driver.Sandbox, error) {
 	sh = m.shapeOf(sh)
+	ctx = withSink(ctx, opts.OnEvent)
+	lim := opts.Limits
+	start := time.Now()
 	if from.Hex() == to.Hex() {
 		return nil, fault.New(fault.InvalidArgument, "name another user to fork into", "cannot fork %s into itself", from)
 	}
@@ -85,7 +95,8 @@ func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, li
 	if err != nil {
 		return nil, err
 	}
-	if err := copyTree(src, dst, uid, gid, lim); err != nil {
+	copied, err := copyTree(src, dst, uid, gid, lim)
+	if err != nil {
 		return nil, err
 	}
 	sb, _, err := m.ensure(ctx, to, sh)
@@ -93,6 +104,9 @@ func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, li
 		return nil, err
 	}
 	ok = true
+	m.emit(ctx, events.NameSandboxForked, events.SandboxForked{Sandbox: sb.Name, From: from.ContainerName(),
+		Driver: m.drv.Name(), Template: sh.Template, Files: copied.files, Bytes: copied.bytes, Reflinked: copied.reflinked,
+		DurationMS: time.Since(start).Milliseconds()})
 	return sb.Clone(), nil
 }
 
@@ -156,23 +170,28 @@ func measure(dir string, lim ForkLimits) error {
 	})
 }
 
+// copied is what copyTree copied: regular files, their bytes, and how many of them were reflinked.
+type copied struct {
+	files, bytes, reflinked int64
+}
+
 // copyTree copies the tree at src into the existing directory dst, owned by uid:gid: directories, regular files
 // (a reflink (FICLONE) where the file system shares extents, a copy otherwise) and symbolic links as links. It
 // goes through os.Root on both sides and never follows a link: src is what a sandbox wrote. Other file types
 // (FIFOs, sockets, devices) are skipped. Bytes past lim fail the copy with QUOTA_EXCEEDED.
-func copyTree(src, dst string, uid, gid int, lim ForkLimits) error {
+func copyTree(src, dst string, uid, gid int, lim ForkLimits) (copied, error) {
+	var c copied
 	sr, err := os.OpenRoot(src)
 	if err != nil {
-		return fmt.Errorf("fork: source: %w", err)
+		return c, fmt.Errorf("fork: source: %w", err)
 	}
 	defer sr.Close()
 	dr, err := os.OpenRoot(dst)
 	if err != nil {
-		return fmt.Errorf("fork: target: %w", err)
+		return c, fmt.Errorf("fork: target: %w", err)
 	}
 	defer dr.Close()
 	chown := os.Geteuid() == 0
-	var copied int64
 	type dirMode struct {
 		path string
 		mode fs.FileMode
@@ -204,13 +223,17 @@ func copyTree(src, dst string, uid, gid int, lim ForkLimits) error {
 				return err
 			}
 		case t.IsRegular():
-			n, err := copyFile(sr, dr, p, fi.Mode().Perm())
+			n, cloned, err := copyFile(sr, dr, p, fi.Mode().Perm())
 			if err != nil {
 				return err
 			}
-			copied += n
-			if lim.Bytes > 0 && copied > lim.Bytes {
-				return errQuota("bytes", copied, lim.Bytes)
+			c.files++
+			c.bytes += n
+			if cloned {
+				c.reflinked++
+			}
+			if lim.Bytes > 0 && c.bytes > lim.Bytes {
+				return errQuota("bytes", c.bytes, lim.Bytes)
 			}
 		default:
 			return nil
@@ -221,44 +244,44 @@ func copyTree(src, dst string, uid, gid int, lim ForkLimits) error {
 		return nil
 	})
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return fault.Wrap(err, fault.QuotaExceeded, "remove files from the source, or ask the operator for a larger quota",
+		return c, fault.Wrap(err, fault.QuotaExceeded, "remove files from the source, or ask the operator for a larger quota",
 			"the copy does not fit the new key's workspace; nothing was made")
 	}
 	if err != nil {
-		return fmt.Errorf("fork: copy: %w", err)
+		return c, fmt.Errorf("fork: copy: %w", err)
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
 		if err := dr.Chmod(dirs[i].path, dirs[i].mode); err != nil {
-			return fmt.Errorf("fork: copy: %w", err)
+			return c, fmt.Errorf("fork: copy: %w", err)
 		}
 	}
-	return nil
+	return c, nil
 }
 
-// copyFile copies the regular file p from sr to a new file in dr, by reflink when it can.
-func copyFile(sr, dr *os.Root, p string, perm fs.FileMode) (int64, error) {
+// copyFile copies the regular file p from sr to a new file in dr, by reflink when it can (cloned).
+func copyFile(sr, dr *os.Root, p string, perm fs.FileMode) (n int64, cloned bool, err error) {
 	in, err := sr.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer in.Close()
 	st, err := in.Stat()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if !st.Mode().IsRegular() { // swapped since the walk looked
-		return 0, nil
+		return 0, false, nil
 	}
 	out, err := dr.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, perm)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err == nil {
-		return st.Size(), out.Close()
+		return st.Size(), true, out.Close()
 	}
-	n, err := io.Copy(out, in) // copy_file_range where the kernel can
+	n, err = io.Copy(out, in) // copy_file_range where the kernel can
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
-	return n, err
+	return n, false, err
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -47,9 +48,18 @@ func TestFork(t *testing.T) {
 	m := e.manager()
 	a, b := key(t, "acme", "a"), key(t, "acme", "b")
 	run(t, m, a, `mkdir -p src/deep && echo one > src/deep/f && head -c 100000 /dev/zero > big && ln -s /etc/passwd link && echo top > top`)
-	sb, err := m.Fork(t.Context(), a, b, nil, ForkLimits{})
+	var forked *events.SandboxForked
+	sb, err := m.Fork(t.Context(), a, b, nil, ForkOptions{OnEvent: func(name string, p any) {
+		if ev, ok := p.(events.SandboxForked); ok && name == events.NameSandboxForked {
+			forked = &ev
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if forked == nil || forked.Sandbox != b.ContainerName() || forked.From != a.ContainerName() || forked.Files != 3 ||
+		forked.Bytes != 100000+4+4 {
+		t.Fatalf("sandbox_forked: %+v", forked)
 	}
 	if sb.Name != b.ContainerName() || sb.State != driver.StateRunning {
 		t.Fatalf("fork's sandbox %s is %s", sb.Name, sb.State)
@@ -77,16 +87,16 @@ func TestFork(t *testing.T) {
 	}
 
 	c := key(t, "acme", "c")
-	_, err = m.Fork(t.Context(), a, b, nil, ForkLimits{})
+	_, err = m.Fork(t.Context(), a, b, nil, ForkOptions{})
 	if !fault.Is(err, fault.SandboxExists) {
 		t.Fatalf("fork onto an existing key: %v, want SANDBOX_EXISTS", err)
 	}
-	_, err = m.Fork(t.Context(), key(t, "acme", "nobody"), c, nil, ForkLimits{})
+	_, err = m.Fork(t.Context(), key(t, "acme", "nobody"), c, nil, ForkOptions{})
 	if !fault.Is(err, fault.NotFound) {
 		t.Fatalf("fork of an unknown key: %v, want SANDBOX_NOT_FOUND", err)
 	}
 	for _, lim := range []ForkLimits{{Bytes: 50000}, {Inodes: 3}} {
-		_, err = m.Fork(t.Context(), a, c, nil, lim)
+		_, err = m.Fork(t.Context(), a, c, nil, ForkOptions{Limits: lim})
 		if !fault.Is(err, fault.QuotaExceeded) {
 			t.Fatalf("fork past %+v: %v, want QUOTA_EXCEEDED", lim, err)
 		}

@@ -90,7 +90,7 @@ const (
 // sandbox_status. An unknown tool needs admin, so a mapping that falls behind the tool list fails closed.
 func Scope(tool string) string {
 	switch tool {
-	case ToolExec:
+	case ToolExec, ToolFork: // a fork makes a sandbox, as a first exec does
 		return store.ScopeExec
 	case ToolReadFile, ToolWriteFile, ToolListFiles:
 		return store.ScopeFiles

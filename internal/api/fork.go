@@ -1,0 +1,78 @@
+package api
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/service"
+)
+
+// ForkBody is the JSON of POST /v1/sandboxes/{user}/fork: the user of the token's tenant to fork into.
+type ForkBody struct {
+	To    string `json:"to"`
+	Trust string `json:"trust,omitempty"` // untrusted lowers the token's trust; it is never raised
+}
+
+// handleFork makes body.to a new sandbox with a copy of {user}'s workspace and template: the same admission as
+// that user's first exec, and the tenant's sandbox bound.
+func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
+	from, err := keyOf(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var b ForkBody
+	if err := decodeStrict(http.MaxBytesReader(w, r.Body, s.maxBody), &b, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if b.To == "" {
+		s.writeError(w, r, fault.New(fault.InvalidArgument, `send {"to": "<user>"}: the user to fork into`, "to is required"))
+		return
+	}
+	to, err := sandkeep.NewKey(from.Tenant, b.To)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.backend.(service.Forker).Fork(r.Context(), from, to, service.AdmitRequest{Trust: b.Trust, RequestID: infoOf(r).id})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sb)
+}
+
+var _ service.Forker = (*guarded)(nil)
+
+// Fork forks within the server's rules: draining, and the tenant's sandbox bound (the new key counts as one of its
+// sandboxes from then on). A fork past the bound is QUOTA_EXCEEDED: waiting does not make room, removing does.
+func (g *guarded) Fork(ctx context.Context, from, to sandkeep.Key, ar service.AdmitRequest) (sandkeep.Sandbox, error) {
+	f, ok := g.Backend.(service.Forker)
+	if !ok {
+		return sandkeep.Sandbox{}, service.ErrNoFork()
+	}
+	s := g.s
+	if !s.drain.enter() {
+		return sandkeep.Sandbox{}, errShuttingDown()
+	}
+	defer s.drain.leave()
+	done, err := s.limits.admitWorkspace(ctx, g.Backend, to)
+	if err != nil {
+		if fault.CodeOf(err) == fault.RateLimited {
+			s.metrics.limited.WithLabelValues("sandboxes").Inc()
+			return sandkeep.Sandbox{}, fault.Wrap(err, fault.QuotaExceeded,
+				"remove one of the tenant's sandboxes (DELETE /v1/sandboxes/{user}), or ask the operator to raise max_sandboxes",
+				"tenant %s is at its limit of sandboxes and the fork would make one more; nothing was made", to.Tenant)
+		}
+		return sandkeep.Sandbox{}, err
+	}
+	if ar.RequestID == "" {
+		ar.RequestID = requestIDFrom(ctx)
+	}
+	sb, err := f.Fork(ctx, from, to, ar)
+	done(err == nil)
+	return sb, err
+}
