@@ -125,6 +125,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"GET /v1/runs", req{"GET", "/v1/runs", "", nil}},
 		{"GET /v1/runs/{id}", req{"GET", "/v1/runs/" + runID, "", nil}},
 		{"GET /v1/runs/{id}/events", req{"GET", "/v1/runs/" + runID + "/events", "", nil}},
+		{"GET /v1/runs/{id}/logs", req{"GET", "/v1/runs/" + runID + "/logs", "", nil}},
 		{"GET /v1/runs/{id}/events#follow", req{"GET", "/v1/runs/" + runID + "/events?follow=1", "", nil}},
 		{"GET /v1/openapi.json", req{"GET", "/v1/openapi.json", "", nil}},
 		{"GET /v1/templates", req{"GET", "/v1/templates", "", nil}},

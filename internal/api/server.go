@@ -242,6 +242,7 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b 
 	s.handle("GET /v1/runs", authToken, s.handleRuns, ScopeRead)
 	s.handle("GET /v1/runs/{id}", authToken, s.handleRun, ScopeRead)
 	s.handle("GET /v1/runs/{id}/events", authToken, s.handleEvents, ScopeRead)
+	s.handle("GET /v1/runs/{id}/logs", authToken, s.handleRunLogs, ScopeRead)
 	s.handle("GET /v1/openapi.json", authToken, s.handleOpenAPI)
 	s.handle("GET /healthz", authNone, s.handleHealthz)
 	s.handle("GET /readyz", authNone, s.handleReadyz)
