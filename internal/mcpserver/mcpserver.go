@@ -90,11 +90,12 @@ const (
 // sandbox_status. An unknown tool needs admin, so a mapping that falls behind the tool list fails closed.
 func Scope(tool string) string {
 	switch tool {
-	case ToolExec, ToolFork: // a fork makes a sandbox, as a first exec does
+	case ToolExec, ToolFork, // a fork makes a sandbox, as a first exec does
+		ToolStartProcess, ToolProcessOut, ToolProcessInput, ToolKillProcess: // a process's output is a command's
 		return store.ScopeExec
 	case ToolReadFile, ToolWriteFile, ToolListFiles:
 		return store.ScopeFiles
-	case ToolSandboxStatus:
+	case ToolSandboxStatus, ToolProcesses:
 		return store.ScopeRead
 	}
 	return store.ScopeAdmin

@@ -151,7 +151,8 @@ func TestToolsAndSchemas(t *testing.T) {
 		byName[tool.Name] = tool
 	}
 	slices.Sort(names)
-	want := []string{ToolExec, ToolFork, ToolListFiles, ToolReadFile, ToolSandboxStatus, ToolWriteFile}
+	want := []string{ToolExec, ToolFork, ToolKillProcess, ToolListFiles, ToolProcesses, ToolProcessInput, ToolProcessOut, ToolReadFile,
+		ToolSandboxStatus, ToolStartProcess, ToolWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}
