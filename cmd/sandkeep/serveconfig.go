@@ -85,6 +85,8 @@ type serverConfig struct {
 		Count int   `yaml:"count"`
 		Bytes int64 `yaml:"bytes"`
 	} `yaml:"snapshot_quota"`
+	// Fleet makes this server one replica of several over one store (servefleet.go).
+	Fleet fleetConfig `yaml:"fleet"`
 }
 
 // templateConfig is one template of the server config.

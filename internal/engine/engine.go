@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -54,7 +55,8 @@ type Manager struct {
 
 	policy *egress.Policy // Config.Network resolved once: what a run without a block of its own gets
 
-	snaps *snapshot.Store // the home's snapshots
+	snaps    *snapshot.Store   // the home's snapshots
+	features *feature.Registry // fetches OCI features: one client (and connection pool) for every run
 
 	stopSweeper context.CancelFunc // nil with Config.NoSweeper
 	sweeperDone chan struct{}      // closed when the sweeper Open started has returned
@@ -85,7 +87,8 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, lcfg: lcfg, home: home, drivers: ds, selector: policy.NewSelector(0),
-		kind: kind, st: cfg.Store, lcs: map[string]*lifecycle.Manager{}, policy: &pol}
+		kind: kind, st: cfg.Store, lcs: map[string]*lifecycle.Manager{}, policy: &pol,
+		features: &feature.Registry{Allow: cfg.Repository.FeatureRegistries, Refused: lcfg.EgressRefused}}
 	if err := m.checkTemplates(); err != nil {
 		return nil, err
 	}

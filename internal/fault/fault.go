@@ -109,6 +109,10 @@ const (
 	DaemonMismatch    Code = "DAEMON_MISMATCH"    // SANDKEEP_DAEMON=on, but the daemon runs with another operator environment
 	DaemonLost        Code = "DAEMON_LOST"        // the daemon went away while it ran this call
 	HomeOwned         Code = "HOME_OWNED"         // another daemon or server already owns this state home
+
+	// A fleet of servers (issue 27).
+	OwnerUnavailable Code = "OWNER_UNAVAILABLE" // another replica holds the key and cannot be reached; its lease has not expired yet
+	OwnerLost        Code = "OWNER_LOST"        // the replica that owned the key went away while it ran this call
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.

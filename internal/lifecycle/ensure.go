@@ -245,7 +245,7 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	if err != nil {
 		return driver.Posture{}, "", err
 	}
-	p := sh.cfg.posture(m.home.Workspace(key), m.home.Volumes(key), m.agentDir, m.channelDir(key), uid, gid)
+	p := sh.cfg.posture(m.home.Workspace(key), m.home.volumesRoot(key, sh.cfg.DiskBytes > 0), m.agentDir, m.channelDir(key), uid, gid)
 	if sh.Template != "" {
 		// The template is part of what the sandbox is: asking for another one recycles it, even when both
 		// happen to describe the same container.
@@ -302,7 +302,7 @@ func (m *Manager) ensureWorkspace(ctx context.Context, key identity.Key, sh *Sha
 		}
 	}
 	for _, v := range sh.cfg.Volumes {
-		if err := m.home.EnsureVolume(key, v, uid, gid); err != nil {
+		if err := m.home.EnsureVolume(key, v, uid, gid, sh.cfg.DiskBytes > 0); err != nil {
 			return "", err
 		}
 	}

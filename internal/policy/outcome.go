@@ -49,6 +49,8 @@ var outcomes = map[fault.Code]Outcome{
 	fault.SandboxNotRunning:    transient,
 	fault.DaemonUnavailable:    transient,
 	fault.DaemonLost:           transient,
+	fault.OwnerUnavailable:     transient,
+	fault.OwnerLost:            transient,
 	fault.HomeOwned:            transient,
 	fault.Internal:             transient,
 
