@@ -357,12 +357,20 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 	}
 	image := ""
 	if repo.sb.Build != nil && !onHost {
-		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {
+		out, flush := r.logTee(store.LogBuild, rr.BuildOutput) // runlog.go: the build's output is kept with the run
+		image, err = m.build(ctx, r, lc, repo, out)
+		flush()
+		if err != nil {
+			r.logLine(store.LogBuild, "build failed: "+err.Error())
 			return err
 		}
 	}
 	if len(repo.features) > 0 && !onHost {
-		if image, err = m.installFeatures(ctx, r, lc, repo, m.featureBase(image, tpl, repo), rr.BuildOutput); err != nil {
+		out, flush := r.logTee(store.LogFeatures, rr.BuildOutput)
+		image, err = m.installFeatures(ctx, r, lc, repo, m.featureBase(image, tpl, repo), out)
+		flush()
+		if err != nil {
+			r.logLine(store.LogFeatures, "feature install failed: "+err.Error())
 			return err
 		}
 	}

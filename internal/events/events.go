@@ -47,6 +47,8 @@ const (
 	NameUserRemap            = "sandbox_user_remap"
 	NameUIDMismatch          = "sandbox_uid_mismatch_warning"
 	NameImageEnvPlanted      = "sandbox_image_env_planted"
+	NameReaperRemoved        = "reaper_removed"
+	NameReaperKept           = "reaper_kept"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -93,6 +95,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameUserRemap:            reflect.TypeFor[UserRemap](),
 	NameUIDMismatch:          reflect.TypeFor[UIDMismatch](),
 	NameImageEnvPlanted:      reflect.TypeFor[ImageEnvPlanted](),
+	NameReaperRemoved:        reflect.TypeFor[ReaperDecision](),
+	NameReaperKept:           reflect.TypeFor[ReaperDecision](),
 }
 
 // Names returns every event name, in no particular order.

@@ -364,3 +364,12 @@ type ImageEnvPlanted struct {
 	Names      []string `json:"names"`
 	Overridden []string `json:"overridden,omitempty"`
 }
+
+// ReaperDecision (reaper_removed, reaper_kept): the reaper removed a resource whose owner is provably gone, or
+// kept one because something could not be known (a lease or store lookup failed). Reason is one of
+// internal/reaper's reasons.
+type ReaperDecision struct {
+	Kind     string `json:"kind"`
+	Resource string `json:"resource"`
+	Reason   string `json:"reason"`
+}
