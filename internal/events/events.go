@@ -47,6 +47,7 @@ const (
 	NameUserRemap            = "sandbox_user_remap"
 	NameUIDMismatch          = "sandbox_uid_mismatch_warning"
 	NameImageEnvPlanted      = "sandbox_image_env_planted"
+	NameHostStateMounted     = "sandbox_host_state_mounted"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -93,6 +94,7 @@ var payloadTypes = map[string]reflect.Type{
 	NameUserRemap:            reflect.TypeFor[UserRemap](),
 	NameUIDMismatch:          reflect.TypeFor[UIDMismatch](),
 	NameImageEnvPlanted:      reflect.TypeFor[ImageEnvPlanted](),
+	NameHostStateMounted:     reflect.TypeFor[HostStateMounted](),
 }
 
 // Names returns every event name, in no particular order.

@@ -46,6 +46,7 @@ func TestNewAndDecode(t *testing.T) {
 		{"user remap", NameUserRemap, UserRemap{Origin: RemapWorkspace, Sandbox: "s", FromUID: new(int), UID: 100100, GID: 100100}},
 		{"uid mismatch", NameUIDMismatch, UIDMismatch{Sandbox: "s", OwnerUID: 1000, UID: 100100}},
 		{"image env planted", NameImageEnvPlanted, ImageEnvPlanted{Sandbox: "s", Image: "i", Names: []string{"PATH", "GOPATH"}, Overridden: []string{"HOME"}}},
+		{"host state mounted", NameHostStateMounted, HostStateMounted{Mode: "auto", Home: "/home/dev", Bound: []HostStatePath{{Path: "/home/dev/.gitconfig", ReadOnly: true}}, Skipped: []HostStatePath{{Path: "/home/dev/.npm", Why: "missing on the host"}}}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
@@ -81,8 +82,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 30 {
-		t.Errorf("Names() has %d names, want 30", len(Names()))
+	if len(Names()) != 31 {
+		t.Errorf("Names() has %d names, want 31", len(Names()))
 	}
 }
 
