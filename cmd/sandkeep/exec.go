@@ -129,6 +129,7 @@ func newExec(g *globals) *cobra.Command {
 	f.StringVar(&pf.trust, "trust", "trusted", "trusted, or untrusted: an untrusted run is refused rather than run outside a sandbox")
 	f.StringVar(&pf.run, "run", "", "attach this command to a running run (sandkeep runs start) instead of an implicit one; the run stays open")
 	f.StringVar(&pf.driver, "driver", "", "use this driver (docker, host); unavailable is an error, never a fallback")
+	f.StringVar(&pf.hostState, "host-state", "", "auto: bind your git identity and Go/npm/pnpm/yarn caches into the sandbox at their own paths (HOME is yours, on a tmpfs); none: pass the git identity as GIT_* variables (default: the config's host_state)")
 	nf.bind(f)
 	return cmd
 }
@@ -187,7 +188,7 @@ func checkAttached(cmd *cobra.Command, pf policyFlags) error {
 		return nil
 	}
 	var set []string
-	for _, name := range []string{"sandbox", "trust", "driver"} {
+	for _, name := range []string{"sandbox", "trust", "driver", "host-state"} {
 		if cmd.Flags().Changed(name) {
 			set = append(set, "--"+name)
 		}
