@@ -155,6 +155,10 @@ func TestFleetDocker(t *testing.T) {
 	if len(leases) != users || len(owners) != 1 && len(owners) != 2 {
 		t.Fatalf("leases %+v: want one per user", leases)
 	}
+	// One replica leads the reaper (its store lease), and the reaper kept every live key's container.
+	if rl, err := st.GetLease(t.Context(), "reaper"); err != nil || !rl.Live || !owners[rl.Owner] && !strings.Contains(reps[0].log.String()+reps[1].log.String(), rl.Owner) {
+		t.Errorf("reaper lease %+v, %v: want a live one held by a replica", rl, err)
+	}
 	perKey := containersPerKey(t, c)
 	if len(perKey) != users {
 		t.Errorf("containers by key %v: want %d keys", perKey, users)

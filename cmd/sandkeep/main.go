@@ -218,7 +218,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 	pf.StringVar(&g.store, "store", "", "where runs and events are recorded: an SQLite file or a postgres:// URL (default $SANDKEEP_STORE, else <home>/sandkeep.db)")
 	root.AddCommand(newExec(g), newRuns(g), newEvents(g), newLogs(g), newDoctor(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
 	root.AddCommand(newToken(g), newMCP(g), newServe(g))
-	root.AddCommand(newAgent(g), newPortForward(g), newDaemon(g))
+	root.AddCommand(newAgent(g), newPortForward(g), newDaemon(g), newProc(g))
 	root.AddCommand(newFork(g))
 	return root, g
 }

@@ -170,7 +170,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFleet()
 	if fl != nil {
-		fb, wait := fl.run(fleetCtx, svc.backend)
+		fb, wait := fl.run(fleetCtx, svc.backend, svc.st, af.sandbox == "none", g.stderr)
 		backend = fb
 		defer func() {
 			// The leases are handed over last: running commands ended (Drain), so the next owner starts clean.

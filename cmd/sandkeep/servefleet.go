@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,27 +15,33 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moby/moby/client"
+
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/fleet"
+	"github.com/sandkeep/sandkeep/internal/reaper"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 // fleetConfig is the fleet: block of sandkeep-server.yaml (docs/ARCHITECTURE.md, "Fleet"): this replica's
 // internal address, the secret every replica shares, the lease lifetime, and the installation id every replica
 // labels its sandboxes with (so that one replica can take over another's).
 type fleetConfig struct {
-	Listen       string `yaml:"listen"`       // the internal address, e.g. 0.0.0.0:7879; empty: no fleet
-	Advertise    string `yaml:"advertise"`    // what other replicas dial (host:port); default: Listen
-	SecretEnv    string `yaml:"secret_env"`   // the environment variable holding the shared secret (16 bytes or more)
-	LeaseTTL     string `yaml:"lease_ttl"`    // default 10s
-	Installation string `yaml:"installation"` // 32 lower-case hex digits, the same on every replica
+	Listen       string `yaml:"listen"`        // the internal address, e.g. 0.0.0.0:7879; empty: no fleet
+	Advertise    string `yaml:"advertise"`     // what other replicas dial (host:port); default: Listen
+	SecretEnv    string `yaml:"secret_env"`    // the environment variable holding the shared secret (16 bytes or more)
+	LeaseTTL     string `yaml:"lease_ttl"`     // default 10s
+	Installation string `yaml:"installation"`  // 32 lower-case hex digits, the same on every replica
+	ReapInterval string `yaml:"reap_interval"` // how often the leading replica reaps (default 1m; "0": never)
 }
 
 var installationRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // fleetSetup is what serve needs of a fleet before it opens its Manager.
 type fleetSetup struct {
+	cfg     fleetConfig
 	secret  string
 	ttl     time.Duration
 	ln      net.Listener
@@ -85,7 +92,12 @@ func (g *globals) openFleet(fc fleetConfig) (*fleetSetup, error) {
 	if addr == "" {
 		addr = ln.Addr().String()
 	}
-	return &fleetSetup{secret: secret, ttl: ttl, ln: ln, address: addr}, nil
+	if fc.ReapInterval != "" && fc.ReapInterval != "0" {
+		if d, err := time.ParseDuration(fc.ReapInterval); err != nil || d < time.Second {
+			return nil, bad("write a duration of 1s or more, or 0", "reap_interval %q", fc.ReapInterval)
+		}
+	}
+	return &fleetSetup{cfg: fc, secret: secret, ttl: ttl, ln: ln, address: addr}, nil
 }
 
 // pinInstallation makes home's installation id the fleet's: written when the home has none yet, refused when it
@@ -121,13 +133,27 @@ func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
 	return nil
 }
 
-// run serves the internal wire and renews the leases until ctx ends; the returned func waits for both.
-func (f *fleetSetup) run(ctx context.Context, local *service.Service) (*fleet.Backend, func()) {
+// run serves the internal wire, renews the leases and, unless sandboxing is off, reaps while this replica leads,
+// until ctx ends; the returned func waits for all of it.
+func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.Store, sandboxOff bool, log io.Writer) (*fleet.Backend, func()) {
 	b := fleet.NewBackend(local, f.replica, fleet.NewForwarder(nil, f.secret))
 	hs := &http.Server{Handler: fleet.NewHandler(b, f.secret), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hs.Serve(f.ln) })
 	wg.Go(func() { _ = f.replica.Run(ctx) })
+	if every := duration(f.cfg.ReapInterval, time.Minute); every > 0 && !sandboxOff {
+		// The reaper of the Docker engine's containers; one replica at a time (the store lease "reaper").
+		if docker, err := client.New(client.FromEnv); err != nil {
+			fmt.Fprintf(log, "sandkeep: fleet: no reaper: %v\n", err)
+		} else {
+			r := reaper.New(reaper.Config{Installation: f.cfg.Installation, Source: reaper.Docker{API: docker}, Store: st,
+				Logger: slog.New(slog.NewTextHandler(log, nil))})
+			wg.Go(func() {
+				defer docker.Close()
+				r.RunLeader(ctx, st, f.replica.ID(), f.ttl, every)
+			})
+		}
+	}
 	return b, func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()

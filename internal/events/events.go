@@ -48,6 +48,8 @@ const (
 	NameUIDMismatch          = "sandbox_uid_mismatch_warning"
 	NameImageEnvPlanted      = "sandbox_image_env_planted"
 	NameHostStateMounted     = "sandbox_host_state_mounted"
+	NameReaperRemoved        = "reaper_removed"
+	NameReaperKept           = "reaper_kept"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -95,6 +97,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameUIDMismatch:          reflect.TypeFor[UIDMismatch](),
 	NameImageEnvPlanted:      reflect.TypeFor[ImageEnvPlanted](),
 	NameHostStateMounted:     reflect.TypeFor[HostStateMounted](),
+	NameReaperRemoved:        reflect.TypeFor[ReaperDecision](),
+	NameReaperKept:           reflect.TypeFor[ReaperDecision](),
 }
 
 // Names returns every event name, in no particular order.

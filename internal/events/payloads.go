@@ -382,3 +382,12 @@ type HostStatePath struct {
 	ReadOnly bool   `json:"read_only,omitempty"`
 	Why      string `json:"why,omitempty"`
 }
+
+// ReaperDecision (reaper_removed, reaper_kept): the reaper removed a resource whose owner is provably gone, or
+// kept one because something could not be known (a lease or store lookup failed). Reason is one of
+// internal/reaper's reasons.
+type ReaperDecision struct {
+	Kind     string `json:"kind"`
+	Resource string `json:"resource"`
+	Reason   string `json:"reason"`
+}

@@ -47,6 +47,9 @@ type Backend struct {
 	lastReq   sandkeep.ExecRequest   // the last one
 	lastAdmit service.AdmitRequest   // and its admission
 	waiters   map[string]chan string // "wait=<name>" steps blocked until Release(name)
+
+	procOnce sync.Once
+	procs    *procTable // the fake processes (process.go)
 }
 
 var _ service.Backend = (*Backend)(nil)
