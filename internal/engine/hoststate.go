@@ -93,7 +93,9 @@ func (m *Manager) resolveHostState(ctx context.Context, rr RunRequest, tpl *temp
 			src = filepath.Join(home, rest)
 		}
 		src = filepath.Clean(src)
-		skip := func(why string) { hs.event.Skipped = append(hs.event.Skipped, events.HostStatePath{Path: src, Why: why}) }
+		skip := func(why string) {
+			hs.event.Skipped = append(hs.event.Skipped, events.HostStatePath{Path: src, Why: why})
+		}
 		switch {
 		case !filepath.IsAbs(src):
 			skip("not an absolute path")

@@ -57,9 +57,9 @@ type Config struct {
 	HomeBytes   int64
 	// HomeDir is the sandbox's HOME, a tmpfs owned by its user; "" is driver.HomeDir. host_state auto sets the
 	// operator's own home path, so that caches bound at their host paths are where tools look for them.
-	HomeDir     string
-	Env         []string       // extra base environment, "K=V"
-	Mounts      []driver.Mount // extra binds; each passes guard.CheckMount
+	HomeDir string
+	Env     []string       // extra base environment, "K=V"
+	Mounts  []driver.Mount // extra binds; each passes guard.CheckMount
 	// Tmpfs are extra tmpfs mounts: target -> options as the spec writes them ("size=64m,mode=0700"). Each is
 	// mounted rw,nosuid,nodev, owned by the sandbox user (mode 0755) unless the options say otherwise, and
 	// 64 MiB unless they give a size.
@@ -406,8 +406,8 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 			// Owned by the sandbox user: runc gives a tmpfs the mode of the image's directory it covers (an image's
 			// /tmp may be 0755 root), so ownership is what keeps /tmp writable whatever the image; the agent's init
 			// also sets the mode back to 1777 (init_linux.go).
-			"/tmp":         fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=1777", c.TmpBytes, uid, gid),
-			home: fmt.Sprintf("rw,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0700", c.HomeBytes, uid, gid),
+			"/tmp": fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=1777", c.TmpBytes, uid, gid),
+			home:   fmt.Sprintf("rw,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0700", c.HomeBytes, uid, gid),
 			// Secret files (secrets.go) live here, for one command each. Mounted always, whatever the run asks for:
 			// the posture never depends on a run's secrets, so runs with and without them share a sandbox.
 			spec.SecretsDir: fmt.Sprintf("rw,noexec,nosuid,nodev,size=1m,uid=%d,gid=%d,mode=0700", uid, gid),
