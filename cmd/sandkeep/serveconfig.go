@@ -84,6 +84,11 @@ type serverConfig struct {
 	// HostState); HostStatePaths replaces auto's candidates ("~/" is the operator's home).
 	HostState      string   `yaml:"host_state"`
 	HostStatePaths []string `yaml:"host_state_paths"`
+	// SnapshotQuota bounds each tenant's snapshots (0: the default, 100 snapshots and 10 GiB; -1: no bound).
+	SnapshotQuota struct {
+		Count int   `yaml:"count"`
+		Bytes int64 `yaml:"bytes"`
+	} `yaml:"snapshot_quota"`
 	// Fleet makes this server one replica of several over one store (servefleet.go).
 	Fleet fleetConfig `yaml:"fleet"`
 }
