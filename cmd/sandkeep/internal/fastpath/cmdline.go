@@ -22,7 +22,7 @@ var globalFlags = map[string]flagSpec{
 var commandFlags = map[string]map[string]flagSpec{
 	"exec": {
 		"allow": {}, "detach": {short: 'd', boolean: true}, "driver": {}, "env": {short: 'e'}, "gate-wait": {}, "interactive": {short: 'i', boolean: true},
-		"json": {boolean: true}, "lifetime": {}, "network": {}, "network-inherit": {}, "network-preset": {}, "output-limit": {},
+		"host-state": {}, "json": {boolean: true}, "lifetime": {}, "network": {}, "network-inherit": {}, "network-preset": {}, "output-limit": {},
 		"run": {}, "sandbox": {}, "spec": {}, "tag": {}, "tenant": {}, "timeout": {}, "trust": {}, "tty": {short: 't', boolean: true},
 		"user": {}, "workdir": {short: 'w'},
 	},
