@@ -86,6 +86,9 @@ type Config struct {
 	TenantTemplates map[string]string
 	// PoolCap bounds the warm pools' members in all (Template.Pool); 0: the sum of the pools.
 	PoolCap int
+	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take the
+	// defaults (100 snapshots, 10 GiB); a negative one lifts the bound.
+	SnapshotQuota SnapshotQuota
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
@@ -211,7 +214,7 @@ func (c Config) engine() engine.Config {
 		MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, NoSweeper: c.NoSweeper, SweepInterval: c.SweepInterval, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
 		SandboxDefault: c.SandboxDefault, Spec: c.Spec, Repository: c.Repository, DefaultTemplate: c.DefaultTemplate,
-		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
+		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: c.SnapshotQuota, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
 		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
 		OnEvent: engine.EventFunc(c.OnEvent), Logger: c.Logger, EnvErr: c.envErr,

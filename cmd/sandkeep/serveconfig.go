@@ -80,6 +80,11 @@ type serverConfig struct {
 	TenantTemplates map[string]string         `yaml:"tenant_templates"`
 	// PoolCap bounds the templates' warm pools' members in all (0: the sum of their pool sizes).
 	PoolCap int `yaml:"pool_cap"`
+	// SnapshotQuota bounds each tenant's snapshots (0: the default, 100 snapshots and 10 GiB; -1: no bound).
+	SnapshotQuota struct {
+		Count int   `yaml:"count"`
+		Bytes int64 `yaml:"bytes"`
+	} `yaml:"snapshot_quota"`
 	// Fleet makes this server one replica of several over one store (servefleet.go).
 	Fleet fleetConfig `yaml:"fleet"`
 }

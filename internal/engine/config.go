@@ -93,6 +93,9 @@ type Config struct {
 	TenantTemplates map[string]string
 	// PoolCap bounds the warm pools' members in all (Template.Pool); 0: the sum of the pools.
 	PoolCap int
+	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take
+	// DefaultSnapshotQuota's; a negative one lifts the bound.
+	SnapshotQuota SnapshotQuota
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration

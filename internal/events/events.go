@@ -22,6 +22,9 @@ const (
 	NameSandboxAdopted       = "sandbox_adopted"
 	NameSandboxClaimed       = "sandbox_claimed"
 	NameSandboxForked        = "sandbox_forked"
+	NameSnapshotCreated      = "snapshot_created"
+	NameSnapshotRestored     = "snapshot_restored"
+	NameSnapshotDeleted      = "snapshot_deleted"
 	NameSandboxRecycled      = "sandbox_recycled"
 	NameSandboxStoppedIdle   = "sandbox_stopped_idle"
 	NameSandboxRemoved       = "sandbox_removed"
@@ -70,6 +73,9 @@ var payloadTypes = map[string]reflect.Type{
 	NameSandboxAdopted:       reflect.TypeFor[SandboxAdopted](),
 	NameSandboxClaimed:       reflect.TypeFor[SandboxClaimed](),
 	NameSandboxForked:        reflect.TypeFor[SandboxForked](),
+	NameSnapshotCreated:      reflect.TypeFor[SnapshotCreated](),
+	NameSnapshotRestored:     reflect.TypeFor[SnapshotRestored](),
+	NameSnapshotDeleted:      reflect.TypeFor[SnapshotDeleted](),
 	NameSandboxRecycled:      reflect.TypeFor[SandboxRecycled](),
 	NameSandboxStoppedIdle:   reflect.TypeFor[SandboxStoppedIdle](),
 	NameSandboxRemoved:       reflect.TypeFor[SandboxRemoved](),

@@ -20,6 +20,9 @@ func TestNewAndDecode(t *testing.T) {
 		{"started", NameSandboxStarted, SandboxStarted{Sandbox: "sandkeep-u-1", Driver: "docker", Image: "debian:12", Created: true, DurationMS: 12}},
 		{"adopted", NameSandboxAdopted, SandboxAdopted{Sandbox: "s", Driver: "docker"}},
 		{"claimed", NameSandboxClaimed, SandboxClaimed{Sandbox: "s", Driver: "docker", Template: "t", Member: "m", DurationMS: 3}},
+		{"snapshot created", NameSnapshotCreated, SnapshotCreated{Snapshot: "n", Sandbox: "s", Digest: "sha256:ab", Bytes: 9, DurationMS: 3}},
+		{"snapshot restored", NameSnapshotRestored, SnapshotRestored{Snapshot: "n", Sandbox: "s", Digest: "sha256:ab", Bytes: 9, DurationMS: 3}},
+		{"snapshot deleted", NameSnapshotDeleted, SnapshotDeleted{Snapshot: "n", Digest: "sha256:ab", ArchiveRemoved: true}},
 		{"forked", NameSandboxForked, SandboxForked{Sandbox: "s", From: "f", Driver: "docker", Template: "t", Files: 2, Bytes: 9, Reflinked: 1, DurationMS: 3}},
 		{"recycled", NameSandboxRecycled, SandboxRecycled{Reason: RecyclePosture, Sandbox: "s"}},
 		{"stopped idle", NameSandboxStoppedIdle, SandboxStoppedIdle{Sandbox: "s", IdleMS: 60000}},
@@ -83,8 +86,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 32 {
-		t.Errorf("Names() has %d names, want 32", len(Names()))
+	if len(Names()) != 35 {
+		t.Errorf("Names() has %d names, want 35", len(Names()))
 	}
 }
 

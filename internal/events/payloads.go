@@ -55,6 +55,33 @@ type SandboxForked struct {
 	DurationMS int64  `json:"duration_ms"`
 }
 
+// SnapshotCreated (snapshot_created): a key's workspace was archived as a snapshot of its tenant (no run).
+// Digest names the archive (sha256:<hex>), shared by snapshots of the same content.
+type SnapshotCreated struct {
+	Snapshot   string `json:"snapshot"`
+	Sandbox    string `json:"sandbox"`
+	Digest     string `json:"digest"`
+	Bytes      int64  `json:"bytes"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SnapshotRestored (snapshot_restored): a new key's sandbox was made from a snapshot, in the new key's run.
+type SnapshotRestored struct {
+	Snapshot   string `json:"snapshot"`
+	Sandbox    string `json:"sandbox"`
+	Digest     string `json:"digest"`
+	Bytes      int64  `json:"bytes"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SnapshotDeleted (snapshot_deleted): a snapshot was removed (no run); ArchiveRemoved says whether its archive
+// went too (no other snapshot shared it).
+type SnapshotDeleted struct {
+	Snapshot       string `json:"snapshot"`
+	Digest         string `json:"digest"`
+	ArchiveRemoved bool   `json:"archive_removed"`
+}
+
 // Recycle reasons, the values of SandboxRecycled.Reason.
 const (
 	RecycleImage       = "image"        // the image (or build result) changed
