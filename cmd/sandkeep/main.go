@@ -219,7 +219,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 	root.AddCommand(newExec(g), newRuns(g), newEvents(g), newLogs(g), newDoctor(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
 	root.AddCommand(newToken(g), newMCP(g), newServe(g))
 	root.AddCommand(newAgent(g), newPortForward(g), newDaemon(g), newProc(g))
-	root.AddCommand(newFork(g))
+	root.AddCommand(newFork(g), newSnapshot(g))
 	return root, g
 }
 

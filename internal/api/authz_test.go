@@ -89,6 +89,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 	if _, err := full.be.StartProcess(ctx, victim, sandkeep.StartRequest{Argv: []string{"dev-server"}, Tag: "dev", Stdin: true}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := full.be.CreateSnapshot(ctx, victim, "s1", ""); err != nil { // named as the routes below name theirs
+		t.Fatal(err)
+	}
 	runs, _ := full.be.Runs(ctx, store.RunFilter{Tenant: "globex"})
 	runID := runs[0].ID
 	before := snapshot(t, full.be, victim)
@@ -109,6 +112,10 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"POST /v1/sandboxes/{user}/stop", req{"POST", "/v1/sandboxes/bob/stop", "", nil}},
 		{"DELETE /v1/sandboxes/{user}", req{"DELETE", "/v1/sandboxes/bob", "", nil}},
 		{"POST /v1/sandboxes/{user}/fork", req{"POST", "/v1/sandboxes/bob/fork", `{"to":"carol"}`, nil}},
+		{"POST /v1/sandboxes/{user}/snapshots", req{"POST", "/v1/sandboxes/bob/snapshots", `{"name":"s1"}`, nil}},
+		{"GET /v1/snapshots", req{"GET", "/v1/snapshots", "", nil}},
+		{"DELETE /v1/snapshots/{name}", req{"DELETE", "/v1/snapshots/s1", "", nil}},
+		{"POST /v1/snapshots/{name}/restore", req{"POST", "/v1/snapshots/s1/restore", `{"user":"carol"}`, nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}", req{"GET", "/v1/sandboxes/bob/files/f.txt", "", nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}#list", req{"GET", "/v1/sandboxes/bob/files/?list=1", "", nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}#tar", req{"GET", "/v1/sandboxes/bob/files/", "", nil}},
@@ -219,6 +226,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 				}
 			}
 		})
+	}
+	if sns, _ := full.be.Snapshots(ctx, "globex"); len(sns) != 1 || sns[0].Name != "s1" {
+		t.Errorf("the victim's snapshots changed: %+v", sns)
 	}
 	if after := snapshot(t, full.be, victim); after != before {
 		t.Errorf("the victim changed:\n before %s\n after  %s", before, after)

@@ -45,6 +45,7 @@ var statusOf = map[fault.Code]int{
 	fault.SandboxExists:     http.StatusConflict,
 
 	fault.SnapshotNotFound: http.StatusNotFound,
+	fault.SnapshotExists:   http.StatusConflict,
 	fault.QuotaExceeded:    http.StatusInsufficientStorage,
 
 	fault.RequestTooLarge: http.StatusRequestEntityTooLarge,

@@ -25,6 +25,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/snapshot"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
@@ -54,6 +55,7 @@ type Manager struct {
 
 	policy *egress.Policy // Config.Network resolved once: what a run without a block of its own gets
 
+	snaps    *snapshot.Store   // the home's snapshots
 	features *feature.Registry // fetches OCI features: one client (and connection pool) for every run
 
 	stopSweeper context.CancelFunc // nil with Config.NoSweeper
@@ -88,6 +90,9 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		kind: kind, st: cfg.Store, lcs: map[string]*lifecycle.Manager{}, policy: &pol,
 		features: &feature.Registry{Allow: cfg.Repository.FeatureRegistries, Refused: lcfg.EgressRefused}}
 	if err := m.checkTemplates(); err != nil {
+		return nil, err
+	}
+	if m.snaps, err = snapshot.Open(filepath.Join(home.Dir, "snapshots"), cfg.SnapshotQuota.resolve(), nil); err != nil {
 		return nil, err
 	}
 	if !cfg.NoSweeper {

@@ -87,6 +87,7 @@ const (
 	SandboxExists    Code = "SANDBOX_EXISTS"     // a fork or restore named a key that already has a sandbox or a workspace
 	QuotaExceeded    Code = "QUOTA_EXCEEDED"     // a fork or snapshot would pass its tenant's quota; nothing was made
 	SnapshotNotFound Code = "SNAPSHOT_NOT_FOUND" // no snapshot of that name for this tenant
+	SnapshotExists   Code = "SNAPSHOT_EXISTS"    // a snapshot create named one the tenant already has
 
 	// Trust tiers (internal/tier, admission).
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)

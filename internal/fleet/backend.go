@@ -1,7 +1,9 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 
@@ -90,10 +92,31 @@ func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRe
 			return nil, fault.Wrap(err, fault.RequestInvalid, "", "read the command's stdin")
 		}
 		e.Stdin = &in
+		req.Stdin = bytes.NewReader(in) // for a retry served here
 	}
 	c.Exec = e
 	var res sandkeep.ExecResult
-	err = b.fwd.do(ctx, *to, "exec", c, func(fr frame) error {
+	err = b.forward(ctx, key, *to, "exec", c, b.execFrames(ar, req), &res)
+	if errors.Is(err, errNotReached) {
+		// The owner never had the call (it stopped listening: gone, or handed the key over): claim again once,
+		// so a rolling restart loses no command.
+		if to, err = b.route(ctx, key); err != nil {
+			return nil, err
+		}
+		if to == nil {
+			return b.local.Exec(ctx, key, ar, req)
+		}
+		err = b.forward(ctx, key, *to, "exec", c, b.execFrames(ar, req), &res)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// execFrames turns a forwarded exec's frames over to the caller's observer and writers.
+func (b *Backend) execFrames(ar service.AdmitRequest, req sandkeep.ExecRequest) func(frame) error {
+	return func(fr frame) error {
 		switch {
 		case fr.Started:
 			if ar.Observer.Started != nil {
@@ -107,11 +130,7 @@ func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRe
 			return err
 		}
 		return nil
-	}, &res)
-	if err != nil {
-		return nil, err
 	}
-	return &res, nil
 }
 
 // Admit implements service.Backend on the key's owner.
@@ -124,7 +143,7 @@ func (b *Backend) Admit(ctx context.Context, key sandkeep.Key, ar service.AdmitR
 		return b.local.Admit(ctx, key, ar)
 	}
 	var run sandkeep.Run
-	if err := b.fwd.do(ctx, *to, "admit", callOf(key, ar), nil, &run); err != nil {
+	if err := b.forward(ctx, key, *to, "admit", callOf(key, ar), nil, &run); err != nil {
 		return nil, err
 	}
 	return &run, nil
@@ -140,7 +159,7 @@ func (b *Backend) Sandbox(ctx context.Context, key sandkeep.Key) (sandkeep.Sandb
 		return b.local.Sandbox(ctx, key)
 	}
 	var sb sandkeep.Sandbox
-	err = b.fwd.do(ctx, *to, "sandbox", callOf(key, service.AdmitRequest{}), nil, &sb)
+	err = b.forward(ctx, key, *to, "sandbox", callOf(key, service.AdmitRequest{}), nil, &sb)
 	return sb, err
 }
 
@@ -153,7 +172,7 @@ func (b *Backend) Stop(ctx context.Context, key sandkeep.Key) error {
 		}
 		return b.local.Stop(ctx, key)
 	}
-	return b.fwd.do(ctx, *to, "stop", callOf(key, service.AdmitRequest{}), nil, nil)
+	return b.forward(ctx, key, *to, "stop", callOf(key, service.AdmitRequest{}), nil, nil)
 }
 
 // Remove implements service.Backend on the key's owner.
@@ -165,7 +184,7 @@ func (b *Backend) Remove(ctx context.Context, key sandkeep.Key) error {
 		}
 		return b.local.Remove(ctx, key)
 	}
-	return b.fwd.do(ctx, *to, "remove", callOf(key, service.AdmitRequest{}), nil, nil)
+	return b.forward(ctx, key, *to, "remove", callOf(key, service.AdmitRequest{}), nil, nil)
 }
 
 // EndRun implements service.Backend on the owner of the run's key: the finish is a fenced write.
@@ -187,7 +206,7 @@ func (b *Backend) EndRun(ctx context.Context, id string, failed bool) error {
 	}
 	c := callOf(key, service.AdmitRequest{})
 	c.RunID, c.Failed = id, failed
-	return b.fwd.do(ctx, *to, "endrun", c, nil, nil)
+	return b.forward(ctx, key, *to, "endrun", c, nil, nil)
 }
 
 // endRunHere is the owner's side of a forwarded EndRun.
@@ -259,3 +278,13 @@ func (b *Backend) Templates(ctx context.Context, tenant string) ([]string, error
 
 // Ready implements service.Backend.
 func (b *Backend) Ready(ctx context.Context) error { return b.local.Ready(ctx) }
+
+// forward makes a call to the owner; an owner that is gone or moved is forgotten, so the next call reads the
+// store again.
+func (b *Backend) forward(ctx context.Context, key sandkeep.Key, to leaseAddr, op string, c call, on func(frame) error, out any) error {
+	err := b.fwd.do(ctx, to, op, c, on, out)
+	if fault.Is(err, fault.OwnerUnavailable) || fault.Is(err, fault.OwnerLost) {
+		b.r.Forget(key)
+	}
+	return err
+}

@@ -55,9 +55,10 @@ type Config struct {
 type Replica struct {
 	cfg Config
 
-	mu   sync.Mutex
-	held map[string]heldLease // by lease name
-	stop bool                 // draining: take no new key
+	mu     sync.Mutex
+	held   map[string]heldLease // by lease name
+	others map[string]heldLease // leases other replicas hold, as last read, until a third of a TTL passed; bounded by maxOthers
+	stop   bool                 // draining: take no new key
 }
 
 // heldLease is a lease this replica holds and until when it may act on it: by its own clock, from just before
@@ -88,7 +89,7 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Replica{cfg: cfg, held: map[string]heldLease{}}, nil
+	return &Replica{cfg: cfg, held: map[string]heldLease{}, others: map[string]heldLease{}}, nil
 }
 
 // ID is this replica's owner id.
@@ -109,11 +110,25 @@ func (r *Replica) Claim(ctx context.Context, key identity.Key) (Owner, error) {
 	if ok && now.Before(h.until) {
 		return Owner{Self: true, Lease: h.l}, nil
 	}
+	// Another replica's, read less than a third of a TTL ago: forwarded there without a store round trip. A
+	// forward that finds it gone forgets it (Forget), so the next claim reads the store again.
+	r.mu.Lock()
+	oh, other := r.others[name]
+	r.mu.Unlock()
+	if other && now.Before(oh.until) {
+		return Owner{Lease: oh.l}, nil
+	}
 	if stopping {
 		return Owner{}, ErrDraining
 	}
 	l, err := r.cfg.Leases.AcquireLease(ctx, name, r.cfg.ID, r.cfg.Address, r.cfg.TTL)
 	if errors.Is(err, store.ErrLeaseHeld) {
+		r.mu.Lock()
+		if len(r.others) >= maxOthers {
+			clear(r.others)
+		}
+		r.others[name] = heldLease{l: l, until: now.Add(r.cfg.TTL / 3)}
+		r.mu.Unlock()
 		return Owner{Lease: l}, nil
 	}
 	if err != nil {
@@ -129,6 +144,16 @@ func (r *Replica) Claim(ctx context.Context, key identity.Key) (Owner, error) {
 	}
 	r.held[name] = heldLease{l: l, until: now.Add(r.cfg.TTL)}
 	return Owner{Self: true, Lease: l}, nil
+}
+
+// maxOthers bounds the cache of other replicas' leases.
+const maxOthers = 65536
+
+// Forget drops what this replica remembers of another's lease of key, after a forward to it failed.
+func (r *Replica) Forget(key identity.Key) {
+	r.mu.Lock()
+	delete(r.others, LeaseName(key))
+	r.mu.Unlock()
 }
 
 // Fence returns the fence of key's lease while this replica holds it.

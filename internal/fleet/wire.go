@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -234,6 +235,10 @@ func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on f
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		var oe *net.OpError
+		if errors.As(err, &oe) && oe.Op == "dial" {
+			err = errors.Join(errNotReached, err)
+		}
 		return unavailable(l, err)
 	}
 	defer resp.Body.Close()
@@ -274,6 +279,10 @@ func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on f
 		"run the command again: another replica takes the key over once the lease expires",
 		"replica %s, which owns this key, went away during the call; its outcome is unknown", l.Owner)
 }
+
+// errNotReached is in a forward's error when the owner provably never had the call (its address refused the
+// connection): the call may go elsewhere.
+var errNotReached = errors.New("the owner was not reached")
 
 // leaseAddr is who a forwarded call goes to.
 type leaseAddr struct{ Owner, Address string }
