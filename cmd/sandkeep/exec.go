@@ -138,6 +138,7 @@ func newExec(g *globals) *cobra.Command {
 	f.StringVar(&pf.trust, "trust", "trusted", "trusted, or untrusted: an untrusted run is refused rather than run outside a sandbox")
 	f.StringVar(&pf.run, "run", "", "attach this command to a running run (sandkeep runs start) instead of an implicit one; the run stays open")
 	f.StringVar(&pf.driver, "driver", "", "use this driver (docker, host); unavailable is an error, never a fallback")
+	f.StringVar(&pf.hostState, "host-state", "", "auto: bind your git identity and Go/npm/pnpm/yarn caches into the sandbox at their own paths (HOME is yours, on a tmpfs); none: pass the git identity as GIT_* variables (default: the config's host_state)")
 	nf.bind(f)
 	f.BoolVarP(&detach.on, "detach", "d", false, "start the command as a process that outlives this call and print its pid (sandkeep proc ls|logs|attach|kill); with -i its stdin stays open for proc attach -i")
 	f.StringVar(&detach.tag, "tag", "", "with --detach: name the process, unique among the sandbox's running processes")
@@ -222,7 +223,7 @@ func checkAttached(cmd *cobra.Command, pf policyFlags) error {
 		return nil
 	}
 	var set []string
-	for _, name := range []string{"sandbox", "trust", "driver"} {
+	for _, name := range []string{"sandbox", "trust", "driver", "host-state"} {
 		if cmd.Flags().Changed(name) {
 			set = append(set, "--"+name)
 		}

@@ -89,6 +89,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 	if _, err := full.be.StartProcess(ctx, victim, sandkeep.StartRequest{Argv: []string{"dev-server"}, Tag: "dev", Stdin: true}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := full.be.CreateSnapshot(ctx, victim, "s1", ""); err != nil { // named as the routes below name theirs
+		t.Fatal(err)
+	}
 	runs, _ := full.be.Runs(ctx, store.RunFilter{Tenant: "globex"})
 	runID := runs[0].ID
 	before := snapshot(t, full.be, victim)
@@ -223,6 +226,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 				}
 			}
 		})
+	}
+	if sns, _ := full.be.Snapshots(ctx, "globex"); len(sns) != 1 || sns[0].Name != "s1" {
+		t.Errorf("the victim's snapshots changed: %+v", sns)
 	}
 	if after := snapshot(t, full.be, victim); after != before {
 		t.Errorf("the victim changed:\n before %s\n after  %s", before, after)

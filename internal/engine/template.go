@@ -33,6 +33,8 @@ type Template struct {
 	Tenants []string
 	// Pool is how many sandboxes of the template a warm pool keeps made ahead (Manager.WarmPools); 0: none.
 	Pool int
+	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
+	HostState string
 }
 
 // TemplateSecret is one secret file of a template: the operator's secret Name at Path (under /run/secrets).

@@ -50,6 +50,7 @@ const (
 	NameUserRemap            = "sandbox_user_remap"
 	NameUIDMismatch          = "sandbox_uid_mismatch_warning"
 	NameImageEnvPlanted      = "sandbox_image_env_planted"
+	NameHostStateMounted     = "sandbox_host_state_mounted"
 	NameReaperRemoved        = "reaper_removed"
 	NameReaperKept           = "reaper_kept"
 )
@@ -101,6 +102,7 @@ var payloadTypes = map[string]reflect.Type{
 	NameUserRemap:            reflect.TypeFor[UserRemap](),
 	NameUIDMismatch:          reflect.TypeFor[UIDMismatch](),
 	NameImageEnvPlanted:      reflect.TypeFor[ImageEnvPlanted](),
+	NameHostStateMounted:     reflect.TypeFor[HostStateMounted](),
 	NameReaperRemoved:        reflect.TypeFor[ReaperDecision](),
 	NameReaperKept:           reflect.TypeFor[ReaperDecision](),
 }

@@ -49,6 +49,7 @@ func TestNewAndDecode(t *testing.T) {
 		{"user remap", NameUserRemap, UserRemap{Origin: RemapWorkspace, Sandbox: "s", FromUID: new(int), UID: 100100, GID: 100100}},
 		{"uid mismatch", NameUIDMismatch, UIDMismatch{Sandbox: "s", OwnerUID: 1000, UID: 100100}},
 		{"image env planted", NameImageEnvPlanted, ImageEnvPlanted{Sandbox: "s", Image: "i", Names: []string{"PATH", "GOPATH"}, Overridden: []string{"HOME"}}},
+		{"host state mounted", NameHostStateMounted, HostStateMounted{Mode: "auto", Home: "/home/dev", Bound: []HostStatePath{{Path: "/home/dev/.gitconfig", ReadOnly: true}}, Skipped: []HostStatePath{{Path: "/home/dev/.npm", Why: "missing on the host"}}}},
 		{"reaper removed", NameReaperRemoved, ReaperDecision{Kind: "container", Resource: "sandkeep-u-1", Reason: "orphaned"}},
 		{"reaper kept", NameReaperKept, ReaperDecision{Kind: "pod", Resource: "sandkeep-u-2", Reason: "store_unknown"}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
@@ -86,8 +87,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 35 {
-		t.Errorf("Names() has %d names, want 35", len(Names()))
+	if len(Names()) != 36 {
+		t.Errorf("Names() has %d names, want 36", len(Names()))
 	}
 }
 

@@ -392,6 +392,24 @@ type ImageEnvPlanted struct {
 	Overridden []string `json:"overridden,omitempty"`
 }
 
+// HostStateMounted (sandbox_host_state_mounted): the operator's host_state auto bound its state into the run's
+// sandbox: under a tmpfs HOME at the operator's home path (Home), each Bound path at its own absolute path (the git
+// identity read-only, the tool caches read-write); Skipped says which candidates were not bound and why (missing
+// on the host, nested in or containing the workspace, refused by the mount guard). Paths only, never contents.
+type HostStateMounted struct {
+	Mode    string          `json:"mode"`
+	Home    string          `json:"home"`
+	Bound   []HostStatePath `json:"bound"`
+	Skipped []HostStatePath `json:"skipped,omitempty"`
+}
+
+// HostStatePath is one host_state candidate: its path, and either how it was bound or why it was not.
+type HostStatePath struct {
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	Why      string `json:"why,omitempty"`
+}
+
 // ReaperDecision (reaper_removed, reaper_kept): the reaper removed a resource whose owner is provably gone, or
 // kept one because something could not be known (a lease or store lookup failed). Reason is one of
 // internal/reaper's reasons.

@@ -48,6 +48,8 @@ type Backend struct {
 	lastAdmit service.AdmitRequest   // and its admission
 	waiters   map[string]chan string // "wait=<name>" steps blocked until Release(name)
 
+	snaps map[string]sandkeep.Snapshot // snapshot.go; nil until the first
+
 	procOnce sync.Once
 	procs    *procTable // the fake processes (process.go)
 }
