@@ -26,7 +26,7 @@ var commandFlags = map[string]map[string]flagSpec{
 		"run": {}, "sandbox": {}, "spec": {}, "tag": {}, "tenant": {}, "timeout": {}, "trust": {}, "tty": {short: 't', boolean: true},
 		"user": {}, "workdir": {short: 'w'},
 	},
-	"doctor": {"driver": {}, "json": {boolean: true}, "sandbox": {}, "seccomp-profile": {boolean: true}, "spec": {}, "strict": {boolean: true}, "timeout": {}},
+	"doctor": {"driver": {}, "json": {boolean: true}, "sandbox": {}, "seccomp-install": {}, "seccomp-profile": {boolean: true}, "spec": {}, "strict": {boolean: true}, "timeout": {}},
 	"events": {"follow": {short: 'f', boolean: true}, "interval": {}, "json": {boolean: true}, "run": {}},
 	"ps":     {"json": {boolean: true}},
 	"rm":     {"keep-workspace": {boolean: true}, "tenant": {}, "user": {}},
