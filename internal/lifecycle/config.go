@@ -53,10 +53,14 @@ type Config struct {
 	PidsLimit   int64
 	MemoryBytes int64
 	NanoCPUs    int64
-	TmpBytes    int64
-	HomeBytes   int64
-	Env         []string       // extra base environment, "K=V"
-	Mounts      []driver.Mount // extra binds; each passes guard.CheckMount
+	// RequestMemoryBytes and RequestNanoCPUs are what a sandbox reserves (a template's requests), at most the
+	// limits above; zero reserves the limit.
+	RequestMemoryBytes int64
+	RequestNanoCPUs    int64
+	TmpBytes           int64
+	HomeBytes          int64
+	Env                []string       // extra base environment, "K=V"
+	Mounts             []driver.Mount // extra binds; each passes guard.CheckMount
 	// Tmpfs are extra tmpfs mounts: target -> options as the spec writes them ("size=64m,mode=0700"). Each is
 	// mounted rw,nosuid,nodev, owned by the sandbox user (mode 0755) unless the options say otherwise, and
 	// 64 MiB unless they give a size.
@@ -390,6 +394,10 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 		MemoryBytes:     c.MemoryBytes,
 		MemorySwapBytes: c.MemoryBytes,
 		NanoCPUs:        c.NanoCPUs,
+		// A request above its limit is refused by the engine's template check; capped here as well, so a
+		// posture never asks to reserve more than it may use.
+		RequestNanoCPUs:    min(c.RequestNanoCPUs, c.NanoCPUs),
+		RequestMemoryBytes: min(c.RequestMemoryBytes, c.MemoryBytes),
 		Tmpfs: map[string]string{
 			// Owned by the sandbox user: runc gives a tmpfs the mode of the image's directory it covers (an image's
 			// /tmp may be 0755 root), so ownership is what keeps /tmp writable whatever the image; the agent's init
