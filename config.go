@@ -76,8 +76,16 @@ type Config struct {
 	// Spec is the repository's sandkeep.yaml (with devcontainer.json beside it) that runs follow unless their
 	// RunRequest names another; ConfigFromEnv reads SANDKEEP_SPEC. Its files are the repository tier: they may
 	// only ask for what Repository allows.
-	Spec       string
-	Repository RepositoryPolicy
+	Spec string
+	// HostState gives local developers' sandboxes the operator's own state (operator tier; a repository's is
+	// TIER_REFUSED): "auto" binds the git identity and tool caches (HostStatePaths, default Go, npm, pnpm, yarn)
+	// at their own paths under a tmpfs HOME at HostStateHome, skipping what is missing or overlaps the workspace
+	// (sandbox_host_state_mounted); "none" passes the git identity as GIT_AUTHOR_* and GIT_COMMITTER_*; "" neither.
+	// A template's or a request's HostState overrides it. The kubernetes driver refuses auto.
+	HostState      string
+	HostStateHome  string   // the operator's home; "" is the process's ($HOME)
+	HostStatePaths []string // host_state auto's candidates ("~/" is HostStateHome); empty: engine.DefaultHostStatePaths
+	Repository     RepositoryPolicy
 
 	// Templates are the operator's sandbox shapes an API caller picks by name; a run that names none gets
 	// TenantTemplates[tenant], else DefaultTemplate, else the Config's own shape.
@@ -86,6 +94,9 @@ type Config struct {
 	TenantTemplates map[string]string
 	// PoolCap bounds the warm pools' members in all (Template.Pool); 0: the sum of the pools.
 	PoolCap int
+	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take the
+	// defaults (100 snapshots, 10 GiB); a negative one lifts the bound.
+	SnapshotQuota SnapshotQuota
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
@@ -210,8 +221,8 @@ func (c Config) engine() engine.Config {
 		DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes, GateWait: c.GateWait,
 		MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, NoSweeper: c.NoSweeper, SweepInterval: c.SweepInterval, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
-		SandboxDefault: c.SandboxDefault, Spec: c.Spec, Repository: c.Repository, DefaultTemplate: c.DefaultTemplate,
-		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
+		SandboxDefault: c.SandboxDefault, Spec: c.Spec, HostState: c.HostState, HostStateHome: c.HostStateHome, HostStatePaths: c.HostStatePaths, Repository: c.Repository, DefaultTemplate: c.DefaultTemplate,
+		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: c.SnapshotQuota, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
 		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
 		OnEvent: engine.EventFunc(c.OnEvent), Logger: c.Logger, EnvErr: c.envErr,
@@ -252,6 +263,8 @@ type Template struct {
 	Tenants []string
 	// Pool is how many sandboxes of the template a warm pool keeps made ahead (Manager.WarmPools); 0: none.
 	Pool int
+	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
+	HostState string
 	// Requests is what each sandbox reserves on its node apart from what it may use; zero fields reserve the limit.
 	Requests Requests
 }
@@ -273,7 +286,7 @@ type TemplateSecret struct {
 func (t Template) engine() engine.Template {
 	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
 		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants, Pool: t.Pool,
-		Requests: engine.Requests(t.Requests)}
+		Requests: engine.Requests(t.Requests), HostState: t.HostState}
 	for _, s := range t.Secrets {
 		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
 	}

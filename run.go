@@ -45,6 +45,9 @@ type RunRequest struct {
 	// Network, when set, is a block for the run's commands over the run's own (the Config's, the template's, the
 	// repository's), merged as its Inherit says; a Caller's may only narrow it (NETWORK_WIDENED) and replaces it.
 	Network *Network
+	// HostState is the operator's host_state for this run (the CLI's --host-state): auto or none, over the
+	// template's and the Config's. A Caller may not set it (TIER_REFUSED).
+	HostState string
 	// RequestID, when set, is recorded on the run's events.
 	RequestID string
 	// BuildOutput receives the progress of an image build the spec asks for (nil: discarded).
@@ -55,7 +58,7 @@ type RunRequest struct {
 
 func (rr RunRequest) engine() engine.RunRequest {
 	return engine.RunRequest{Key: rr.Key, RunID: rr.RunID, Mode: rr.Mode, Trust: rr.Trust, Driver: rr.Driver,
-		Spec: rr.Spec, Template: rr.Template, Caller: rr.Caller, Network: rr.Network.engine(), RequestID: rr.RequestID,
+		Spec: rr.Spec, Template: rr.Template, Caller: rr.Caller, Network: rr.Network.engine(), RequestID: rr.RequestID, HostState: rr.HostState,
 		BuildOutput: rr.BuildOutput, Observer: engine.Observer{Event: engine.EventFunc(rr.Observer.Event), Started: rr.Observer.Started}}
 }
 

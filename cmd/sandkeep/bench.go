@@ -50,6 +50,10 @@ ratio of medians. Scenarios (in run order):
   pool        warm pools (issue 23): a new key's first command with its template's pool warm vs 'docker run
               --rm'; --keys (default 50) new keys at once with a pool of as many (p99 vs one run's median);
               the on-demand fallback's first command beside them
+  fleet       a fleet (issue 27): warm 'true' sent to a replica that forwards it to the key's owner vs sent to
+              the owner, side by side (target 1.5x at the median); one renewal of 10,000 key leases in one
+              write vs one acquisition, with the rows and statements per second renewal costs (SQLite, or
+              --postgres)
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created

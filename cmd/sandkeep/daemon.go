@@ -53,7 +53,7 @@ func interactive(cmd *cobra.Command) bool {
 
 // routedCommands are the CLI commands that go through the daemon when one runs.
 var routedCommands = map[string]bool{"exec": true, "ps": true, "stop": true, "rm": true, "runs": true, "events": true, "doctor": true,
-	"port-forward": true, "fork": true} // port-forward: the daemon holds the channels, so its forwards are streams on them
+	"port-forward": true, "fork": true, "proc": true, "snapshot": true} // port-forward: the daemon holds the channels, so its forwards are streams on them
 
 // The socket protocol's frames (cmd/sandkeep/internal/fastpath, shared with the start-up fast path).
 const (

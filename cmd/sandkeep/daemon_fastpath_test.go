@@ -63,8 +63,9 @@ func agree(t *testing.T, args []string) (taken bool) {
 }
 
 // mainRoutes are the commands the daemon serves that the fast path leaves to main's own route to the daemon:
-// port-forward lives as long as its forward, and fork copies a workspace, so their start-up time does not matter.
-var mainRoutes = map[string]bool{"port-forward": true, "fork": true}
+// port-forward lives as long as its forward, and fork copies a workspace, so their start-up time does not matter;
+// proc and snapshot are groups of subcommands, which the fast path never takes.
+var mainRoutes = map[string]bool{"port-forward": true, "fork": true, "proc": true, "snapshot": true}
 
 // TestFastPathFlags: every flag of every command the daemon serves, in each form, is read by the fast path as
 // cobra reads it; a flag added to a command and not to the fast path's table fails here. Commands the daemon

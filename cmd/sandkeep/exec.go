@@ -61,6 +61,7 @@ func newExec(g *globals) *cobra.Command {
 		gateWait    time.Duration
 		pf          policyFlags
 		nf          networkFlags
+		detach      detachFlags
 	)
 	cmd := &cobra.Command{
 		Use:     "exec --user U [--tenant T] [flags] [--] COMMAND [ARG...]",
@@ -88,6 +89,14 @@ func newExec(g *globals) *cobra.Command {
 			}
 			if err := checkAttached(cmd, pf); err != nil {
 				return fail(err)
+			}
+			if err := checkDetach(cmd, detach); err != nil {
+				return fail(err)
+			}
+			if detach.on {
+				sreq := sandkeep.StartRequest{Argv: args, Workdir: workdir, Env: env, Lifetime: detach.lifetime,
+					Stdin: interactive, Tag: detach.tag}
+				return runDetach(cmd.Context(), g, key, sreq, asJSON, pf, nf.block(cmd), fail)
 			}
 			if interactive {
 				req.Stdin = g.stdin
@@ -129,8 +138,35 @@ func newExec(g *globals) *cobra.Command {
 	f.StringVar(&pf.trust, "trust", "trusted", "trusted, or untrusted: an untrusted run is refused rather than run outside a sandbox")
 	f.StringVar(&pf.run, "run", "", "attach this command to a running run (sandkeep runs start) instead of an implicit one; the run stays open")
 	f.StringVar(&pf.driver, "driver", "", "use this driver (docker, host); unavailable is an error, never a fallback")
+	f.StringVar(&pf.hostState, "host-state", "", "auto: bind your git identity and Go/npm/pnpm/yarn caches into the sandbox at their own paths (HOME is yours, on a tmpfs); none: pass the git identity as GIT_* variables (default: the config's host_state)")
 	nf.bind(f)
+	f.BoolVarP(&detach.on, "detach", "d", false, "start the command as a process that outlives this call and print its pid (sandkeep proc ls|logs|attach|kill); with -i its stdin stays open for proc attach -i")
+	f.StringVar(&detach.tag, "tag", "", "with --detach: name the process, unique among the sandbox's running processes")
+	f.DurationVar(&detach.lifetime, "lifetime", 0, "with --detach: kill the process's tree after this long (default 1h, at most 24h)")
 	return cmd
+}
+
+// checkDetach refuses the flags that do not go with --detach, and the process's flags without it.
+func checkDetach(cmd *cobra.Command, d detachFlags) error {
+	f := cmd.Flags()
+	if !d.on {
+		for _, name := range []string{"tag", "lifetime"} {
+			if f.Changed(name) {
+				return fault.New(fault.InvalidArgument, "add --detach, or leave out --"+name, "--%s needs --detach", name)
+			}
+		}
+		return nil
+	}
+	for _, name := range []string{"tty", "timeout", "output-limit", "gate-wait"} {
+		if f.Changed(name) {
+			hint := "leave out --" + name
+			if name == "timeout" {
+				hint = "use --lifetime for a process's bound"
+			}
+			return fault.New(fault.InvalidArgument, hint, "--%s does not go with --detach", name)
+		}
+	}
+	return nil
 }
 
 // networkFlags are one command's network block: merged with the spec's (append) or instead of it (replace).
@@ -187,7 +223,7 @@ func checkAttached(cmd *cobra.Command, pf policyFlags) error {
 		return nil
 	}
 	var set []string
-	for _, name := range []string{"sandbox", "trust", "driver"} {
+	for _, name := range []string{"sandbox", "trust", "driver", "host-state"} {
 		if cmd.Flags().Changed(name) {
 			set = append(set, "--"+name)
 		}

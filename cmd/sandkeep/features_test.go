@@ -116,6 +116,13 @@ func TestOCIFeature(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
 	host := ocireg.Registry(t)
+	// The registry is on loopback, which a repository's feature may name only when the operator allowlists it
+	// (feature_registries: issue 22, finding 6); the operator's config is read in-process, not by the daemon.
+	operator := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	if err := os.WriteFile(operator, []byte("feature_registries: ["+host+", \"127.0.0.1:1\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.env = append(c.env, "SANDKEEP_DAEMON=off", "SANDKEEP_CONFIG="+operator)
 	nonce := fmt.Sprint(time.Now().UnixNano())
 	id := host + "/devcontainers/features/hello:1"
 	ocireg.PushFeature(t, id, map[string]string{
@@ -142,5 +149,14 @@ func TestOCIFeature(t *testing.T) {
 	r = c.run(t, "exec", "--spec", gone, "--tenant", c.ten("acme"), "--user", "gone", "--", "true").wantFailure(t, "FEATURE_UNAVAILABLE")
 	if !strings.Contains(r.stderr, "127.0.0.1:1/features/go:1") || !strings.Contains(r.stderr, "registry 127.0.0.1:1") {
 		t.Errorf("the failure does not name the feature and the registry: %q", r.stderr)
+	}
+
+	// A loopback registry the operator did not list is refused before it is dialled.
+	_, unlisted := writeRepo(t, map[string]string{
+		".devcontainer/devcontainer.json": `{"image": "` + testutil.TestImage(t) + `", "features": {"127.0.0.1:2/features/go:1": {}}}`,
+	})
+	r = c.run(t, "exec", "--spec", unlisted, "--tenant", c.ten("acme"), "--user", "gone", "--", "true").wantFailure(t, "FEATURE_UNAVAILABLE")
+	if !strings.Contains(r.stderr, "does not connect to") || !strings.Contains(r.stderr, "feature_registries") {
+		t.Errorf("an unlisted loopback registry: %q", r.stderr)
 	}
 }

@@ -216,10 +216,10 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *global
 	pf.StringVar(&g.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
 	pf.StringVar(&g.transport, "transport", "", "how commands reach the agent: auto (the persistent channel when up, else Docker exec), agent, exec (default $SANDKEEP_TRANSPORT, else auto)")
 	pf.StringVar(&g.store, "store", "", "where runs and events are recorded: an SQLite file or a postgres:// URL (default $SANDKEEP_STORE, else <home>/sandkeep.db)")
-	root.AddCommand(newExec(g), newRuns(g), newEvents(g), newDoctor(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
+	root.AddCommand(newExec(g), newRuns(g), newEvents(g), newLogs(g), newDoctor(g), newPs(g), newStop(g), newRm(g), newSweep(g), newVersion(g), newBench(g))
 	root.AddCommand(newToken(g), newMCP(g), newServe(g))
-	root.AddCommand(newAgent(g), newPortForward(g), newDaemon(g))
-	root.AddCommand(newFork(g))
+	root.AddCommand(newAgent(g), newPortForward(g), newDaemon(g), newProc(g))
+	root.AddCommand(newFork(g), newSnapshot(g))
 	return root, g
 }
 

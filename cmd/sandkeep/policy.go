@@ -19,6 +19,8 @@ type policyFlags struct {
 	trust   string // --trust: trusted | untrusted
 	driver  string // --driver: an explicit driver, which must be available
 	run     string // --run: a running run to attach to; "" for an implicit run of this command alone
+	// hostState is --host-state: auto or none, the operator's host state for this run (exec only).
+	hostState string
 }
 
 // prefixed writes each line with a prefix (the build's progress, on stderr).
@@ -56,7 +58,7 @@ func (g *globals) docker() (*docker.Driver, error) {
 // Config (ConfigFromEnv); a build's progress goes to stderr, each line prefixed.
 func (f policyFlags) request(key sandkeep.Key, stderr io.Writer) sandkeep.RunRequest {
 	return sandkeep.RunRequest{Key: key, RunID: f.run, Mode: f.sandbox, Trust: f.trust, Driver: f.driver, Spec: f.spec,
-		BuildOutput: prefixed{w: stderr, prefix: "build: "}}
+		HostState: f.hostState, BuildOutput: prefixed{w: stderr, prefix: "build: "}}
 }
 
 // envHostPassthrough is the operator's switch for the host passthrough: allow (the default) or deny, which

@@ -99,6 +99,8 @@ func (g *globals) operator(sc serverConfig) (sandkeep.Config, error) {
 	c.Repository = sc.Operator
 	c.Templates, err = sc.templates()
 	c.DefaultTemplate, c.TenantTemplates, c.PoolCap = sc.DefaultTemplate, sc.TenantTemplates, sc.PoolCap
+	c.HostState, c.HostStatePaths = sc.HostState, sc.HostStatePaths
+	c.SnapshotQuota = sandkeep.SnapshotQuota{Count: sc.SnapshotQuota.Count, Bytes: sc.SnapshotQuota.Bytes}
 	return c, err
 }
 

@@ -90,14 +90,25 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	// CLI's calls on the home's socket with its own Manager, store, channels and proxies.
 	// Another owner (a second serve on the home, or a daemon started by 'sandkeep daemon'): this server still
 	// serves its API, as before the daemon, but not the home's socket.
-	d, err := ownHome(g, true)
+	fl, err := g.openFleet(sc.Fleet)
+	if err != nil {
+		return err
+	}
+	var d *daemon
+	if fl == nil {
+		d, err = ownHome(g, true)
+	} else {
+		// A replica serves keys only through their leases; the home's socket would let a CLI call run beside
+		// the key's owner.
+		fmt.Fprintln(g.stderr, "sandkeep: fleet replica: serving the API without the home's socket")
+	}
 	switch {
 	case fault.CodeOf(err) == fault.HomeOwned:
 		fmt.Fprintf(g.stderr, "sandkeep: warning: %v; serving the API without the home's socket\n", oneLine(err.Error()))
 		d = nil
 	case err != nil:
 		return err
-	default:
+	case d != nil:
 		d.serve = true
 		if af != (admissionFlags{}) {
 			// serve's Manager follows these flags; a CLI call without them would get other results here than
@@ -119,7 +130,14 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		c.IdleTimeout = duration(sc.Sweep.IdleTimeout, 0)
 		c.Retention = duration(sc.Sweep.Retention, 0)
 		c.Drivers = offered // fail closed: no host passthrough unless the config names its user
+		if fl != nil {
+			_ = fl.store(c, g.stderr) // fails only without a store; checked below
+		}
 	})
+	if err == nil && fl != nil && fl.replica == nil {
+		svc.Close()
+		err = fault.New(fault.StoreUnavailable, "pass --store with a PostgreSQL DSN", "a fleet replica needs the shared store")
+	}
 	if err != nil {
 		if d != nil {
 			d.close(nil)
@@ -148,8 +166,25 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 		return err
 	}
 	defer front.Close()
+	var backend service.Backend = svc.backend
+	fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFleet()
+	if fl != nil {
+		fb, wait := fl.run(fleetCtx, svc.backend, svc.st, af.sandbox == "none", g.stderr)
+		backend = fb
+		defer func() {
+			// The leases are handed over last: running commands ended (Drain), so the next owner starts clean.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := fl.replica.Release(rctx); err != nil {
+				fmt.Fprintf(g.stderr, "sandkeep: fleet: hand leases over: %v\n", err)
+			}
+			stopFleet()
+			wait()
+		}()
+	}
 	srv, err := api.New(api.Config{
-		Backend: svc.backend, Tokens: svc.st, Registry: reg,
+		Backend: backend, Tokens: svc.st, Registry: reg,
 		Limits: sc.Limits.api(), TenantLimits: sc.tenantLimits(),
 		MaxBodyBytes: size(sc.MaxBody), MaxUploadBytes: sc.fileLimits().MaxFileBytes,
 		Logger: access, MetricsToken: metricsToken, MetricsOpen: sc.MetricsOpen,
@@ -188,7 +223,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	// process holding the lock keeps it). It ends with the server.
 	sweepCtx, stopSweep := context.WithCancel(context.WithoutCancel(ctx))
 	var sweeping sync.WaitGroup
-	if every := duration(sc.Sweep.Interval, time.Minute); every > 0 {
+	if every := duration(sc.Sweep.Interval, time.Minute); every > 0 && fl == nil {
 		sweeping.Go(func() {
 			if err := svc.m.RunSweeper(sweepCtx, every); err != nil {
 				fmt.Fprintf(g.stderr, "sandkeep: sweeper stopped: %v\n", err)
@@ -215,6 +250,9 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	// Graceful: refuse new commands, let running ones finish (bounded), then close the listener and connections.
 	// Admission stops before the announcement: whoever reads "draining" is refused.
 	srv.StopAdmitting()
+	if fl != nil {
+		fl.replica.Drain()
+	}
 	fmt.Fprintln(g.stderr, "sandkeep: draining: no new commands; waiting for running ones")
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.shutdownGrace())
 	defer cancel()

@@ -80,6 +80,17 @@ type serverConfig struct {
 	TenantTemplates map[string]string         `yaml:"tenant_templates"`
 	// PoolCap bounds the templates' warm pools' members in all (0: the sum of their pool sizes).
 	PoolCap int `yaml:"pool_cap"`
+	// HostState (auto or none) gives sandboxes the operator's git identity and tool caches (sandkeep.Config's
+	// HostState); HostStatePaths replaces auto's candidates ("~/" is the operator's home).
+	HostState      string   `yaml:"host_state"`
+	HostStatePaths []string `yaml:"host_state_paths"`
+	// SnapshotQuota bounds each tenant's snapshots (0: the default, 100 snapshots and 10 GiB; -1: no bound).
+	SnapshotQuota struct {
+		Count int   `yaml:"count"`
+		Bytes int64 `yaml:"bytes"`
+	} `yaml:"snapshot_quota"`
+	// Fleet makes this server one replica of several over one store (servefleet.go).
+	Fleet fleetConfig `yaml:"fleet"`
 }
 
 // templateConfig is one template of the server config.
@@ -93,7 +104,8 @@ type templateConfig struct {
 	PostCreate string            `yaml:"post_create"`
 	Spec       string            `yaml:"spec"`
 	Tenants    []string          `yaml:"tenants"`
-	Pool       int               `yaml:"pool"` // sandboxes kept made ahead for new keys (a warm pool)
+	Pool       int               `yaml:"pool"`       // sandboxes kept made ahead for new keys (a warm pool)
+	HostState  string            `yaml:"host_state"` // auto or none, over the config's
 	// Requests is what each sandbox reserves apart from its limits (cpus, memory): `requests: {cpus: 0.05,
 	// memory: 128m}` packs idle sandboxes densely on a Kubernetes node.
 	Requests struct {
@@ -123,7 +135,7 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 	out := make(map[string]sandkeep.Template, len(c.Templates))
 	for name, tc := range c.Templates {
 		t := sandkeep.Template{Image: tc.Image, User: tc.User, CPUs: tc.CPUs, PidsLimit: tc.Pids, PostCreate: tc.PostCreate,
-			Spec: tc.Spec, Tenants: tc.Tenants, Pool: tc.Pool}
+			Spec: tc.Spec, Tenants: tc.Tenants, Pool: tc.Pool, HostState: tc.HostState}
 		if tc.Memory != "" {
 			n, err := bytesize.Parse(tc.Memory)
 			if err != nil {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -191,5 +193,55 @@ func TestServeConfigTemplateRequests(t *testing.T) {
 	c.Templates["small"] = func(tc templateConfig) templateConfig { tc.Requests.Memory = "lots"; return tc }(c.Templates["small"])
 	if _, err := c.templates(); fault.CodeOf(err) != fault.InvalidArgument || !strings.Contains(err.Error(), "requests.memory") {
 		t.Errorf("a malformed request: %v, want INVALID_ARGUMENT naming requests.memory", err)
+	}
+}
+
+// TestServeHostPassthroughUser: end to end, a server whose engine is unreachable refuses an API exec by default,
+// and with host_passthrough: {user: "65534:65534"} runs it on the host as that user (uid, gid, no supplementary
+// groups), in a workspace handed to that user, which it can reach although the state home was made 0700 (issue
+// 22, High 4: the passthrough ran tenants' commands as root; as the named user it could not start at all).
+func TestServeHostPassthroughUser(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	acme, globex := c.ten("acme"), c.ten("globex")
+	exec := func(s *server, tok, cmd string) (int, string) {
+		t.Helper()
+		body, _ := json.Marshal(map[string]string{"command": cmd})
+		a := s.raw(t, "POST", "/v1/sandboxes/u/exec", tok, bytes.NewReader(body), "Content-Type", "application/json")
+		var v struct {
+			Stdout   string
+			ExitCode int `json:"exit_code"`
+		}
+		if a.status != http.StatusOK || json.Unmarshal([]byte(a.body), &v) != nil {
+			return a.status, a.body
+		}
+		return v.ExitCode, v.Stdout
+	}
+	acmeTok, globexTok := c.createToken(t, acme, "t", "").Token, c.createToken(t, globex, "t", "").Token
+
+	closed := c.startServerEnv(t, noDocker)
+	if status, body := exec(closed, acmeTok, "id -u"); status != http.StatusServiceUnavailable || !strings.Contains(body, "SANDBOX_DRIVER_UNAVAILABLE") {
+		t.Fatalf("exec without an engine and without host_passthrough: %d %s", status, body)
+	}
+
+	// The named user must reach its workspace: sandkeep opens the state home and its workspaces/ to it (0711);
+	// what is above them is the operator's: t.TempDir's parent is 0700, as /root would be.
+	if err := os.Chmod(filepath.Dir(c.home), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+	if err := os.WriteFile(cfg, []byte("host_passthrough: {user: \"65534:65534\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := c.startServerEnv(t, noDocker, "--config", cfg)
+	code, out := exec(s, acmeTok, `echo "$(id -u):$(id -g):$(id -G)"; grep '^Groups:' /proc/self/status; pwd; echo mine > own && stat -c %u:%g own`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 4 || lines[0] != "65534:65534:65534" || strings.TrimSpace(strings.TrimPrefix(lines[1], "Groups:")) != "" ||
+		lines[3] != "65534:65534" {
+		t.Fatalf("host passthrough as the named user: exit %d, %q", code, out)
+	}
+	// The workspaces' directory is not listable by the user: a command cannot find the other keys' workspaces.
+	if code, out := exec(s, globexTok, "ls "+filepath.Dir(lines[2])); code == 0 || strings.Contains(out, filepath.Base(lines[2])) {
+		t.Errorf("globex's command listed the workspaces: exit %d, %q", code, out)
 	}
 }

@@ -86,6 +86,12 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws.Close()
+	if _, err := full.be.StartProcess(ctx, victim, sandkeep.StartRequest{Argv: []string{"dev-server"}, Tag: "dev", Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := full.be.CreateSnapshot(ctx, victim, "s1", ""); err != nil { // named as the routes below name theirs
+		t.Fatal(err)
+	}
 	runs, _ := full.be.Runs(ctx, store.RunFilter{Tenant: "globex"})
 	runID := runs[0].ID
 	before := snapshot(t, full.be, victim)
@@ -106,21 +112,34 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"POST /v1/sandboxes/{user}/stop", req{"POST", "/v1/sandboxes/bob/stop", "", nil}},
 		{"DELETE /v1/sandboxes/{user}", req{"DELETE", "/v1/sandboxes/bob", "", nil}},
 		{"POST /v1/sandboxes/{user}/fork", req{"POST", "/v1/sandboxes/bob/fork", `{"to":"carol"}`, nil}},
+		{"POST /v1/sandboxes/{user}/snapshots", req{"POST", "/v1/sandboxes/bob/snapshots", `{"name":"s1"}`, nil}},
+		{"GET /v1/snapshots", req{"GET", "/v1/snapshots", "", nil}},
+		{"DELETE /v1/snapshots/{name}", req{"DELETE", "/v1/snapshots/s1", "", nil}},
+		{"POST /v1/snapshots/{name}/restore", req{"POST", "/v1/snapshots/s1/restore", `{"user":"carol"}`, nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}", req{"GET", "/v1/sandboxes/bob/files/f.txt", "", nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}#list", req{"GET", "/v1/sandboxes/bob/files/?list=1", "", nil}},
 		{"GET /v1/sandboxes/{user}/files/{path...}#tar", req{"GET", "/v1/sandboxes/bob/files/", "", nil}},
 		{"GET /v1/sandboxes/{user}/exec/tty", req{"GET", "/v1/sandboxes/bob/exec/tty", "", nil}},
 		{"GET /v1/sandboxes/{user}/ports/{port}", req{"GET", "/v1/sandboxes/bob/ports/8080", "", nil}},
 		{"GET /v1/sandboxes/{user}/ports", req{"GET", "/v1/sandboxes/bob/ports", "", nil}},
+		{"GET /v1/sandboxes/{user}/processes", req{"GET", "/v1/sandboxes/bob/processes", "", nil}},
+		{"GET /v1/sandboxes/{user}/processes/{ref}/output", req{"GET", "/v1/sandboxes/bob/processes/dev/output?follow=0", "", nil}},
+		{"GET /v1/sandboxes/{user}/processes/{ref}/output#pid", req{"GET", "/v1/sandboxes/bob/processes/101/output?follow=0", "", nil}},
+		{"POST /v1/sandboxes/{user}/processes/{ref}/input", req{"POST", "/v1/sandboxes/bob/processes/dev/input", `{"data":"x"}`, nil}},
+		{"POST /v1/sandboxes/{user}/processes/{ref}/signal", req{"POST", "/v1/sandboxes/bob/processes/dev/signal", `{"signal":"HUP"}`, nil}},
+		{"POST /v1/sandboxes/{user}/processes/{ref}/kill", req{"POST", "/v1/sandboxes/bob/processes/101/kill", "", nil}},
+		{"POST /v1/sandboxes/{user}/processes/{ref}/resize", req{"POST", "/v1/sandboxes/bob/processes/dev/resize", `{"rows":24,"cols":80}`, nil}},
 		{"GET /v1/runs", req{"GET", "/v1/runs", "", nil}},
 		{"GET /v1/runs/{id}", req{"GET", "/v1/runs/" + runID, "", nil}},
 		{"GET /v1/runs/{id}/events", req{"GET", "/v1/runs/" + runID + "/events", "", nil}},
+		{"GET /v1/runs/{id}/logs", req{"GET", "/v1/runs/" + runID + "/logs", "", nil}},
 		{"GET /v1/runs/{id}/events#follow", req{"GET", "/v1/runs/" + runID + "/events?follow=1", "", nil}},
 		{"GET /v1/openapi.json", req{"GET", "/v1/openapi.json", "", nil}},
 		{"GET /v1/templates", req{"GET", "/v1/templates", "", nil}},
 		{"POST /v1/runs/{id}/finish", req{"POST", "/v1/runs/" + runID + "/finish", `{}`, nil}},
 		{"POST /v1/sandboxes/{user}/exec", req{"POST", "/v1/sandboxes/bob/exec", `{"argv":["echo","x"]}`, nil}},
 		{"POST /v1/sandboxes/{user}/runs", req{"POST", "/v1/sandboxes/bob/runs", `{}`, nil}},
+		{"POST /v1/sandboxes/{user}/processes", req{"POST", "/v1/sandboxes/bob/processes", `{"argv":["dev-server"],"tag":"dev"}`, nil}},
 		{"PUT /v1/sandboxes/{user}/files/{path...}", req{"PUT", "/v1/sandboxes/bob/files/f.txt", "overwritten", nil}},
 		{"/mcp", req{"POST", "/mcp", `{}`, []string{UserHeader, "bob"}}},
 	}
@@ -193,7 +212,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 				t.Errorf("another tenant sees the victim: %d %s", status, body)
 			}
 			switch pattern {
-			case "POST /v1/sandboxes/{user}/exec", "POST /v1/sandboxes/{user}/runs", "PUT /v1/sandboxes/{user}/files/{path...}", "/mcp":
+			case "POST /v1/sandboxes/{user}/exec", "POST /v1/sandboxes/{user}/runs", "POST /v1/sandboxes/{user}/processes", "PUT /v1/sandboxes/{user}/files/{path...}", "/mcp":
 				// These act on the caller's own (acme, bob): they succeed there, and touch nothing of globex.
 				if status != estatus || status/100 != 2 {
 					t.Errorf("status %d (empty world %d): %s", status, estatus, body)
@@ -207,6 +226,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 				}
 			}
 		})
+	}
+	if sns, _ := full.be.Snapshots(ctx, "globex"); len(sns) != 1 || sns[0].Name != "s1" {
+		t.Errorf("the victim's snapshots changed: %+v", sns)
 	}
 	if after := snapshot(t, full.be, victim); after != before {
 		t.Errorf("the victim changed:\n before %s\n after  %s", before, after)
@@ -248,5 +270,11 @@ func snapshot(t *testing.T, be *apitest.Backend, key sandkeep.Key) string {
 		evs, _ := be.Events(ctx, store.EventFilter{RunID: r.ID})
 		nev += len(evs)
 	}
-	return fmt.Sprintf("sandbox %s %s used %s; file %q; %d runs; %d events", sb.Name, sb.State, sb.LastUsed, data, len(runs), nev)
+	ps, _ := be.Processes(ctx, key)
+	var out strings.Builder
+	for _, p := range ps {
+		_, _ = be.AttachProcess(ctx, key, sandkeep.ProcessRef{PID: p.PID}, sandkeep.AttachOptions{Stdout: &out, Snapshot: true})
+	}
+	return fmt.Sprintf("sandbox %s %s used %s; file %q; %d runs; %d events; processes %+v output %q", sb.Name, sb.State,
+		sb.LastUsed, data, len(runs), nev, ps, out.String())
 }

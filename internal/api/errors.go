@@ -45,6 +45,7 @@ var statusOf = map[fault.Code]int{
 	fault.SandboxExists:     http.StatusConflict,
 
 	fault.SnapshotNotFound: http.StatusNotFound,
+	fault.SnapshotExists:   http.StatusConflict,
 	fault.QuotaExceeded:    http.StatusInsufficientStorage,
 
 	fault.RequestTooLarge: http.StatusRequestEntityTooLarge,
@@ -90,6 +91,8 @@ var statusOf = map[fault.Code]int{
 	fault.DaemonUnavailable: http.StatusServiceUnavailable,
 	fault.DaemonMismatch:    http.StatusServiceUnavailable,
 	fault.DaemonLost:        http.StatusServiceUnavailable,
+	fault.OwnerUnavailable:  http.StatusServiceUnavailable,
+	fault.OwnerLost:         http.StatusBadGateway,
 	fault.HomeOwned:         http.StatusServiceUnavailable,
 
 	// The server, the engine or the sandbox failed.

@@ -47,32 +47,44 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 
 var _ service.Forker = (*guarded)(nil)
 
-// Fork forks within the server's rules: draining, and the tenant's sandbox bound (the new key counts as one of its
-// sandboxes from then on). A fork past the bound is QUOTA_EXCEEDED: waiting does not make room, removing does.
+// Fork forks within the server's rules (newSandbox).
 func (g *guarded) Fork(ctx context.Context, from, to sandkeep.Key, ar service.AdmitRequest) (sandkeep.Sandbox, error) {
 	f, ok := g.Backend.(service.Forker)
 	if !ok {
 		return sandkeep.Sandbox{}, service.ErrNoFork()
 	}
-	s := g.s
-	if !s.drain.enter() {
-		return sandkeep.Sandbox{}, errShuttingDown()
-	}
-	defer s.drain.leave()
-	done, err := s.limits.admitWorkspace(ctx, g.Backend, to)
-	if err != nil {
-		if fault.CodeOf(err) == fault.RateLimited {
-			s.metrics.limited.WithLabelValues("sandboxes").Inc()
-			return sandkeep.Sandbox{}, fault.Wrap(err, fault.QuotaExceeded,
-				"remove one of the tenant's sandboxes (DELETE /v1/sandboxes/{user}), or ask the operator to raise max_sandboxes",
-				"tenant %s is at its limit of sandboxes and the fork would make one more; nothing was made", to.Tenant)
-		}
-		return sandkeep.Sandbox{}, err
-	}
 	if ar.RequestID == "" {
 		ar.RequestID = requestIDFrom(ctx)
 	}
-	sb, err := f.Fork(ctx, from, to, ar)
-	done(err == nil)
+	var sb sandkeep.Sandbox
+	err := g.newSandbox(ctx, to, func() error {
+		var err error
+		sb, err = f.Fork(ctx, from, to, ar)
+		return err
+	})
 	return sb, err
+}
+
+// newSandbox runs create, which makes key's sandbox (a fork, a restore), within the server's rules: draining, and
+// the tenant's sandbox bound (key counts as one of its sandboxes from then on). Past the bound it is
+// QUOTA_EXCEEDED: waiting does not make room, removing does.
+func (g *guarded) newSandbox(ctx context.Context, key sandkeep.Key, create func() error) error {
+	s := g.s
+	if !s.drain.enter() {
+		return errShuttingDown()
+	}
+	defer s.drain.leave()
+	done, err := s.limits.admitWorkspace(ctx, g.Backend, key)
+	if err != nil {
+		if fault.CodeOf(err) == fault.RateLimited {
+			s.metrics.limited.WithLabelValues("sandboxes").Inc()
+			return fault.Wrap(err, fault.QuotaExceeded,
+				"remove one of the tenant's sandboxes (DELETE /v1/sandboxes/{user}), or ask the operator to raise max_sandboxes",
+				"tenant %s is at its limit of sandboxes and this would make one more; nothing was made", key.Tenant)
+		}
+		return err
+	}
+	err = create()
+	done(err == nil)
+	return err
 }

@@ -71,6 +71,7 @@ func TestScenariosRun(t *testing.T) {
 		{"admission", func() ([]bench.Result, error) { return bench.Admission(ctx, e, 3) }, 2, nil},
 		{"hardening", func() ([]bench.Result, error) { return bench.Hardening(ctx, e, 3, 2) }, 2, []string{"agent", "agent"}},
 		{"connect", func() ([]bench.Result, error) { return bench.Connect(ctx, e, 3, 3) }, 4, []string{"", "", "", "agent"}},
+		{"fleet", func() ([]bench.Result, error) { return bench.Fleet(ctx, e, 3, 50, "") }, 2, []string{"agent", ""}},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			rs, err := sc.run()

@@ -32,7 +32,7 @@ const (
 )
 
 // Scenarios lists every scenario name in run order.
-var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect, ScenarioPool}
+var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect, ScenarioPool, ScenarioFleet}
 
 // Defaults of Options' zero fields.
 const (
@@ -186,6 +186,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 		}},
 		{ScenarioConnect, func() ([]Result, error) { return Connect(ctx, e, n(DefaultConnectN), n(DefaultConnectExecN)) }},
 		{ScenarioPool, func() ([]Result, error) { return Pool(ctx, e, n(DefaultPoolN), orDefault(o.Keys, DefaultPoolBurst)) }},
+		{ScenarioFleet, func() ([]Result, error) { return Fleet(ctx, e, n(DefaultFleetN), DefaultLeaseKeys, o.Postgres) }},
 	}
 	begin := time.Now()
 	for _, s := range steps {

@@ -104,18 +104,17 @@ func listenIn(dir, name string) (*net.UnixListener, string, error) {
 	return ln, path, nil
 }
 
-// listenUnix binds path. sockaddr_un holds 108 bytes; a longer path is bound through /proc/self/fd/N of the
-// directory, which names the same place in a few bytes.
+// listenUnix binds path through /proc/self/fd/N of its directory, which names the same place. The name a
+// socket is bound with is what a connected peer reads back (getpeername), so binding by the host's path would
+// show the sandbox the state home's location (issue 22, Low 12); this name says nothing of the host. It also
+// keeps the name inside sockaddr_un's 108 bytes whatever the path's length.
 func listenUnix(dir, path string) (*net.UnixListener, error) {
-	addr := path
-	if len(addr) >= 100 {
-		d, err := os.Open(dir)
-		if err != nil {
-			return nil, fmt.Errorf("channel dir: %w", err)
-		}
-		defer d.Close()
-		addr = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), filepath.Base(path))
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("channel dir: %w", err)
 	}
+	defer d.Close()
+	addr := fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), filepath.Base(path))
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("channel listen: %w", err)

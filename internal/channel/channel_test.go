@@ -218,3 +218,27 @@ func (a *atomicCount) get() int {
 	defer a.mu.Unlock()
 	return a.n
 }
+
+// TestPeerNameHidesHome: what a sandbox reads as the channel sockets' peer name (getpeername on its
+// connection) does not hold the host directory they live in, for the agent's socket and the egress one
+// (issue 22, Low 12: it showed the state home's path).
+func TestPeerNameHidesHome(t *testing.T) {
+	dir := t.TempDir()
+	listen(t, dir, self)
+	side, err := ListenSide(dir, EgressSocketName, self, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer side.Close()
+	for _, name := range []string{SocketName, EgressSocketName} {
+		c, err := net.Dial("unix", filepath.Join(dir, name)) // as the sandbox does: by the path it sees
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := c.RemoteAddr().String()
+		c.Close()
+		if strings.Contains(peer, dir) || strings.Contains(peer, filepath.Base(dir)) {
+			t.Errorf("%s: the peer name %q shows the host directory %s", name, peer, dir)
+		}
+	}
+}

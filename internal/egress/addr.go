@@ -134,3 +134,10 @@ func embeddedIPv4(a netip.Addr) []netip.Addr {
 	}
 	return nil
 }
+
+// AddrClass returns the class that makes addr refused (loopback, private, metadata, ..., ClassOperator for one of
+// refused), or "" for an address the proxy would dial. It is the proxy's own check, for the host's other
+// fetches on a repository's behalf (devcontainer features) that must not reach what a sandbox may not.
+func AddrClass(addr netip.Addr, refused ...netip.Prefix) string {
+	return classify(addr, nil, refused...)
+}

@@ -54,6 +54,9 @@ type RunRequest struct {
 	// repository's): merged with it as its Inherit says (append or replace); for a Caller it may only narrow it
 	// (NETWORK_WIDENED) and replaces it.
 	Network *Network
+	// HostState is the operator's host_state for this run (the CLI's --host-state): auto or none, over the
+	// template's and the Config's (hoststate.go). A Caller may not set it (TIER_REFUSED).
+	HostState string
 	// RequestID, when set, is recorded on the run's events.
 	RequestID string
 	// BuildOutput receives the progress of an image build the spec asks for (nil: discarded).
@@ -357,12 +360,20 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 	}
 	image := ""
 	if repo.sb.Build != nil && !onHost {
-		if image, err = m.build(ctx, r, lc, repo, rr.BuildOutput); err != nil {
+		out, flush := r.logTee(store.LogBuild, rr.BuildOutput) // runlog.go: the build's output is kept with the run
+		image, err = m.build(ctx, r, lc, repo, out)
+		flush()
+		if err != nil {
+			r.logLine(store.LogBuild, "build failed: "+err.Error())
 			return err
 		}
 	}
 	if len(repo.features) > 0 && !onHost {
-		if image, err = m.installFeatures(ctx, r, lc, repo, m.featureBase(image, tpl, repo), rr.BuildOutput); err != nil {
+		out, flush := r.logTee(store.LogFeatures, rr.BuildOutput)
+		image, err = m.installFeatures(ctx, r, lc, repo, m.featureBase(image, tpl, repo), out)
+		flush()
+		if err != nil {
+			r.logLine(store.LogFeatures, "feature install failed: "+err.Error())
 			return err
 		}
 	}
@@ -378,10 +389,16 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		}
 	}
 	r.postAttach = repo.sb.PostAttach
+	var hs *hostState
+	if !onHost {
+		if hs, err = m.resolveHostState(ctx, rr, tpl, lc.Driver(), lc.Home().Workspace(r.key)); err != nil {
+			return err
+		}
+	}
 	// A driver that cannot bind host paths gets the shape without them (hostbinds.go), said in one event.
 	noBinds := !onHost && !lc.Driver().Capabilities().HostBinds
 	var dropped *events.HostBindsDropped
-	if tpl != nil || repo.shaped() || image != "" || companions != nil || (noBinds && len(m.cfg.Mounts) > 0) {
+	if tpl != nil || repo.shaped() || image != "" || companions != nil || (noBinds && len(m.cfg.Mounts) > 0) || hs != nil {
 		var applyErr error
 		r.shape, err = lc.NewShape(tpl.name(), func(c *lifecycle.Config) {
 			tpl.apply(c)
@@ -393,6 +410,7 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 			if noBinds {
 				dropped = dropHostBinds(c, lc.Driver().Name())
 			}
+			hs.apply(c) // after the drop: auto is refused on a driver without binds
 		})
 		if err == nil {
 			err = applyErr
@@ -403,6 +421,9 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 	}
 	if dropped != nil && r.owned { // an attached run said so when it was admitted
 		r.event(events.NameHostBindsDropped, *dropped)
+	}
+	if hs != nil && hs.event != nil && r.owned {
+		r.event(events.NameHostStateMounted, *hs.event)
 	}
 	if len(repo.userMaps) > 0 && !onHost && r.owned {
 		uid, gid, err := lc.IdentityOf(r.key, r.shape)

@@ -83,8 +83,16 @@ type Config struct {
 	// Spec is the repository's sandkeep.yaml (with devcontainer.json beside it) that runs follow unless their
 	// RunRequest names another; ConfigFromEnv reads SANDKEEP_SPEC. Its files are the repository tier: they may
 	// only ask for what Repository allows.
-	Spec       string
-	Repository RepositoryPolicy
+	Spec string
+	// HostState gives local developers' sandboxes the operator's own state (operator tier; a repository's is
+	// TIER_REFUSED): "auto" binds the git identity and tool caches (HostStatePaths, default Go, npm, pnpm, yarn)
+	// at their own paths under a tmpfs HOME at HostStateHome, skipping what is missing or overlaps the workspace
+	// (sandbox_host_state_mounted); "none" passes the git identity as GIT_AUTHOR_* and GIT_COMMITTER_*; "" neither.
+	// A template's or a request's HostState overrides it. The kubernetes driver refuses auto.
+	HostState      string
+	HostStateHome  string   // the operator's home; "" is the process's ($HOME)
+	HostStatePaths []string // host_state auto's candidates ("~/" is HostStateHome); empty: DefaultHostStatePaths
+	Repository     RepositoryPolicy
 
 	// Templates are the operator's sandbox shapes an API caller picks by name; a run that names none gets
 	// TenantTemplates[tenant], else DefaultTemplate, else the Config's own shape.
@@ -93,6 +101,9 @@ type Config struct {
 	TenantTemplates map[string]string
 	// PoolCap bounds the warm pools' members in all (Template.Pool); 0: the sum of the pools.
 	PoolCap int
+	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take
+	// DefaultSnapshotQuota's; a negative one lifts the bound.
+	SnapshotQuota SnapshotQuota
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration

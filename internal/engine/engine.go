@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -24,6 +25,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/policy"
+	"github.com/sandkeep/sandkeep/internal/snapshot"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
@@ -52,6 +54,9 @@ type Manager struct {
 	lcs map[string]*lifecycle.Manager // driver name -> the lifecycle over it, made on first admission to it
 
 	policy *egress.Policy // Config.Network resolved once: what a run without a block of its own gets
+
+	snaps    *snapshot.Store   // the home's snapshots
+	features *feature.Registry // fetches OCI features: one client (and connection pool) for every run
 
 	stopSweeper context.CancelFunc // nil with Config.NoSweeper
 	sweeperDone chan struct{}      // closed when the sweeper Open started has returned
@@ -82,8 +87,12 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, lcfg: lcfg, home: home, drivers: ds, selector: policy.NewSelector(0),
-		kind: kind, st: cfg.Store, lcs: map[string]*lifecycle.Manager{}, policy: &pol}
+		kind: kind, st: cfg.Store, lcs: map[string]*lifecycle.Manager{}, policy: &pol,
+		features: &feature.Registry{Allow: cfg.Repository.FeatureRegistries, Refused: lcfg.EgressRefused}}
 	if err := m.checkTemplates(); err != nil {
+		return nil, err
+	}
+	if m.snaps, err = snapshot.Open(filepath.Join(home.Dir, "snapshots"), cfg.SnapshotQuota.resolve(), nil); err != nil {
 		return nil, err
 	}
 	if !cfg.NoSweeper {

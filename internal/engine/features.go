@@ -19,10 +19,6 @@ import (
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
-// featureRegistry fetches OCI features; a package variable so that one client (and its connection pool) serves
-// every run.
-var featureRegistry = &feature.Registry{}
-
 // takeFeatures records devcontainer.json's features on the repository, with the folder their local names are
 // relative to.
 func (r *repository) takeFeatures(dc *devcontainer.Config) {
@@ -60,7 +56,12 @@ func (m *Manager) installFeatures(ctx context.Context, r *Run, lc *lifecycle.Man
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, buildBound)
 	defer cancel()
-	fs, err := feature.Resolve(ctx, feature.Source{Repo: root, DcDir: repo.dcDir, Fetcher: featureRegistry}, req)
+	spool, err := os.MkdirTemp("", "sandkeep-feature-spool-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(spool)
+	fs, err := feature.Resolve(ctx, feature.Source{Repo: root, DcDir: repo.dcDir, Fetcher: m.features, Spool: &feature.Spool{Dir: spool}}, req)
 	if err != nil {
 		return "", err
 	}

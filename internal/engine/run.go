@@ -14,6 +14,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 // postAttachTail bounds the output a failed postAttachCommand's error quotes.
@@ -24,8 +25,10 @@ const postAttachTail = 2 << 10
 // status and the output's tail.
 func (r *Run) runPostAttach(ctx context.Context) error {
 	var out bytes.Buffer
+	w, flush := r.logTee(store.LogPostAttach, &out)
+	defer flush()
 	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
-		Argv: []string{"sh", "-c", r.postAttach}, Stdout: &out, Stderr: &out, OnEvent: r.sink,
+		Argv: []string{"sh", "-c", r.postAttach}, Stdout: w, Stderr: w, OnEvent: r.sink, OnLog: r.logLine,
 		Secrets: slices.Clip(r.secrets), Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil, Shape: r.shape,
 	})
 	if err != nil {
@@ -73,7 +76,7 @@ func (r *Run) exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	res, err := r.lc.Exec(ctx, r.key, lifecycle.ExecRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
-		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: r.sink, OnStarted: r.obs.Started,
+		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: r.sink, OnLog: r.logLine, OnStarted: r.obs.Started,
 		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil,
 		Shape: r.shape, TTY: req.TTY.size(), Resize: req.TTY.resize(), Concurrent: req.Concurrent,
 	})

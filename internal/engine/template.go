@@ -33,6 +33,8 @@ type Template struct {
 	Tenants []string
 	// Pool is how many sandboxes of the template a warm pool keeps made ahead (Manager.WarmPools); 0: none.
 	Pool int
+	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
+	HostState string
 	// Requests is what each of the template's sandboxes reserves on its node, apart from what it may use (CPUs,
 	// MemoryBytes, or the Config's): the density of idle sandboxes. Zero fields reserve the limit.
 	Requests Requests

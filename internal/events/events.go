@@ -22,6 +22,9 @@ const (
 	NameSandboxAdopted       = "sandbox_adopted"
 	NameSandboxClaimed       = "sandbox_claimed"
 	NameSandboxForked        = "sandbox_forked"
+	NameSnapshotCreated      = "snapshot_created"
+	NameSnapshotRestored     = "snapshot_restored"
+	NameSnapshotDeleted      = "snapshot_deleted"
 	NameSandboxRecycled      = "sandbox_recycled"
 	NameSandboxStoppedIdle   = "sandbox_stopped_idle"
 	NameSandboxRemoved       = "sandbox_removed"
@@ -47,6 +50,9 @@ const (
 	NameUserRemap            = "sandbox_user_remap"
 	NameUIDMismatch          = "sandbox_uid_mismatch_warning"
 	NameImageEnvPlanted      = "sandbox_image_env_planted"
+	NameHostStateMounted     = "sandbox_host_state_mounted"
+	NameReaperRemoved        = "reaper_removed"
+	NameReaperKept           = "reaper_kept"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -68,6 +74,9 @@ var payloadTypes = map[string]reflect.Type{
 	NameSandboxAdopted:       reflect.TypeFor[SandboxAdopted](),
 	NameSandboxClaimed:       reflect.TypeFor[SandboxClaimed](),
 	NameSandboxForked:        reflect.TypeFor[SandboxForked](),
+	NameSnapshotCreated:      reflect.TypeFor[SnapshotCreated](),
+	NameSnapshotRestored:     reflect.TypeFor[SnapshotRestored](),
+	NameSnapshotDeleted:      reflect.TypeFor[SnapshotDeleted](),
 	NameSandboxRecycled:      reflect.TypeFor[SandboxRecycled](),
 	NameSandboxStoppedIdle:   reflect.TypeFor[SandboxStoppedIdle](),
 	NameSandboxRemoved:       reflect.TypeFor[SandboxRemoved](),
@@ -93,6 +102,9 @@ var payloadTypes = map[string]reflect.Type{
 	NameUserRemap:            reflect.TypeFor[UserRemap](),
 	NameUIDMismatch:          reflect.TypeFor[UIDMismatch](),
 	NameImageEnvPlanted:      reflect.TypeFor[ImageEnvPlanted](),
+	NameHostStateMounted:     reflect.TypeFor[HostStateMounted](),
+	NameReaperRemoved:        reflect.TypeFor[ReaperDecision](),
+	NameReaperKept:           reflect.TypeFor[ReaperDecision](),
 }
 
 // Names returns every event name, in no particular order.

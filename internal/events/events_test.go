@@ -20,6 +20,9 @@ func TestNewAndDecode(t *testing.T) {
 		{"started", NameSandboxStarted, SandboxStarted{Sandbox: "sandkeep-u-1", Driver: "docker", Image: "debian:12", Created: true, DurationMS: 12}},
 		{"adopted", NameSandboxAdopted, SandboxAdopted{Sandbox: "s", Driver: "docker"}},
 		{"claimed", NameSandboxClaimed, SandboxClaimed{Sandbox: "s", Driver: "docker", Template: "t", Member: "m", DurationMS: 3}},
+		{"snapshot created", NameSnapshotCreated, SnapshotCreated{Snapshot: "n", Sandbox: "s", Digest: "sha256:ab", Bytes: 9, DurationMS: 3}},
+		{"snapshot restored", NameSnapshotRestored, SnapshotRestored{Snapshot: "n", Sandbox: "s", Digest: "sha256:ab", Bytes: 9, DurationMS: 3}},
+		{"snapshot deleted", NameSnapshotDeleted, SnapshotDeleted{Snapshot: "n", Digest: "sha256:ab", ArchiveRemoved: true}},
 		{"forked", NameSandboxForked, SandboxForked{Sandbox: "s", From: "f", Driver: "docker", Template: "t", Files: 2, Bytes: 9, Reflinked: 1, DurationMS: 3}},
 		{"recycled", NameSandboxRecycled, SandboxRecycled{Reason: RecyclePosture, Sandbox: "s"}},
 		{"stopped idle", NameSandboxStoppedIdle, SandboxStoppedIdle{Sandbox: "s", IdleMS: 60000}},
@@ -46,6 +49,9 @@ func TestNewAndDecode(t *testing.T) {
 		{"user remap", NameUserRemap, UserRemap{Origin: RemapWorkspace, Sandbox: "s", FromUID: new(int), UID: 100100, GID: 100100}},
 		{"uid mismatch", NameUIDMismatch, UIDMismatch{Sandbox: "s", OwnerUID: 1000, UID: 100100}},
 		{"image env planted", NameImageEnvPlanted, ImageEnvPlanted{Sandbox: "s", Image: "i", Names: []string{"PATH", "GOPATH"}, Overridden: []string{"HOME"}}},
+		{"host state mounted", NameHostStateMounted, HostStateMounted{Mode: "auto", Home: "/home/dev", Bound: []HostStatePath{{Path: "/home/dev/.gitconfig", ReadOnly: true}}, Skipped: []HostStatePath{{Path: "/home/dev/.npm", Why: "missing on the host"}}}},
+		{"reaper removed", NameReaperRemoved, ReaperDecision{Kind: "container", Resource: "sandkeep-u-1", Reason: "orphaned"}},
+		{"reaper kept", NameReaperKept, ReaperDecision{Kind: "pod", Resource: "sandkeep-u-2", Reason: "store_unknown"}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
@@ -81,8 +87,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 30 {
-		t.Errorf("Names() has %d names, want 30", len(Names()))
+	if len(Names()) != 36 {
+		t.Errorf("Names() has %d names, want 36", len(Names()))
 	}
 }
 

@@ -55,6 +55,33 @@ type SandboxForked struct {
 	DurationMS int64  `json:"duration_ms"`
 }
 
+// SnapshotCreated (snapshot_created): a key's workspace was archived as a snapshot of its tenant (no run).
+// Digest names the archive (sha256:<hex>), shared by snapshots of the same content.
+type SnapshotCreated struct {
+	Snapshot   string `json:"snapshot"`
+	Sandbox    string `json:"sandbox"`
+	Digest     string `json:"digest"`
+	Bytes      int64  `json:"bytes"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SnapshotRestored (snapshot_restored): a new key's sandbox was made from a snapshot, in the new key's run.
+type SnapshotRestored struct {
+	Snapshot   string `json:"snapshot"`
+	Sandbox    string `json:"sandbox"`
+	Digest     string `json:"digest"`
+	Bytes      int64  `json:"bytes"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SnapshotDeleted (snapshot_deleted): a snapshot was removed (no run); ArchiveRemoved says whether its archive
+// went too (no other snapshot shared it).
+type SnapshotDeleted struct {
+	Snapshot       string `json:"snapshot"`
+	Digest         string `json:"digest"`
+	ArchiveRemoved bool   `json:"archive_removed"`
+}
+
 // Recycle reasons, the values of SandboxRecycled.Reason.
 const (
 	RecycleImage       = "image"        // the image (or build result) changed
@@ -363,4 +390,31 @@ type ImageEnvPlanted struct {
 	Image      string   `json:"image"`
 	Names      []string `json:"names"`
 	Overridden []string `json:"overridden,omitempty"`
+}
+
+// HostStateMounted (sandbox_host_state_mounted): the operator's host_state auto bound its state into the run's
+// sandbox: under a tmpfs HOME at the operator's home path (Home), each Bound path at its own absolute path (the git
+// identity read-only, the tool caches read-write); Skipped says which candidates were not bound and why (missing
+// on the host, nested in or containing the workspace, refused by the mount guard). Paths only, never contents.
+type HostStateMounted struct {
+	Mode    string          `json:"mode"`
+	Home    string          `json:"home"`
+	Bound   []HostStatePath `json:"bound"`
+	Skipped []HostStatePath `json:"skipped,omitempty"`
+}
+
+// HostStatePath is one host_state candidate: its path, and either how it was bound or why it was not.
+type HostStatePath struct {
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	Why      string `json:"why,omitempty"`
+}
+
+// ReaperDecision (reaper_removed, reaper_kept): the reaper removed a resource whose owner is provably gone, or
+// kept one because something could not be known (a lease or store lookup failed). Reason is one of
+// internal/reaper's reasons.
+type ReaperDecision struct {
+	Kind     string `json:"kind"`
+	Resource string `json:"resource"`
+	Reason   string `json:"reason"`
 }

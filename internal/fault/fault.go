@@ -87,6 +87,7 @@ const (
 	SandboxExists    Code = "SANDBOX_EXISTS"     // a fork or restore named a key that already has a sandbox or a workspace
 	QuotaExceeded    Code = "QUOTA_EXCEEDED"     // a fork or snapshot would pass its tenant's quota; nothing was made
 	SnapshotNotFound Code = "SNAPSHOT_NOT_FOUND" // no snapshot of that name for this tenant
+	SnapshotExists   Code = "SNAPSHOT_EXISTS"    // a snapshot create named one the tenant already has
 
 	// Trust tiers (internal/tier, admission).
 	TierRefused      Code = "TIER_REFUSED"       // a tier asked for what only a higher one may set (diagnostics name the tier and field)
@@ -108,6 +109,10 @@ const (
 	DaemonMismatch    Code = "DAEMON_MISMATCH"    // SANDKEEP_DAEMON=on, but the daemon runs with another operator environment
 	DaemonLost        Code = "DAEMON_LOST"        // the daemon went away while it ran this call
 	HomeOwned         Code = "HOME_OWNED"         // another daemon or server already owns this state home
+
+	// A fleet of servers (issue 27).
+	OwnerUnavailable Code = "OWNER_UNAVAILABLE" // another replica holds the key and cannot be reached; its lease has not expired yet
+	OwnerLost        Code = "OWNER_LOST"        // the replica that owned the key went away while it ran this call
 )
 
 // Error is a user-facing failure. Err, when set, is the cause, reachable with errors.Is/As.

@@ -203,7 +203,7 @@ func (m *Manager) runConcurrent(ctx context.Context, key identity.Key, sb *drive
 
 // execShared is Exec for a concurrent command, with the same events.
 func (m *Manager) execShared(ctx context.Context, key identity.Key, req ExecRequest, preq agentproto.Request) (*ExecResult, error) {
-	ctx = withSink(ctx, req.OnEvent)
+	ctx = withLog(withSink(ctx, req.OnEvent), req.OnLog)
 	waitStart := time.Now()
 	started := func(sb *driver.Sandbox, t Transport) {
 		m.emit(ctx, events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv),

@@ -59,8 +59,11 @@ type Config struct {
 	RequestNanoCPUs    int64
 	TmpBytes           int64
 	HomeBytes          int64
-	Env                []string       // extra base environment, "K=V"
-	Mounts             []driver.Mount // extra binds; each passes guard.CheckMount
+	// HomeDir is the sandbox's HOME, a tmpfs owned by its user; "" is driver.HomeDir. host_state auto sets the
+	// operator's own home path, so that caches bound at their host paths are where tools look for them.
+	HomeDir string
+	Env     []string       // extra base environment, "K=V"
+	Mounts  []driver.Mount // extra binds; each passes guard.CheckMount
 	// Tmpfs are extra tmpfs mounts: target -> options as the spec writes them ("size=64m,mode=0700"). Each is
 	// mounted rw,nosuid,nodev, owned by the sandbox user (mode 0755) unless the options say otherwise, and
 	// 64 MiB unless they give a size.
@@ -241,6 +244,11 @@ func (c *Config) validate() (uid, gid int, err error) {
 	if err := c.checkFolderAndVolumes(); err != nil {
 		return 0, 0, err
 	}
+	if h := c.HomeDir; h != "" && h != driver.HomeDir {
+		if err := checkHomeDir(h); err != nil {
+			return 0, 0, err
+		}
+	}
 	for target := range c.Tmpfs {
 		switch target {
 		case "/tmp", driver.HomeDir, spec.SecretsDir, driver.WorkspaceDir, driver.AgentDir, channel.MountPoint:
@@ -384,7 +392,11 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 		initArgv = append(initArgv, "--channel", channel.SocketPath, "--egress", EgressListen)
 	}
 	mounts = append(mounts, c.Mounts...)
-	env := append([]string{"HOME=" + driver.HomeDir, "TMPDIR=/tmp"}, c.Env...)
+	home := c.HomeDir
+	if home == "" {
+		home = driver.HomeDir
+	}
+	env := append([]string{"HOME=" + home, "TMPDIR=/tmp"}, c.Env...)
 	p := driver.Posture{
 		User:            fmt.Sprintf("%d:%d", uid, gid),
 		ReadOnlyRoot:    true,
@@ -402,8 +414,8 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 			// Owned by the sandbox user: runc gives a tmpfs the mode of the image's directory it covers (an image's
 			// /tmp may be 0755 root), so ownership is what keeps /tmp writable whatever the image; the agent's init
 			// also sets the mode back to 1777 (init_linux.go).
-			"/tmp":         fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=1777", c.TmpBytes, uid, gid),
-			driver.HomeDir: fmt.Sprintf("rw,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0700", c.HomeBytes, uid, gid),
+			"/tmp": fmt.Sprintf("rw,noexec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=1777", c.TmpBytes, uid, gid),
+			home:   fmt.Sprintf("rw,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0700", c.HomeBytes, uid, gid),
 			// Secret files (secrets.go) live here, for one command each. Mounted always, whatever the run asks for:
 			// the posture never depends on a run's secrets, so runs with and without them share a sandbox.
 			spec.SecretsDir: fmt.Sprintf("rw,noexec,nosuid,nodev,size=1m,uid=%d,gid=%d,mode=0700", uid, gid),
@@ -460,4 +472,21 @@ func extraTmpfs(opts string, uid, gid int) string {
 		}
 	}
 	return strings.Join(out, ",")
+}
+
+// checkHomeDir refuses a HOME that is not an absolute, clean path of its own: not /, not a system directory or
+// under one, not sandkeep's own directories.
+func checkHomeDir(h string) error {
+	if h == "/" || !path.IsAbs(h) || path.Clean(h) != h {
+		return fault.New(fault.InvalidMount, "give the sandbox's home as an absolute, clean path such as /home/dev",
+			"home %q is not an absolute, clean path other than /", h)
+	}
+	for _, s := range []string{"/proc", "/sys", "/dev", "/bin", "/sbin", "/usr", "/lib", "/lib64", "/etc", "/boot", "/var", "/run",
+		"/root", driver.AgentDir, spec.SecretsDir, channel.MountPoint, driver.WorkspaceDir} {
+		if h == s || strings.HasPrefix(h, s+"/") || strings.HasPrefix(s, h+"/") {
+			return fault.New(fault.InvalidMount, "run sandkeep as a user whose home is elsewhere (e.g. /home/dev), or leave host_state unset",
+				"the sandbox's home %s would be over %s", h, s)
+		}
+	}
+	return nil
 }

@@ -50,6 +50,7 @@ func (m *Manager) ensure(ctx context.Context, key identity.Key, sh *Shape) (*dri
 func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*driver.Sandbox, Decision, error) {
 	imageID, err := m.images.resolve(ctx, sh.cfg.Image)
 	if err != nil {
+		logf(ctx, LogDriver, "%s: image %s: %v", m.drv.Name(), sh.cfg.Image, err)
 		return nil, "", err
 	}
 	// A new key whose template keeps a warm pool takes a member that is running and connected already.
@@ -66,6 +67,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 	if sb := m.cached(key); sb != nil && compatible(sb, imageID, hash) {
 		// Trust this process's last ensure: if the sandbox was stopped or removed since, Exec fails before
 		// running anything and the caller ensures again.
+		logf(ctx, LogDriver, "%s: reuse sandbox %s (running, image %s)", m.drv.Name(), sb.Name, sh.cfg.Image)
 		return sb, DecisionReuse, nil
 	}
 	if chanDir != "" { // a bind source must exist when the sandbox is created and each time it starts
@@ -79,14 +81,18 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 		switch {
 		case cerrdefs.IsNotFound(err):
 			began := time.Now()
+			logf(ctx, LogDriver, "%s: create sandbox %s from image %s (%s)", m.drv.Name(), key.ContainerName(), sh.cfg.Image, imageID)
 			sb, err = m.create(ctx, key, sh, want, hash, imageID)
 			if cerrdefs.IsConflict(err) { // another process won the name: inspect it and adopt it
+				logf(ctx, LogDriver, "%s: another process created %s first: adopt it", m.drv.Name(), key.ContainerName())
 				adopted = true
 				continue
 			}
 			if err != nil {
+				logf(ctx, LogDriver, "%s: create %s failed: %v", m.drv.Name(), key.ContainerName(), err)
 				return nil, "", err
 			}
+			logf(ctx, LogDriver, "%s: created and started %s (id %s) in %dms", m.drv.Name(), sb.Name, sb.ID, time.Since(began).Milliseconds())
 			m.decided(key, sb, DecisionCreate)
 			m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
 				Image: sh.cfg.Image, Created: true, DurationMS: time.Since(began).Milliseconds()})
@@ -103,6 +109,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			}
 			return running, d, nil
 		case err != nil:
+			logf(ctx, LogDriver, "%s: inspect %s failed: %v", m.drv.Name(), key.ContainerName(), err)
 			return nil, "", err
 		}
 		if err := m.checkOurs(key, sb); err != nil {
@@ -116,6 +123,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			if d == DecisionAdopt {
 				m.emit(ctx, events.NameSandboxAdopted, events.SandboxAdopted{Sandbox: sb.Name, Driver: m.drv.Name()})
 			}
+			logf(ctx, LogDriver, "%s: %s sandbox %s (running, id %s)", m.drv.Name(), d, sb.Name, sb.ID)
 			m.remember(key, sb)
 			return sb, d, nil
 		case ok && sb.State == driver.StateStopped:
@@ -125,6 +133,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 				return nil, "", err
 			}
 			began := time.Now()
+			logf(ctx, LogDriver, "%s: start stopped sandbox %s (id %s)", m.drv.Name(), sb.Name, sb.ID)
 			if err := m.drv.Start(ctx, sb); err == nil {
 				m.emit(ctx, events.NameSandboxStarted, events.SandboxStarted{Sandbox: sb.Name, Driver: m.drv.Name(),
 					Image: sh.cfg.Image, DurationMS: time.Since(began).Milliseconds()})
@@ -138,14 +147,18 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 				return running, d, nil
 			} else if ctx.Err() != nil {
 				return nil, "", err // the caller gave up: a start cut short says nothing about the sandbox
+			} else {
+				logf(ctx, LogDriver, "%s: start %s failed: %v; recreate it", m.drv.Name(), sb.Name, err)
 			}
 			// A stopped container that will not start is recreated, like a dead one.
 		}
 		m.decided(key, sb, DecisionRecreate)
-		m.emit(ctx, events.NameSandboxRecycled, events.SandboxRecycled{Sandbox: sb.Name,
-			Reason: recycleReason(ok, sb.Labels[driver.LabelImageID] == imageID)})
+		reason := recycleReason(ok, sb.Labels[driver.LabelImageID] == imageID)
+		m.emit(ctx, events.NameSandboxRecycled, events.SandboxRecycled{Sandbox: sb.Name, Reason: reason})
+		logf(ctx, LogDriver, "%s: recreate sandbox %s (id %s, %s): %s", m.drv.Name(), sb.Name, sb.ID, sb.State, reason)
 		m.forget(key)
 		if err := m.drv.Remove(ctx, sb); err != nil {
+			logf(ctx, LogDriver, "%s: remove %s failed: %v", m.drv.Name(), sb.Name, err)
 			return nil, "", fmt.Errorf("recreate %s: %w", sb.Name, err)
 		}
 	}
@@ -245,7 +258,7 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	if err != nil {
 		return driver.Posture{}, "", err
 	}
-	p := sh.cfg.posture(m.home.Workspace(key), m.home.Volumes(key), m.agentDir, m.channelDir(key), uid, gid)
+	p := sh.cfg.posture(m.home.Workspace(key), m.home.volumesRoot(key, sh.cfg.DiskBytes > 0), m.agentDir, m.channelDir(key), uid, gid)
 	if sh.Template != "" {
 		// The template is part of what the sandbox is: asking for another one recycles it, even when both
 		// happen to describe the same container.
@@ -302,7 +315,7 @@ func (m *Manager) ensureWorkspace(ctx context.Context, key identity.Key, sh *Sha
 		}
 	}
 	for _, v := range sh.cfg.Volumes {
-		if err := m.home.EnsureVolume(key, v, uid, gid); err != nil {
+		if err := m.home.EnsureVolume(key, v, uid, gid, sh.cfg.DiskBytes > 0); err != nil {
 			return "", err
 		}
 	}

@@ -97,9 +97,29 @@ func (h *Home) Volumes(k identity.Key) string {
 	return filepath.Join(h.Dir, "volumes", h.phys(k).Hex())
 }
 
-// EnsureVolume creates one of key's volumes, owned by uid:gid with mode 0700, as EnsureWorkspace does.
-func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int) error {
-	root := h.Volumes(k)
+// QuotaVolumesDir is where a key's volumes live when its workspace has a quota: a directory of the workspace's
+// own file system, so that what a volume holds counts against the same bound (issue 22, finding 8: a volume
+// outside it took 150 MB of the host's disk past a 64 MB quota). The sandbox sees it under /workspace too.
+const QuotaVolumesDir = ".sandkeep-volumes"
+
+// volumesRoot is the directory that holds key's volumes: Volumes, or inside the workspace when it has a quota.
+func (h *Home) volumesRoot(k identity.Key, quota bool) string {
+	if quota {
+		return filepath.Join(h.Workspace(k), QuotaVolumesDir)
+	}
+	return h.Volumes(k)
+}
+
+// EnsureVolume creates one of key's volumes, owned by uid:gid with mode 0700, as EnsureWorkspace does, in
+// volumesRoot(k, quota) (the workspace's file system must be mounted by then).
+func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int, quota bool) error {
+	root := h.volumesRoot(k, quota)
+	if quota {
+		// The directory is the workspace's, which the sandbox writes: it must be a directory, not a link out.
+		if fi, err := os.Lstat(root); err == nil && !fi.IsDir() {
+			return fault.New(fault.PostureRefused, "remove "+QuotaVolumesDir+" from the workspace", "the workspace's %s is not a directory", QuotaVolumesDir)
+		}
+	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return fmt.Errorf("create volumes: %w", err)
 	}

@@ -102,6 +102,9 @@ type ExecRequest struct {
 	TTY     *agentproto.WindowSize
 	Resize  <-chan agentproto.WindowSize
 	OnEvent Sink // receives this command's events (ensure decisions, exec started/finished); may be nil
+	// OnLog receives the lines of the run log this command adds: what the driver did to provide its sandbox
+	// and the output of the sandbox's setup commands (post_create, postStart); may be nil.
+	OnLog LogSink
 	// OnStarted, when set, is told each time the command goes out to its sandbox's agent (after exec_started).
 	OnStarted func()
 	Secrets   []Secret // files placed under /run/secrets for this command only (secrets.go)
@@ -147,7 +150,7 @@ func (m *Manager) Exec(ctx context.Context, key identity.Key, req ExecRequest) (
 	defer release()
 	gateWait := time.Since(waitStart).Milliseconds()
 
-	ctx = withSink(ctx, req.OnEvent)
+	ctx = withLog(withSink(ctx, req.OnEvent), req.OnLog)
 	// Secrets: placed after the ensure and before the command; removed after it, whatever its outcome (the
 	// deferred remove runs before release, so within this gate hold). A failed placement runs no command.
 	if len(req.Secrets) > 0 {

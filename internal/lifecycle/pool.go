@@ -43,8 +43,22 @@ type PoolSpec struct {
 // runs meanwhile should not wait behind many of them.
 const refillParallel = 4
 
-// refillRetry is how long a pool waits after a member could not be made before it tries again.
-const refillRetry = 5 * time.Second
+// refillRetry is how long a pool waits after a member could not be made before it tries again; each failure in a
+// row doubles the wait, up to refillBackoffMax, so a pool whose image is missing (or whose engine refuses) does
+// not pull or create in a loop. A member made resets it.
+const (
+	refillRetry      = 5 * time.Second
+	refillBackoffMax = 5 * time.Minute
+)
+
+// backoff is the wait after the n-th failure in a row (n >= 1).
+func backoff(n int) time.Duration {
+	d := refillRetry
+	for i := 1; i < n && d < refillBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, refillBackoffMax)
+}
 
 // pools is the Manager's set of warm pools.
 type pools struct {
@@ -65,9 +79,11 @@ type pools struct {
 
 // pool is one template's members.
 type pool struct {
-	spec   PoolSpec
-	ready  []*member // created, started, connected; nobody's
-	making int
+	spec      PoolSpec
+	ready     []*member // created, started, connected; nobody's
+	making    int
+	failures  int       // rounds in a row in which a member could not be made
+	notBefore time.Time // no member is made before this (Config.Now), after a failure
 }
 
 // member is one pool sandbox.
@@ -277,8 +293,12 @@ func (m *Manager) refill(ctx context.Context, p *pools) {
 		tpls = append(tpls, tpl)
 	}
 	slices.Sort(tpls)
+	now := m.cfg.Now()
 	for _, tpl := range tpls {
 		pl := p.byTpl[tpl]
+		if now.Before(pl.notBefore) {
+			continue // backing off after a failure
+		}
 		for len(pl.ready)+pl.making < pl.spec.Size && total < p.cap && ctx.Err() == nil {
 			pl.making++
 			p.making++
@@ -298,11 +318,23 @@ func (m *Manager) refill(ctx context.Context, p *pools) {
 				if keep {
 					cur.ready = append(cur.ready, mb)
 				}
+				var wait time.Duration
+				fails := 0
+				switch now := m.cfg.Now(); {
+				case cur == nil || cur.spec.Shape != sh:
+				case err == nil:
+					cur.failures, cur.notBefore = 0, time.Time{}
+				case !now.Before(cur.notBefore): // the round's first failure: the others of the round are the same one
+					cur.failures++
+					fails, wait = cur.failures, backoff(cur.failures)
+					cur.notBefore = now.Add(wait)
+				}
 				p.mu.Unlock()
 				switch {
 				case err != nil:
-					if ctx.Err() == nil {
-						m.cfg.Logger.Warn("warm pool: a member could not be made", "template", sh.Template, "err", err)
+					if ctx.Err() == nil && wait > 0 {
+						m.cfg.Logger.Warn("warm pool: a member could not be made", "template", sh.Template, "err", err,
+							"failures", fails, "retry_in", wait)
 					}
 				case !keep: // the template changed or left while it was being made
 					m.drainMember(ctx, p, mb)

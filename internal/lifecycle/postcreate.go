@@ -3,7 +3,9 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -23,7 +25,7 @@ func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.S
 	if sh.cfg.PostCreate == "" {
 		return nil
 	}
-	res, out, took, err := m.setupCommand(ctx, sb, sh, sh.cfg.PostCreate)
+	res, out, took, err := m.setupCommand(ctx, sb, sh, sh.cfg.PostCreate, LogPostCreate)
 	m.emit(ctx, events.NameSandboxPostCreate, events.SandboxPostCreate{ExitCode: res.ExitCode, TimedOut: res.TimedOut,
 		DurationMS: took.Milliseconds()})
 	if err == nil && res.ExitCode == 0 && !res.TimedOut {
@@ -39,17 +41,44 @@ func (m *Manager) postCreate(ctx context.Context, key identity.Key, sb *driver.S
 }
 
 // setupCommand runs one of the sandbox's own setup command lines (post_create, postStart) through the engine's
-// exec with the setup deadline, keeping the tail of its output.
-func (m *Manager) setupCommand(ctx context.Context, sb *driver.Sandbox, sh *Shape, line string) (agentproto.Result, *tail, time.Duration, error) {
+// exec with the setup deadline, keeping the tail of its output; the whole output goes to the run log as source,
+// followed by how it ended.
+func (m *Manager) setupCommand(ctx context.Context, sb *driver.Sandbox, sh *Shape, line, source string) (agentproto.Result, *tail, time.Duration, error) {
 	out := &tail{}
+	var w io.Writer = out
+	if lw := logWriter(ctx, source); lw != nil {
+		w = &lockedWriter{w: io.MultiWriter(out, lw)} // stdout and stderr are copied at once
+	}
 	req := agentproto.Request{
 		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{"sh", "-c", line},
 		Workdir: sh.workdir(), TimeoutMS: sh.cfg.PostCreateTimeout.Milliseconds(),
 		GraceMS: m.cfg.Grace.Milliseconds(), StdoutLimit: agentproto.DefaultLimit, StderrLimit: agentproto.DefaultLimit,
 	}
 	start := time.Now()
-	res, err := m.drv.Exec(ctx, sb, req, driver.Output{Stdout: out, Stderr: out})
-	return res, out, time.Since(start), err
+	res, err := m.drv.Exec(ctx, sb, req, driver.Output{Stdout: w, Stderr: w})
+	took := time.Since(start)
+	logf(ctx, source, "%s in sandbox %s: %s after %dms", source, sb.Name, failureOrOK(res, err, sh.cfg.PostCreateTimeout), took.Milliseconds())
+	return res, out, took, err
+}
+
+// failureOrOK says how a setup command ended.
+func failureOrOK(res agentproto.Result, err error, timeout time.Duration) string {
+	if err == nil && !res.TimedOut && res.ExitCode == 0 {
+		return "exited 0"
+	}
+	return failure(res, err, timeout)
+}
+
+// lockedWriter serializes writes to w from several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // failure says in a few words how a setup command failed.
@@ -78,7 +107,7 @@ func (m *Manager) postStart(ctx context.Context, sb *driver.Sandbox, sh *Shape) 
 	if sh.cfg.PostStart == "" {
 		return nil
 	}
-	res, out, took, err := m.setupCommand(ctx, sb, sh, sh.cfg.PostStart)
+	res, out, took, err := m.setupCommand(ctx, sb, sh, sh.cfg.PostStart, LogPostStart)
 	m.emit(ctx, events.NameSandboxPostStart, events.SandboxPostStart{ExitCode: res.ExitCode, TimedOut: res.TimedOut,
 		DurationMS: took.Milliseconds(), OutputTail: tailOf(out.String(), eventTail)})
 	if err == nil && res.ExitCode == 0 && !res.TimedOut {

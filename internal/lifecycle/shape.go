@@ -45,6 +45,7 @@ func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) 
 	own.PostStart, own.WorkspaceFolder, own.Volumes = cfg.PostStart, cfg.WorkspaceFolder, cfg.Volumes
 	own.DiskBytes, own.DiskInodes = cfg.DiskBytes, cfg.DiskInodes
 	own.Companions = cfg.Companions
+	own.HomeDir = cfg.HomeDir
 	own.setDefaults()
 	uid, gid, err := own.validate()
 	if err != nil {

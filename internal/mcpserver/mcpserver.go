@@ -90,8 +90,10 @@ const (
 // sandbox_status. An unknown tool needs admin, so a mapping that falls behind the tool list fails closed.
 func Scope(tool string) string {
 	switch tool {
-	case ToolExec, ToolFork: // a fork makes a sandbox, as a first exec does
+	case ToolExec, ToolFork, ToolCreateSnapshot, ToolRestoreSnapshot, ToolDeleteSnapshot: // they make sandboxes or archives
 		return store.ScopeExec
+	case ToolListSnapshots:
+		return store.ScopeRead
 	case ToolReadFile, ToolWriteFile, ToolListFiles:
 		return store.ScopeFiles
 	case ToolSandboxStatus:

@@ -151,7 +151,7 @@ func TestToolsAndSchemas(t *testing.T) {
 		byName[tool.Name] = tool
 	}
 	slices.Sort(names)
-	want := []string{ToolExec, ToolFork, ToolListFiles, ToolReadFile, ToolSandboxStatus, ToolWriteFile}
+	want := []string{ToolCreateSnapshot, ToolDeleteSnapshot, ToolExec, ToolFork, ToolListFiles, ToolListSnapshots, ToolReadFile, ToolRestoreSnapshot, ToolSandboxStatus, ToolWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}

@@ -49,6 +49,8 @@ var outcomes = map[fault.Code]Outcome{
 	fault.SandboxNotRunning:    transient,
 	fault.DaemonUnavailable:    transient,
 	fault.DaemonLost:           transient,
+	fault.OwnerUnavailable:     transient,
+	fault.OwnerLost:            transient,
 	fault.HomeOwned:            transient,
 	fault.Internal:             transient,
 
@@ -99,6 +101,7 @@ var outcomes = map[fault.Code]Outcome{
 	fault.SandboxExists:            input, // a fork or restore into a key that has one: the caller's to change
 	fault.QuotaExceeded:            input,
 	fault.SnapshotNotFound:         input,
+	fault.SnapshotExists:           input,
 	fault.ProcessNotFound:          input,
 	fault.ProcessExited:            input,
 	fault.ProcessUnavailable:       input, // the transport decides it (exec, runsc, kube): a retry meets the same

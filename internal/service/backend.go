@@ -171,6 +171,14 @@ func (s *Service) Events(ctx context.Context, f store.EventFilter) ([]store.Even
 	return evs, storeErr(err)
 }
 
+// RunLogs lists one run's log entries.
+func (s *Service) RunLogs(ctx context.Context, f store.RunLogFilter) ([]store.RunLog, error) {
+	logs, err := s.st.ListRunLogs(ctx, f)
+	return logs, storeErr(err)
+}
+
+var _ RunLogLister = (*Service)(nil)
+
 // Ready checks the driver and the store.
 func (s *Service) Ready(ctx context.Context) error {
 	if err := s.m.Ping(ctx); err != nil {

@@ -53,6 +53,13 @@ type PortDialer interface {
 	DialPort(ctx context.Context, key sandkeep.Key, port int, pf sandkeep.PortForward) (net.Conn, error)
 }
 
+// RunLogLister is optional: a Backend that reads runs' logs (what the driver did, what setup steps printed) from
+// its store. Without it GET /v1/runs/{id}/logs answers RUN_NOT_FOUND.
+type RunLogLister interface {
+	// RunLogs lists one run's log entries in sequence order. The caller checks the run's tenant.
+	RunLogs(ctx context.Context, f store.RunLogFilter) ([]store.RunLog, error)
+}
+
 // ForwardPortLister is optional: a Backend that reads the forwardPorts of the repository key's runs follow
 // (devcontainer.json) and what port forwarding does with each. Without it GET /v1/sandboxes/{user}/ports answers
 // PORT_FORWARD_UNAVAILABLE.

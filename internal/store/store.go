@@ -64,6 +64,8 @@ type Store interface {
 	Dashboard
 	// LeaseStore keeps the leases of a fleet's replicas (owners of keys, the reaper's leader).
 	LeaseStore
+	// RunLogStore keeps what the driver did and the setup steps printed for each run, bounded per run.
+	RunLogStore
 	// Fenced returns the run and event writes made under fence f (Group.Fenced): each is refused with
 	// ErrLeaseLost once f no longer holds.
 	Fenced(f Fence) RunWriter

@@ -66,6 +66,11 @@ type Operator struct {
 	// a build's seccomp option); `sandkeep doctor`'s "build limits" says what they get here.
 	RepoBuilds string `yaml:"repo_builds,omitempty" json:"repo_builds,omitempty"`
 
+	// FeatureRegistries are the registries (host or host:port) devcontainer features may come from whatever
+	// their address: a registry on loopback, a private network or another refused range is refused otherwise,
+	// and so is every redirect to one (issue 22, finding 6).
+	FeatureRegistries []string `yaml:"feature_registries,omitempty" json:"feature_registries,omitempty"`
+
 	// LookupEnv reads the operator's environment for from_env sources; nil is os.LookupEnv. Tests inject it.
 	LookupEnv func(name string) (string, bool) `yaml:"-" json:"-"`
 }
@@ -220,6 +225,11 @@ func (op Operator) Validate() diag.List {
 			} else if strings.HasPrefix(h, "!") {
 				add(diag.Error, hf, "list only the hosts it may go to", "%q is negated", h)
 			}
+		}
+	}
+	for i, r := range op.FeatureRegistries {
+		if r == "" || strings.ContainsAny(r, "/ @") {
+			add(diag.Error, fmt.Sprintf("feature_registries[%d]", i), "write a registry's host or host:port, e.g. ghcr.io or 127.0.0.1:5000", "%q is not a registry host", r)
 		}
 	}
 	switch op.RepoBuilds {

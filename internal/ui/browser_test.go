@@ -330,6 +330,10 @@ func TestBrowser(t *testing.T) {
 	if strings.Contains(html(t, ctx), "exec_finished") {
 		t.Fatal("the command finished before its run page was open: the live part is not tested")
 	}
+	// The run's log: what the docker driver did to provide the sandbox, as the engine answered.
+	if got := text(t, ctx, "[data-run-log]"); !strings.Contains(got, "[driver] docker: create sandbox") || !strings.Contains(got, "created and started") {
+		t.Errorf("the run page's log reads %q, want the driver's create and start", got)
+	}
 	if _, err := acmeExec.Upload(t.Context(), "alice", "release", strings.NewReader("go"), 0o644); err != nil {
 		t.Fatalf("release the command: %v", err)
 	}

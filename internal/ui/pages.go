@@ -42,14 +42,15 @@ func parseTemplates() (map[string]*template.Template, *template.Template, error)
 }
 
 var funcs = template.FuncMap{
-	"ago":      ago,
-	"stamp":    func(t time.Time) string { return stamp(t) },
-	"iso":      func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) },
-	"ms":       fmtMS,
-	"dash":     func(s string) string { return orDash(s) },
-	"mib":      func(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) },
-	"lower":    strings.ToLower,
-	"stateCls": stateClass,
+	"ago":       ago,
+	"stamp":     func(t time.Time) string { return stamp(t) },
+	"iso":       func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) },
+	"ms":        fmtMS,
+	"dash":      func(s string) string { return orDash(s) },
+	"mib":       func(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) },
+	"lower":     strings.ToLower,
+	"stateCls":  stateClass,
+	"hasSuffix": strings.HasSuffix,
 }
 
 // layoutData is what the layout needs around every page.
@@ -446,7 +447,13 @@ type runData struct {
 	Live      bool
 	Truncated bool
 	Duration  string
+	// Logs is the run's log (store.RunLog), shown as text: escaped like any other.
+	Logs          []store.RunLog
+	LogsTruncated bool
 }
+
+// maxRunLogs bounds the log entries a run page shows; `sandkeep logs --run` has them all.
+const maxRunLogs = 2000
 
 // eventLine is one event of a run's timeline.
 type eventLine struct {
@@ -487,6 +494,16 @@ func (u *UI) handleRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if !run.FinishedAt.IsZero() {
 		d.Duration = fmtDuration(run.FinishedAt.Sub(run.CreatedAt))
 	}
+	// The run's log: what the driver did and what the setup steps printed (bounded per run by the store).
+	logs, err := u.cfg.Store.ListRunLogs(ctx, store.RunLogFilter{RunID: run.ID, Limit: maxRunLogs + 1})
+	if err != nil {
+		u.failErr(w, r, v, "the run's log", err)
+		return
+	}
+	if len(logs) > maxRunLogs {
+		logs, d.LogsTruncated = logs[:maxRunLogs], true
+	}
+	d.Logs = logs
 	u.render(w, r, v, http.StatusOK, "run", d)
 }
 

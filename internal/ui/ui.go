@@ -54,6 +54,7 @@ const (
 type Store interface {
 	GetRun(ctx context.Context, id string) (store.Run, error)
 	ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event, error)
+	ListRunLogs(ctx context.Context, f store.RunLogFilter) ([]store.RunLog, error)
 	store.Dashboard
 }
 

@@ -41,11 +41,17 @@ type Backend struct {
 	boxes     map[string]sandkeep.Sandbox // by key hex
 	runs      map[string]store.Run
 	events    []store.Event
+	logs      []store.RunLog
 	seq       int64
 	execs     int                    // Exec calls that reached the interpreter or the hook
 	lastReq   sandkeep.ExecRequest   // the last one
 	lastAdmit service.AdmitRequest   // and its admission
 	waiters   map[string]chan string // "wait=<name>" steps blocked until Release(name)
+
+	snaps map[string]sandkeep.Snapshot // snapshot.go; nil until the first
+
+	procOnce sync.Once
+	procs    *procTable // the fake processes (process.go)
 }
 
 var _ service.Backend = (*Backend)(nil)
@@ -440,6 +446,40 @@ func (b *Backend) AppendEvent(e store.Event) int64 {
 	b.events = append(b.events, e)
 	return e.Seq
 }
+
+// AppendRunLog adds an entry to a run's log, as the engine does while it provides the run's sandbox.
+func (b *Backend) AppendRunLog(l store.RunLog) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seq++
+	l.Seq = b.seq
+	if l.Time.IsZero() {
+		l.Time = events.Now()
+	}
+	b.logs = append(b.logs, l)
+	return l.Seq
+}
+
+// RunLogs lists one run's log entries in sequence order (service.RunLogLister).
+func (b *Backend) RunLogs(ctx context.Context, f store.RunLogFilter) ([]store.RunLog, error) {
+	if err := store.CheckRunLogFilter(f); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []store.RunLog
+	for _, l := range b.logs {
+		if l.RunID == f.RunID && l.Seq > f.AfterSeq {
+			out = append(out, l)
+			if f.Limit > 0 && len(out) == f.Limit {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+var _ service.RunLogLister = (*Backend)(nil)
 
 // Tokens is an in-memory token store.
 type Tokens struct {

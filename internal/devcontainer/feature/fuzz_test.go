@@ -61,7 +61,7 @@ func FuzzUntar(f *testing.F) {
 	tw.Close()
 	f.Add(b.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
-		files, err := untar(data)
+		files, err := untar(bytes.NewReader(data), nil)
 		if err != nil {
 			return
 		}

@@ -256,7 +256,7 @@ func Install(ctx context.Context, b build.Builder, req Request, p *Plan, progres
 	for i, f := range p.Features {
 		root := filepath.Join(dir, "features", strconv.Itoa(i))
 		for _, fl := range f.Files {
-			if err := writeFile(root, fl.Path, fl.Data, fl.Mode); err != nil {
+			if err := copyFile(root, fl); err != nil {
 				return "", err
 			}
 		}
@@ -287,6 +287,31 @@ func writeFile(root, rel string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.WriteFile(p, data, mode|0o400)
+}
+
+// copyFile writes fl under root, streaming a spooled file rather than reading it into memory.
+func copyFile(root string, fl File) error {
+	if fl.spooled == "" {
+		return writeFile(root, fl.Path, fl.Data, fl.Mode)
+	}
+	p := filepath.Join(root, filepath.FromSlash(fl.Path))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	in, err := fl.Open()
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, fl.Mode|0o400)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // message is the sentence of a refusal, without its code and hint.

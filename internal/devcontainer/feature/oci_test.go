@@ -12,11 +12,12 @@ import (
 	"github.com/sandkeep/sandkeep/internal/testutil/ocireg"
 )
 
-// TestRegistryFetch: a feature pushed to a distribution registry on 127.0.0.1 is fetched with its files and
-// the manifest's digest; a missing tag and an unreachable registry fail as FEATURE_UNAVAILABLE naming the
-// feature and the registry.
+// TestRegistryFetch: a feature pushed to a distribution registry on 127.0.0.1, which the operator allowlisted,
+// is fetched with its files and the manifest's digest; a missing tag and an unreachable registry fail as
+// FEATURE_UNAVAILABLE naming the feature and the registry.
 func TestRegistryFetch(t *testing.T) {
 	host := ocireg.Registry(t)
+	reg := &feature.Registry{Allow: []string{host, "127.0.0.1"}}
 	id := host + "/features/hello:1"
 	dg := ocireg.PushFeature(t, id, map[string]string{
 		"devcontainer-feature.json": `{"id": "hello", "version": "1.0.0", "options": {"greeting": {"type": "string", "default": "hi"}}}`,
@@ -25,7 +26,7 @@ func TestRegistryFetch(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	fs, err := feature.Resolve(ctx, feature.Source{DcDir: ".devcontainer", Fetcher: &feature.Registry{}}, []feature.Requested{{ID: id, Options: []byte(`{"greeting": "hello"}`)}})
+	fs, err := feature.Resolve(ctx, feature.Source{DcDir: ".devcontainer", Fetcher: reg}, []feature.Requested{{ID: id, Options: []byte(`{"greeting": "hello"}`)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,11 +39,11 @@ func TestRegistryFetch(t *testing.T) {
 		}
 	}
 	pinned := host + "/features/hello@" + dg
-	if _, err := feature.Resolve(ctx, feature.Source{Fetcher: &feature.Registry{}}, []feature.Requested{{ID: pinned}}); err != nil {
+	if _, err := feature.Resolve(ctx, feature.Source{Fetcher: reg}, []feature.Requested{{ID: pinned}}); err != nil {
 		t.Errorf("by digest: %v", err)
 	}
 
-	_, err = feature.Resolve(ctx, feature.Source{Fetcher: &feature.Registry{}}, []feature.Requested{{ID: host + "/features/hello:2"}})
+	_, err = feature.Resolve(ctx, feature.Source{Fetcher: reg}, []feature.Requested{{ID: host + "/features/hello:2"}})
 	if fault.CodeOf(err) != fault.FeatureUnavailable || !strings.Contains(err.Error(), "hello:2") {
 		t.Errorf("missing tag: err = %v, want FEATURE_UNAVAILABLE naming the feature", err)
 	}
@@ -54,7 +55,7 @@ func TestRegistryFetch(t *testing.T) {
 	}
 	gone := ln.Addr().String()
 	ln.Close()
-	_, err = feature.Resolve(ctx, feature.Source{Fetcher: &feature.Registry{}}, []feature.Requested{{ID: gone + "/features/go:1"}})
+	_, err = feature.Resolve(ctx, feature.Source{Fetcher: reg}, []feature.Requested{{ID: gone + "/features/go:1"}})
 	var fe *fault.Error
 	if fault.CodeOf(err) != fault.FeatureUnavailable || !strings.Contains(err.Error(), gone+"/features/go:1") ||
 		!strings.Contains(err.Error(), "registry "+gone) {

@@ -34,11 +34,15 @@ type Requested struct {
 	Options json.RawMessage
 }
 
-// File is one file a feature ships.
+// File is one file a feature ships: its content in Data, or, when it was spooled to disk, in a file of the
+// resolution's Spool (read it with Open).
 type File struct {
 	Path string // slash-separated, relative to the feature's root, clean and local
 	Mode fs.FileMode
 	Data []byte
+	Size int64 // the content's length, in Data or on disk
+
+	spooled string // the spool file holding the content; "" when it is Data
 }
 
 // Feature is one resolved feature: where it came from, its metadata, its files and the options it is given.
@@ -50,9 +54,10 @@ type Feature struct {
 	Options map[string]string // environment name -> value: declared defaults, then the file's values
 }
 
-// Fetcher brings an OCI feature's files. Registry (oci.go) is the real one.
+// Fetcher brings an OCI feature's files, taking them into sp (which bounds them all). Registry (oci.go) is
+// the real one.
 type Fetcher interface {
-	Fetch(ctx context.Context, ref Ref) (files []File, digest string, err error)
+	Fetch(ctx context.Context, ref Ref, sp *Spool) (files []File, digest string, err error)
 }
 
 // Source is where features are read from.
@@ -60,12 +65,23 @@ type Source struct {
 	Repo    *os.Root // the repository root; local features are read through it
 	DcDir   string   // devcontainer.json's directory relative to the repository root, slash-separated
 	Fetcher Fetcher  // OCI features; nil: an OCI feature fails with FEATURE_UNAVAILABLE
+	// Spool holds the files read; nil keeps them in memory. Either way they are bounded together
+	// (MaxTotalFeatureBytes).
+	Spool *Spool
 }
 
 // Resolve reads every requested feature (and the features their dependsOn names that the file does not),
 // gives each its options, and returns them in install order (Order). Errors are FEATURE_INVALID or
 // FEATURE_UNAVAILABLE naming the feature, or wrap ctx's cause.
 func Resolve(ctx context.Context, src Source, req []Requested) ([]*Feature, error) {
+	release, err := acquireResolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if src.Spool == nil {
+		src.Spool = &Spool{}
+	}
 	var out []*Feature
 	byResource := map[string]*Feature{}
 	queue := slices.Clone(req)
@@ -108,15 +124,15 @@ func load(ctx context.Context, src Source, ref Ref) (*Feature, error) {
 		if src.Repo == nil {
 			return nil, invalid(ref.ID, "run from the repository", "no repository to read a local feature from")
 		}
-		files, err = readLocal(src.Repo, ref)
+		files, err = readLocal(src.Repo, ref, src.Spool)
 		if err == nil {
-			digest = filesDigest(files)
+			digest, err = filesDigest(files)
 		}
 	case src.Fetcher == nil:
 		return nil, fault.New(fault.FeatureUnavailable, "vendor the feature into .devcontainer/ and name it \"./dir\", or let the operator configure a registry client",
 			"feature %q: no registry client is configured to fetch it from %s", ref.ID, ref.Registry)
 	default:
-		files, digest, err = src.Fetcher.Fetch(ctx, ref)
+		files, digest, err = src.Fetcher.Fetch(ctx, ref, src.Spool)
 	}
 	if err != nil {
 		return nil, err
@@ -127,7 +143,9 @@ func load(ctx context.Context, src Source, ref Ref) (*Feature, error) {
 	for _, f := range files {
 		switch f.Path {
 		case MetadataFile:
-			meta = f.Data
+			if meta, err = f.Bytes(); err != nil {
+				return nil, err
+			}
 		case InstallScript:
 			hasInstall = f.Mode.IsRegular()
 		}
@@ -147,7 +165,7 @@ func load(ctx context.Context, src Source, ref Ref) (*Feature, error) {
 
 // readLocal reads a local feature's directory through the repository root. Symlinks and special files are
 // refused: a feature's files are copied into an image, and a link would name something else there.
-func readLocal(repo *os.Root, ref Ref) ([]File, error) {
+func readLocal(repo *os.Root, ref Ref, sp *Spool) ([]File, error) {
 	dir, err := repo.OpenRoot(ref.Local)
 	if err != nil {
 		return nil, fault.Wrap(err, fault.FeatureInvalid, "create the directory next to devcontainer.json, with devcontainer-feature.json and install.sh",
@@ -181,14 +199,12 @@ func readLocal(repo *os.Root, ref Ref) ([]File, error) {
 		if !st.Mode().IsRegular() {
 			return fmt.Errorf("%s is not a regular file", p)
 		}
-		data, err := io.ReadAll(io.LimitReader(fh, MaxFeatureBytes-total+1))
+		f, err := sp.take(p, st.Mode()&0o777, fh, MaxFeatureBytes-total)
 		if err != nil {
 			return err
 		}
-		if total += int64(len(data)); total > MaxFeatureBytes {
-			return fmt.Errorf("the files are more than %d bytes", MaxFeatureBytes)
-		}
-		files = append(files, File{Path: p, Mode: st.Mode() & 0o777, Data: data})
+		total += f.Size
+		files = append(files, f)
 		return nil
 	})
 	if err != nil {
@@ -199,13 +215,21 @@ func readLocal(repo *os.Root, ref Ref) ([]File, error) {
 }
 
 // filesDigest is the sha256 of the files' paths, modes and contents.
-func filesDigest(files []File) string {
+func filesDigest(files []File) (string, error) {
 	h := sha256.New()
 	for _, f := range files {
-		fmt.Fprintf(h, "%q %o %d\n", f.Path, f.Mode, len(f.Data))
-		h.Write(f.Data)
+		fmt.Fprintf(h, "%q %o %d\n", f.Path, f.Mode, f.Size)
+		rc, err := f.Open()
+		if err != nil {
+			return "", err
+		}
+		_, err = io.Copy(h, rc)
+		rc.Close()
+		if err != nil {
+			return "", err
+		}
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // options gives the feature its environment: every declared option's default, then the values the file gives

@@ -19,6 +19,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
+	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/testutil"
@@ -582,5 +583,53 @@ func TestUIDRangeRecycles(t *testing.T) {
 	}
 	if after.res.Sandbox.ID == before.res.Sandbox.ID {
 		t.Fatal("the posture changed but the sandbox was not recycled")
+	}
+}
+
+// TestVolumeQuota: with a workspace quota, a named volume lives on the workspace's file system, so writing past
+// the quota through the volume fails with ENOSPC and the host loses no more than the quota (issue 22, finding 8:
+// a devcontainer volume took 150 MB past a 64 MB quota). A volume directory the sandbox swaps for a link out
+// is refused when the sandbox is next made, never bound.
+func TestVolumeQuota(t *testing.T) {
+	testutil.Docker(t)
+	home, err := lifecycle.OpenHome(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := newKey(t, "quota-volume")
+	vol := func(c *lifecycle.Config) { c.Volumes = []lifecycle.Volume{{Name: "data", Target: "/data"}} }
+	h := quotaHarness(t, home, testutil.TestImage(t), []identity.Key{key}, vol)
+	const quota = 64 << 20
+
+	r := h.run(t, key, "sh", "-c", "dd if=/dev/zero of=/data/big bs=1M count=100 2>&1; echo exit=$?")
+	if !strings.Contains(r.stdout, "No space left on device") || strings.Contains(r.stdout, "exit=0") {
+		t.Fatalf("writing 100 MiB into a volume of a 64 MiB workspace: %q", r.stdout)
+	}
+	img := filepath.Join(home.Dir, "disks", key.Hex()+".img")
+	if got := allocated(t, img); got > quota {
+		t.Errorf("the workspace's image takes %d bytes, more than the quota of %d", got, quota)
+	}
+	if _, err := os.Stat(filepath.Join(home.Volumes(key), "n-data")); !os.IsNotExist(err) {
+		t.Errorf("the volume is outside the quota too (stat: %v)", err)
+	}
+
+	// The volumes' directory is root's (the sandbox cannot enter it), but it sits in the sandbox's workspace:
+	// the sandbox moves it away and makes its own, with the volume a link to the host's /etc. The next sandbox
+	// (recycled by a posture change) is refused rather than bound to it.
+	r = h.run(t, key, "sh", "-c", "mv /workspace/.sandkeep-volumes /workspace/moved && mkdir /workspace/.sandkeep-volumes && ln -s /etc /workspace/.sandkeep-volumes/n-data && echo swapped")
+	if !strings.Contains(r.stdout, "swapped") {
+		t.Fatalf("swap: %q %q", r.stdout, r.stderr)
+	}
+	h.m.Close()
+	h2 := quotaHarness(t, home, testutil.TestImage(t), nil, func(c *lifecycle.Config) { vol(c); c.PidsLimit = 300 })
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := h2.m.Exec(ctx, key, lifecycle.ExecRequest{Argv: []string{"cat", "/data/hostname"}, Timeout: time.Minute, Stdout: &out, Stderr: &out})
+	if err == nil {
+		t.Fatalf("the sandbox was made with its volume linked to the host's /etc (exit %d): %q", res.ExitCode, out.String())
+	}
+	if !fault.Is(err, fault.Internal) && !fault.Is(err, fault.PostureRefused) {
+		t.Errorf("err = %v", err)
 	}
 }

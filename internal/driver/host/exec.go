@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -173,8 +174,12 @@ func (p *proc) start(agent, dir string, env []string, as *syscall.Credential) (*
 	if err != nil {
 		inW.Close()
 		outR.Close()
-		return nil, nil, fault.Wrap(err, fault.AgentMissing, "check the host driver's agent path",
-			"start the agent %s: %v", agent, err)
+		hint := "check the host driver's agent path"
+		if as != nil && errors.Is(err, fs.ErrPermission) {
+			// Start reports a workspace the user cannot reach as the exec's EACCES too.
+			hint = fmt.Sprintf("the host user %d:%d (host_passthrough.user) must be able to run the agent and to reach the workspace %s: make the state home's directories traversable by it (mode 0711, e.g. --home /var/lib/sandkeep), not under a 0700 home such as /root", as.Uid, as.Gid, dir)
+		}
+		return nil, nil, fault.Wrap(err, fault.AgentMissing, hint, "start the agent %s: %v", agent, err)
 	}
 	p.cmd, p.stdin = cmd, inW
 	return &pipeConn{r: outR, w: inW}, diag, nil

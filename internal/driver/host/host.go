@@ -177,6 +177,9 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 		if err := os.Lchown(ws, int(d.as.Uid), int(d.as.Gid)); err != nil {
 			return nil, fmt.Errorf("create %s: hand the workspace to uid %d: %w", spec.Name, d.as.Uid, err)
 		}
+		if err := reachable(ws, d.as); err != nil {
+			return nil, err
+		}
 	}
 	b := &box{workspace: ws, env: baseEnv(spec.Posture.Env, ws), procs: map[*proc]struct{}{}}
 	b.sb = driver.Sandbox{
@@ -337,4 +340,43 @@ func bound(b []byte, n int) string {
 		s = s[:n] + "..."
 	}
 	return s
+}
+
+// reachable makes sure the user as can reach ws, whose directories above it belong to sandkeep's state home
+// (workspaces/, the home itself: made 0700): the two levels sandkeep owns get the traverse bit for others (0711:
+// nobody may list them, and each workspace is 0700 of its user), and every directory above must already let
+// the user through. Otherwise the agent, started as the user in ws, fails with EACCES.
+func reachable(ws string, as *syscall.Credential) error {
+	dir := filepath.Dir(ws)
+	for i := 0; dir != filepath.Dir(dir); i, dir = i+1, filepath.Dir(dir) {
+		var st syscall.Stat_t
+		if err := syscall.Stat(dir, &st); err != nil {
+			return fmt.Errorf("workspace's parent %s: %w", dir, err)
+		}
+		if traversable(st, as) {
+			continue
+		}
+		if i < 2 && st.Uid == uint32(os.Geteuid()) {
+			if err := os.Chmod(dir, os.FileMode(st.Mode&0o777|0o011)); err != nil {
+				return fmt.Errorf("let uid %d through %s: %w", as.Uid, dir, err)
+			}
+			continue
+		}
+		return fault.New(fault.AgentMissing,
+			"give the state home a parent the user can traverse (e.g. --home /var/lib/sandkeep), not a 0700 home such as /root",
+			"the host user %d:%d (host_passthrough.user) cannot reach its workspace: %s is closed to it", as.Uid, as.Gid, dir)
+	}
+	return nil
+}
+
+// traversable reports whether as may search the directory st describes (its supplementary groups are none).
+func traversable(st syscall.Stat_t, as *syscall.Credential) bool {
+	switch {
+	case st.Uid == as.Uid:
+		return st.Mode&0o100 != 0
+	case st.Gid == as.Gid:
+		return st.Mode&0o010 != 0
+	default:
+		return st.Mode&0o001 != 0
+	}
 }

@@ -114,6 +114,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"LeaseRace", testLeaseRace},
 		{"LeaseList", testLeaseList},
 		{"LeaseOrdering", testLeaseOrdering},
+		{"RunLogs", testRunLogs},
+		{"RunLogBound", testRunLogBound},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, get(t)) })

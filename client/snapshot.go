@@ -1,0 +1,61 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Snapshot is one snapshot of a workspace, as GET /v1/snapshots lists it.
+type Snapshot struct {
+	Name      string    `json:"name"`
+	Tenant    string    `json:"tenant"`
+	User      string    `json:"user"` // whose workspace it was taken from
+	Template  string    `json:"template,omitempty"`
+	Image     string    `json:"image,omitempty"`
+	Digest    string    `json:"digest"` // sha256:<hex> of the archive
+	Bytes     int64     `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// CreateSnapshot archives user's workspace as a snapshot of the token's tenant called name ("" for a fresh
+// name). It needs the exec scope. A user without a sandbox is SANDBOX_NOT_FOUND, a name the tenant has
+// SNAPSHOT_EXISTS, one past the tenant's snapshot quota QUOTA_EXCEEDED.
+func (c *Client) CreateSnapshot(ctx context.Context, user, name string) (Snapshot, error) {
+	b, err := json.Marshal(map[string]string{"name": name})
+	if err != nil {
+		return Snapshot{}, err
+	}
+	var sn Snapshot
+	err = c.call(ctx, "POST", "/v1/sandboxes/"+escape(user)+"/snapshots", nil, bytes.NewReader(b), jsonBody(), &sn)
+	return sn, err
+}
+
+// Snapshots lists the token's tenant's snapshots, sorted by name.
+func (c *Client) Snapshots(ctx context.Context) ([]Snapshot, error) {
+	var out struct {
+		Snapshots []Snapshot `json:"snapshots"`
+	}
+	err := c.call(ctx, "GET", "/v1/snapshots", nil, nil, nil, &out)
+	return out.Snapshots, err
+}
+
+// DeleteSnapshot deletes the tenant's snapshot called name (SNAPSHOT_NOT_FOUND when there is none). It needs the
+// exec scope.
+func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
+	return c.call(ctx, "DELETE", "/v1/snapshots/"+escape(name), nil, nil, nil, nil)
+}
+
+// RestoreSnapshot makes user, a new user of the token's tenant, a sandbox whose workspace holds the snapshot
+// called name, in its template. It needs the exec scope. An unknown name is SNAPSHOT_NOT_FOUND, a user that has a
+// sandbox SANDBOX_EXISTS, one past the tenant's max_sandboxes QUOTA_EXCEEDED.
+func (c *Client) RestoreSnapshot(ctx context.Context, name, user string) (Sandbox, error) {
+	b, err := json.Marshal(map[string]string{"user": user})
+	if err != nil {
+		return Sandbox{}, err
+	}
+	var sb Sandbox
+	err = c.call(ctx, "POST", "/v1/snapshots/"+escape(name)+"/restore", nil, bytes.NewReader(b), jsonBody(), &sb)
+	return sb, err
+}

@@ -1,0 +1,345 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/moby/moby/client"
+
+	sdk "github.com/sandkeep/sandkeep/client"
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/fleet"
+	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/internal/store/postgres"
+	"github.com/sandkeep/sandkeep/internal/testutil"
+)
+
+// postgresSchema returns the DSN of a fresh schema of the test database (SANDKEEP_TEST_POSTGRES), dropped when
+// the test ends. Without the variable the test skips, unless SANDKEEP_REQUIRE_POSTGRES=1: then it fails.
+func postgresSchema(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("SANDKEEP_TEST_POSTGRES")
+	if dsn == "" {
+		if os.Getenv("SANDKEEP_REQUIRE_POSTGRES") == "1" {
+			t.Fatal("SANDKEEP_REQUIRE_POSTGRES=1 but SANDKEEP_TEST_POSTGRES is not set (run scripts/postgres-up.sh)")
+		}
+		t.Skip("SANDKEEP_TEST_POSTGRES is not set (scripts/postgres-up.sh prints a DSN)")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal("SANDKEEP_TEST_POSTGRES must be a postgres:// URL")
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "fleettest_" + hex.EncodeToString(b)
+	exec := func(ctx context.Context, sql string) error {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// fleetOf starts n `sandkeep serve` replicas of one fleet on this host: each with its own state home, all on
+// the store at dsn, the same Docker engine, installation id and secret, with leases of ttl.
+func (c *cli) fleetOf(t *testing.T, n int, ttl time.Duration) []*server {
+	t.Helper()
+	var secret [24]byte
+	_, _ = rand.Read(secret[:])
+	env := []string{"SANDKEEP_FLEET_SECRET=" + hex.EncodeToString(secret[:])}
+	var out []*server
+	for i := range n {
+		home := c.home
+		if i > 0 {
+			home = t.TempDir()
+		}
+		cfg := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
+		yaml := fmt.Sprintf("fleet:\n  listen: 127.0.0.1:0\n  secret_env: SANDKEEP_FLEET_SECRET\n  lease_ttl: %s\n  installation: %s\nsweep:\n  interval: \"0\"\n", ttl, c.installation)
+		if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := c.startServerEnv(t, append([]string{"SANDKEEP_HOME=" + home}, env...), "--config", cfg)
+		s.waitFor(t, `sandkeep: fleet replica \S+, internal address`)
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestFleetDocker is issue 27's one-host fleet: two `sandkeep serve` replicas with their own homes over one
+// PostgreSQL and one Docker engine. Any replica accepts any request; the key's owner runs it (the other forwards
+// it, output streamed through); one container per key. Then SIGKILL of the replica that owns a busy key
+// mid-command: the caller gets a typed outcome (OWNER_LOST, never a success), the next command for that key
+// succeeds through the other replica within the lease's expiry plus 5 s, and the store holds every run once.
+func TestFleetDocker(t *testing.T) {
+	dsn := postgresSchema(t)
+	c := newCLI(t)
+	if c.kc != nil {
+		t.Skip("the one-host fleet runs on Docker; the kubernetes fleet is deploy/'s")
+	}
+	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off")
+	const ttl = 3 * time.Second
+	reps := c.fleetOf(t, 2, ttl)
+	tenant := c.ten("fleet")
+	tok := c.createToken(t, tenant, "fleet", "")
+	cls := []*sdk.Client{reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)}
+
+	// Round-robin over the replicas: every command answered right, whoever owns its key.
+	const users, rounds = 4, 4
+	ok := 0
+	for r := range rounds {
+		for u := range users {
+			i := (r*users + u) % 2
+			want := fmt.Sprintf("u%d r%d", u, r)
+			res, err := cls[i].Exec(bounded(t), fmt.Sprintf("u%d", u), sdk.ExecRequest{Command: "echo " + want + "; echo err >&2; exit 3"})
+			if err != nil {
+				t.Fatalf("exec u%d round %d via replica %d: %v", u, r, i, err)
+			}
+			if res.Stdout != want+"\n" || res.Stderr != "err\n" || res.ExitCode != 3 {
+				t.Fatalf("exec u%d round %d via replica %d: %+v", u, r, i, res)
+			}
+			ok++
+		}
+	}
+	// Output streams through a forward as it is produced.
+	var stdout strings.Builder
+	res, err := cls[1].ExecStream(bounded(t), "u0", sdk.ExecRequest{Command: "echo one; echo two"}, &stdout, nil)
+	if err != nil || res.ExitCode != 0 || stdout.String() != "one\ntwo\n" {
+		t.Fatalf("streamed exec via replica 1: %+v, %q, %v", res, stdout.String(), err)
+	}
+	ok++
+
+	st, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	leases, err := st.ListLeases(t.Context(), "key/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]bool{}
+	for _, l := range leases {
+		owners[l.Owner] = true
+	}
+	if len(leases) != users || len(owners) != 1 && len(owners) != 2 {
+		t.Fatalf("leases %+v: want one per user", leases)
+	}
+	// One replica leads the reaper (its store lease), and the reaper kept every live key's container.
+	if rl, err := st.GetLease(t.Context(), "reaper"); err != nil || !rl.Live || !owners[rl.Owner] && !strings.Contains(reps[0].log.String()+reps[1].log.String(), rl.Owner) {
+		t.Errorf("reaper lease %+v, %v: want a live one held by a replica", rl, err)
+	}
+	perKey := containersPerKey(t, c)
+	if len(perKey) != users {
+		t.Errorf("containers by key %v: want %d keys", perKey, users)
+	}
+	for k, n := range perKey {
+		if n != 1 {
+			t.Errorf("key %s has %d containers, want 1", k, n)
+		}
+	}
+
+	// The owner of u1 is killed while it runs a command for u1 that the other replica forwarded to it.
+	key := keyOf(t, tenant, "u1")
+	l, err := st.GetLease(t.Context(), fleet.LeaseName(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, survivor := -1, -1
+	for i, s := range reps {
+		if strings.Contains(s.log.String(), "fleet replica "+l.Owner+",") {
+			victim, survivor = i, 1-i
+		}
+	}
+	if victim < 0 {
+		t.Fatalf("no replica is %s, the owner of u1", l.Owner)
+	}
+	type outcome struct {
+		res *sdk.ExecResult
+		err error
+	}
+	busy := make(chan outcome, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		res, err := cls[survivor].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo started; sleep 30; echo done"})
+		busy <- outcome{res, err}
+	})
+	waitRunning(t, st, tenant, "u1")
+	killed := time.Now()
+	if err := reps[victim].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	got := <-busy
+	var ae *sdk.APIError
+	if !errors.As(got.err, &ae) || ae.Err.Code != fault.OwnerLost {
+		t.Fatalf("the caller of the killed owner's command got %+v, %v; want OWNER_LOST", got.res, got.err)
+	}
+
+	// The next command succeeds through the survivor within the lease's expiry plus 5 s.
+	deadline := killed.Add(ttl + 5*time.Second)
+	var after *sdk.ExecResult
+	tries := 0
+	for {
+		tries++
+		res, err := cls[survivor].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo after"})
+		if err == nil {
+			after = res
+			break
+		}
+		if !errors.As(err, &ae) || ae.Err.Code != fault.OwnerUnavailable {
+			t.Fatalf("exec after the kill: %v; want success, or OWNER_UNAVAILABLE until the lease expires", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no command for u1 succeeded within the lease's expiry plus 5s of the kill (%d tries): %v", tries, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	took := time.Since(killed)
+	if after.Stdout != "after\n" || after.ExitCode != 0 {
+		t.Fatalf("exec after the takeover: %+v", after)
+	}
+	if took > ttl+5*time.Second {
+		t.Fatalf("the takeover took %s, want at most %s", took, ttl+5*time.Second)
+	}
+	t.Logf("takeover: the next command succeeded %s after the kill (lease %s, %d tries)", took.Round(time.Millisecond), ttl, tries)
+	ok++
+	if n := containersPerKey(t, c)[key.Hex()]; n != 1 {
+		t.Errorf("after the takeover u1 has %d containers, want 1", n)
+	}
+
+	// The store: every answered command is one succeeded or failed run (exit 3 is a result, not a failure of
+	// sandkeep), the killed one is one run that did not succeed, and nothing is there twice.
+	// The replicas enqueue a run's finish after answering: read until the last one is committed.
+	var runs []store.Run
+	for wait := time.Now().Add(10 * time.Second); ; {
+		runs, err = st.ListRuns(t.Context(), store.RunFilter{Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		running := 0
+		for _, r := range runs {
+			if r.Status == store.StatusRunning {
+				running++
+			}
+		}
+		if running <= 1 || time.Now().After(wait) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	seen := map[string]bool{}
+	finished, unfinished := 0, 0
+	for _, r := range runs {
+		if seen[r.ID] {
+			t.Errorf("run %s listed twice", r.ID)
+		}
+		seen[r.ID] = true
+		switch r.Status {
+		case store.StatusSucceeded:
+			finished++
+		case store.StatusRunning:
+			unfinished++
+			t.Logf("unfinished run %s of %s, created %s", r.ID, r.User, r.CreatedAt)
+			if r.User != "u1" {
+				t.Errorf("run %s of %s is still running", r.ID, r.User)
+			}
+		default:
+			t.Errorf("run %s of %s: %s %s", r.ID, r.User, r.Status, r.FailureCode)
+		}
+	}
+	if finished != ok || unfinished != 1 {
+		t.Errorf("runs: %d finished, %d unfinished; want %d finished (the answered commands) and 1 (the killed owner's)", finished, unfinished, ok)
+	}
+	evs, err := st.ListEvents(t.Context(), store.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := map[string]int{}
+	for _, e := range evs {
+		if e.Name == "exec_started" && seen[e.RunID] {
+			started[e.RunID]++
+		}
+	}
+	for id, n := range started {
+		if n != 1 {
+			t.Errorf("run %s has %d exec_started events, want 1", id, n)
+		}
+	}
+	if len(started) != ok+1 {
+		t.Errorf("%d runs have their exec_started event, want %d", len(started), ok+1)
+	}
+}
+
+// waitRunning waits until the store has a running run of tenant/user with its command started.
+func waitRunning(t *testing.T, st store.Store, tenant, user string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		runs, err := st.ListRuns(t.Context(), store.RunFilter{Tenant: tenant, User: user, Status: store.StatusRunning})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			evs, err := st.ListEvents(t.Context(), store.EventFilter{RunID: r.ID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range evs {
+				if e.Name == "exec_started" {
+					return
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("no command of %s/%s started within a minute", tenant, user)
+}
+
+// containersPerKey counts this installation's containers by their key label.
+func containersPerKey(t *testing.T, c *cli) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list, err := testutil.Docker(t).ContainerList(ctx, client.ContainerListOptions{
+		All: true, Filters: client.Filters{}.Add("label", driver.LabelInstallation+"="+c.installation),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, it := range list.Items {
+		out[it.Labels[driver.LabelKey]]++
+	}
+	return out
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/fleet"
+	"github.com/sandkeep/sandkeep/internal/reaper"
+	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/internal/store"
+)
+
+// fleetConfig is the fleet: block of sandkeep-server.yaml (docs/ARCHITECTURE.md, "Fleet"): this replica's
+// internal address, the secret every replica shares, the lease lifetime, and the installation id every replica
+// labels its sandboxes with (so that one replica can take over another's).
+type fleetConfig struct {
+	Listen       string `yaml:"listen"`        // the internal address, e.g. 0.0.0.0:7879; empty: no fleet
+	Advertise    string `yaml:"advertise"`     // what other replicas dial (host:port); default: Listen
+	SecretEnv    string `yaml:"secret_env"`    // the environment variable holding the shared secret (16 bytes or more)
+	LeaseTTL     string `yaml:"lease_ttl"`     // default 10s
+	Installation string `yaml:"installation"`  // 32 lower-case hex digits, the same on every replica
+	ReapInterval string `yaml:"reap_interval"` // how often the leading replica reaps (default 1m; "0": never)
+}
+
+var installationRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// fleetSetup is what serve needs of a fleet before it opens its Manager.
+type fleetSetup struct {
+	cfg     fleetConfig
+	secret  string
+	ttl     time.Duration
+	ln      net.Listener
+	address string
+	replica *fleet.Replica // made when the store is open (mutate)
+}
+
+// openFleet checks the fleet block, pins the home's installation id to the fleet's and opens the internal
+// listener. No fleet block: nil.
+func (g *globals) openFleet(fc fleetConfig) (*fleetSetup, error) {
+	if fc.Listen == "" {
+		if fc != (fleetConfig{}) {
+			return nil, fault.New(fault.InvalidArgument, "set fleet.listen (the internal address), or remove the fleet block",
+				"the fleet block has no listen address")
+		}
+		return nil, nil
+	}
+	bad := func(hint, format string, args ...any) error {
+		return fault.New(fault.InvalidArgument, hint, "fleet: "+format, args...)
+	}
+	if fc.SecretEnv == "" {
+		return nil, bad("set fleet.secret_env to a variable holding a random secret shared by every replica", "no secret_env")
+	}
+	secret := os.Getenv(fc.SecretEnv)
+	if len(secret) < fleet.MinSecretBytes {
+		return nil, bad("export "+fc.SecretEnv+" with a random secret of 16 bytes or more", "%s is unset or shorter than %d bytes", fc.SecretEnv, fleet.MinSecretBytes)
+	}
+	if !installationRE.MatchString(fc.Installation) {
+		return nil, bad("set fleet.installation to 32 lower-case hex digits (openssl rand -hex 16), the same on every replica",
+			"installation %q", fc.Installation)
+	}
+	ttl := fleet.DefaultTTL
+	if fc.LeaseTTL != "" {
+		d, err := time.ParseDuration(fc.LeaseTTL)
+		if err != nil || d < time.Second {
+			return nil, bad("write a duration of 1s or more, e.g. 10s", "lease_ttl %q", fc.LeaseTTL)
+		}
+		ttl = d
+	}
+	if err := pinInstallation(g.resolvedHome(), fc.Installation); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", fc.Listen)
+	if err != nil {
+		return nil, fault.Wrap(err, fault.InvalidArgument, "choose a free address for fleet.listen", "cannot listen on %s", fc.Listen)
+	}
+	addr := fc.Advertise
+	if addr == "" {
+		addr = ln.Addr().String()
+	}
+	if fc.ReapInterval != "" && fc.ReapInterval != "0" {
+		if d, err := time.ParseDuration(fc.ReapInterval); err != nil || d < time.Second {
+			return nil, bad("write a duration of 1s or more, or 0", "reap_interval %q", fc.ReapInterval)
+		}
+	}
+	return &fleetSetup{cfg: fc, secret: secret, ttl: ttl, ln: ln, address: addr}, nil
+}
+
+// pinInstallation makes home's installation id the fleet's: written when the home has none yet, refused when it
+// has another (its sandboxes would be another installation's).
+func pinInstallation(home, id string) error {
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return fault.Wrap(err, fault.InvalidArgument, "set SANDKEEP_HOME to a directory you can write", "state home %s", home)
+	}
+	path := filepath.Join(home, "installation-id")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if got := strings.TrimSpace(string(b)); got != id {
+			return fault.New(fault.InvalidArgument, "give this replica a fresh state home, or set fleet.installation to "+got,
+				"state home %s belongs to installation %s, not the fleet's %s", home, got, id)
+		}
+		return nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read installation id: %w", err)
+	}
+	return os.WriteFile(path, []byte(id+"\n"), 0o600)
+}
+
+// store wraps the Manager's store so every run is fenced by its key's lease, and makes the replica.
+func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
+	r, err := fleet.New(fleet.Config{Leases: c.Store, ID: fleet.NewReplicaID(), Address: f.address, TTL: f.ttl})
+	if err != nil {
+		return err
+	}
+	f.replica = r
+	c.Store = fleet.NewFencedStore(c.Store, r)
+	fmt.Fprintf(log, "sandkeep: fleet replica %s, internal address %s, leases of %s\n", r.ID(), f.address, f.ttl)
+	return nil
+}
+
+// run serves the internal wire, renews the leases and, unless sandboxing is off, reaps while this replica leads,
+// until ctx ends; the returned func waits for all of it.
+func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.Store, sandboxOff bool, log io.Writer) (*fleet.Backend, func()) {
+	b := fleet.NewBackend(local, f.replica, fleet.NewForwarder(nil, f.secret))
+	hs := &http.Server{Handler: fleet.NewHandler(b, f.secret), ReadHeaderTimeout: 10 * time.Second}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = hs.Serve(f.ln) })
+	wg.Go(func() { _ = f.replica.Run(ctx) })
+	if every := duration(f.cfg.ReapInterval, time.Minute); every > 0 && !sandboxOff {
+		// The reaper of the Docker engine's containers; one replica at a time (the store lease "reaper").
+		if docker, err := client.New(client.FromEnv); err != nil {
+			fmt.Fprintf(log, "sandkeep: fleet: no reaper: %v\n", err)
+		} else {
+			r := reaper.New(reaper.Config{Installation: f.cfg.Installation, Source: reaper.Docker{API: docker}, Store: st,
+				Logger: slog.New(slog.NewTextHandler(log, nil))})
+			wg.Go(func() {
+				defer docker.Close()
+				r.RunLeader(ctx, st, f.replica.ID(), f.ttl, every)
+			})
+		}
+	}
+	return b, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		wg.Wait()
+	}
+}

@@ -1,0 +1,290 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/files"
+	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/internal/store"
+)
+
+// Backend is the service.Backend of a replica: every call about a key goes to the key's owner, this replica
+// (the local Service, once the lease is claimed) or another (forwarded). Calls about no key (lists, runs,
+// events, templates, readiness) are answered here from the shared store and driver. Optional capabilities
+// that are not forwarded yet (files, port forwarding) are served only for keys this replica owns.
+type Backend struct {
+	local *service.Service
+	r     *Replica
+	fwd   *Forwarder
+}
+
+// NewBackend returns the replica's Backend over local.
+func NewBackend(local *service.Service, r *Replica, fwd *Forwarder) *Backend {
+	return &Backend{local: local, r: r, fwd: fwd}
+}
+
+var (
+	_ service.Backend           = (*Backend)(nil)
+	_ service.PortDialer        = (*Backend)(nil)
+	_ service.ForwardPortLister = (*Backend)(nil)
+)
+
+// route claims key: it returns nil when this replica serves it, else the owner to forward to.
+func (b *Backend) route(ctx context.Context, key sandkeep.Key) (*leaseAddr, error) {
+	o, err := b.r.Claim(ctx, key)
+	if err != nil {
+		return nil, claimErr(err)
+	}
+	if o.Self {
+		return nil, nil
+	}
+	return &leaseAddr{Owner: o.Lease.Owner, Address: o.Lease.Address}, nil
+}
+
+// mine is route for the owner's side of a forwarded call: another owner is an error, never a second hop.
+func (b *Backend) mine(ctx context.Context, key sandkeep.Key) error {
+	to, err := b.route(ctx, key)
+	if err != nil || to == nil {
+		return err
+	}
+	return fault.New(fault.OwnerUnavailable, "retry: the call goes to the key's new owner",
+		"the key moved to replica %s while the call was forwarded", to.Owner)
+}
+
+func claimErr(err error) error {
+	if fault.CodeOf(err) != "" {
+		return err
+	}
+	return fault.Wrap(err, fault.StoreUnavailable, "check the run store (PostgreSQL): leases live there",
+		"cannot tell which replica owns the key")
+}
+
+func callOf(key sandkeep.Key, ar service.AdmitRequest) call {
+	return call{Tenant: key.Tenant, User: key.User, Admit: admitCall{RunID: ar.RunID, Template: ar.Template,
+		Trust: ar.Trust, RequestID: ar.RequestID, Network: ar.Network}}
+}
+
+// Exec implements service.Backend: run on the owner, output streamed back as it comes.
+func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if to == nil {
+		return b.local.Exec(ctx, key, ar, req)
+	}
+	if req.TTY != nil || len(req.Secrets) > 0 {
+		return nil, fault.New(fault.OwnerUnavailable, "send the request to the replica that owns the key",
+			"a terminal or secret files of a key another replica owns (%s) are not forwarded yet", to.Owner)
+	}
+	c := callOf(key, ar)
+	e := &execCall{Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
+		OutputLimit: req.OutputLimit, Concurrent: req.Concurrent, Stream: req.Stdout != nil || req.Stderr != nil}
+	if req.Stdin != nil {
+		in, err := io.ReadAll(io.LimitReader(req.Stdin, maxCallBytes/2))
+		if err != nil {
+			return nil, fault.Wrap(err, fault.RequestInvalid, "", "read the command's stdin")
+		}
+		e.Stdin = &in
+		req.Stdin = bytes.NewReader(in) // for a retry served here
+	}
+	c.Exec = e
+	var res sandkeep.ExecResult
+	err = b.forward(ctx, key, *to, "exec", c, b.execFrames(ar, req), &res)
+	if errors.Is(err, errNotReached) {
+		// The owner never had the call (it stopped listening: gone, or handed the key over): claim again once,
+		// so a rolling restart loses no command.
+		if to, err = b.route(ctx, key); err != nil {
+			return nil, err
+		}
+		if to == nil {
+			return b.local.Exec(ctx, key, ar, req)
+		}
+		err = b.forward(ctx, key, *to, "exec", c, b.execFrames(ar, req), &res)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// execFrames turns a forwarded exec's frames over to the caller's observer and writers.
+func (b *Backend) execFrames(ar service.AdmitRequest, req sandkeep.ExecRequest) func(frame) error {
+	return func(fr frame) error {
+		switch {
+		case fr.Started:
+			if ar.Observer.Started != nil {
+				ar.Observer.Started()
+			}
+		case fr.Stream == "stdout" && req.Stdout != nil:
+			_, err := req.Stdout.Write(fr.Data)
+			return err
+		case fr.Stream == "stderr" && req.Stderr != nil:
+			_, err := req.Stderr.Write(fr.Data)
+			return err
+		}
+		return nil
+	}
+}
+
+// Admit implements service.Backend on the key's owner.
+func (b *Backend) Admit(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest) (*sandkeep.Run, error) {
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if to == nil {
+		return b.local.Admit(ctx, key, ar)
+	}
+	var run sandkeep.Run
+	if err := b.forward(ctx, key, *to, "admit", callOf(key, ar), nil, &run); err != nil {
+		return nil, err
+	}
+	return &run, nil
+}
+
+// Sandbox implements service.Backend on the key's owner.
+func (b *Backend) Sandbox(ctx context.Context, key sandkeep.Key) (sandkeep.Sandbox, error) {
+	to, err := b.route(ctx, key)
+	if err != nil || to == nil {
+		if err != nil {
+			return sandkeep.Sandbox{}, err
+		}
+		return b.local.Sandbox(ctx, key)
+	}
+	var sb sandkeep.Sandbox
+	err = b.forward(ctx, key, *to, "sandbox", callOf(key, service.AdmitRequest{}), nil, &sb)
+	return sb, err
+}
+
+// Stop implements service.Backend on the key's owner.
+func (b *Backend) Stop(ctx context.Context, key sandkeep.Key) error {
+	to, err := b.route(ctx, key)
+	if err != nil || to == nil {
+		if err != nil {
+			return err
+		}
+		return b.local.Stop(ctx, key)
+	}
+	return b.forward(ctx, key, *to, "stop", callOf(key, service.AdmitRequest{}), nil, nil)
+}
+
+// Remove implements service.Backend on the key's owner.
+func (b *Backend) Remove(ctx context.Context, key sandkeep.Key) error {
+	to, err := b.route(ctx, key)
+	if err != nil || to == nil {
+		if err != nil {
+			return err
+		}
+		return b.local.Remove(ctx, key)
+	}
+	return b.forward(ctx, key, *to, "remove", callOf(key, service.AdmitRequest{}), nil, nil)
+}
+
+// EndRun implements service.Backend on the owner of the run's key: the finish is a fenced write.
+func (b *Backend) EndRun(ctx context.Context, id string, failed bool) error {
+	run, err := b.local.Run(ctx, id)
+	if err != nil {
+		return err
+	}
+	key, err := sandkeep.NewKey(run.Tenant, run.User)
+	if err != nil {
+		return err
+	}
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return err
+	}
+	if to == nil {
+		return b.local.EndRun(ctx, id, failed)
+	}
+	c := callOf(key, service.AdmitRequest{})
+	c.RunID, c.Failed = id, failed
+	return b.forward(ctx, key, *to, "endrun", c, nil, nil)
+}
+
+// endRunHere is the owner's side of a forwarded EndRun.
+func (b *Backend) endRunHere(ctx context.Context, key sandkeep.Key, id string, failed bool) error {
+	if err := b.mine(ctx, key); err != nil {
+		return err
+	}
+	return b.local.EndRun(ctx, id, failed)
+}
+
+// Workspace implements service.Backend for keys this replica owns; file access is not forwarded yet.
+func (b *Backend) Workspace(ctx context.Context, key sandkeep.Key, create bool) (*files.FS, error) {
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if to != nil {
+		return nil, fault.New(fault.FilesUnavailable, "send file requests to the replica that owns the key",
+			"the workspace of %s is served by replica %s; file access is not forwarded between replicas yet", key, to.Owner)
+	}
+	return b.local.Workspace(ctx, key, create)
+}
+
+// DialPort implements service.PortDialer for keys this replica owns.
+func (b *Backend) DialPort(ctx context.Context, key sandkeep.Key, port int, pf sandkeep.PortForward) (net.Conn, error) {
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if to != nil {
+		return nil, fault.New(fault.PortForwardUnavailable, "send port forwards to the replica that owns the key",
+			"the sandbox of %s is served by replica %s; port forwarding is not forwarded between replicas yet", key, to.Owner)
+	}
+	return b.local.DialPort(ctx, key, port, pf)
+}
+
+// ForwardPorts implements service.ForwardPortLister (it reads the spec, no sandbox).
+func (b *Backend) ForwardPorts(ctx context.Context, key sandkeep.Key) ([]sandkeep.ForwardPort, error) {
+	return b.local.ForwardPorts(ctx, key)
+}
+
+// List implements service.Backend.
+func (b *Backend) List(ctx context.Context, tenant string) ([]sandkeep.Sandbox, error) {
+	return b.local.List(ctx, tenant)
+}
+
+// ListAll is the local Service's (the API's sandboxes gauge).
+func (b *Backend) ListAll(ctx context.Context) ([]sandkeep.Sandbox, error) {
+	return b.local.ListAll(ctx)
+}
+
+// Runs implements service.Backend.
+func (b *Backend) Runs(ctx context.Context, f store.RunFilter) ([]store.Run, error) {
+	return b.local.Runs(ctx, f)
+}
+
+// Run implements service.Backend.
+func (b *Backend) Run(ctx context.Context, id string) (store.Run, error) { return b.local.Run(ctx, id) }
+
+// Events implements service.Backend.
+func (b *Backend) Events(ctx context.Context, f store.EventFilter) ([]store.Event, error) {
+	return b.local.Events(ctx, f)
+}
+
+// Templates implements service.Backend.
+func (b *Backend) Templates(ctx context.Context, tenant string) ([]string, error) {
+	return b.local.Templates(ctx, tenant)
+}
+
+// Ready implements service.Backend.
+func (b *Backend) Ready(ctx context.Context) error { return b.local.Ready(ctx) }
+
+// forward makes a call to the owner; an owner that is gone or moved is forgotten, so the next call reads the
+// store again.
+func (b *Backend) forward(ctx context.Context, key sandkeep.Key, to leaseAddr, op string, c call, on func(frame) error, out any) error {
+	err := b.fwd.do(ctx, to, op, c, on, out)
+	if fault.Is(err, fault.OwnerUnavailable) || fault.Is(err, fault.OwnerLost) {
+		b.r.Forget(key)
+	}
+	return err
+}

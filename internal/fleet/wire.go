@@ -1,0 +1,294 @@
+package fleet
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/service"
+)
+
+// The internal wire between replicas: HTTP on the replica's internal address, every request authenticated by
+// the fleet's shared secret (a bearer token compared in constant time). A call is a POST of one JSON object to
+// /fleet/v1/<op>; the answer is NDJSON frames: for exec, "started" and output chunks as the command produces
+// them, then one final frame with the result or the typed error. A call whose stream ends without a final frame
+// was cut: the owner went away (OWNER_LOST).
+
+// MinSecretBytes is the shortest fleet secret accepted.
+const MinSecretBytes = 16
+
+// maxCallBytes bounds a call's JSON body (an exec's stdin included).
+const maxCallBytes = 64 << 20
+
+// call is the body of every internal request; each op reads the fields it needs.
+type call struct {
+	Tenant string    `json:"tenant"`
+	User   string    `json:"user"`
+	Admit  admitCall `json:"admit"`
+	Exec   *execCall `json:"exec,omitempty"`
+	RunID  string    `json:"run_id,omitempty"` // endrun
+	Failed bool      `json:"failed,omitempty"` // endrun
+}
+
+type admitCall struct {
+	RunID     string            `json:"run_id,omitempty"`
+	Template  string            `json:"template,omitempty"`
+	Trust     string            `json:"trust,omitempty"`
+	RequestID string            `json:"request_id,omitempty"`
+	Network   *sandkeep.Network `json:"network,omitempty"`
+}
+
+type execCall struct {
+	Argv        []string      `json:"argv"`
+	Workdir     string        `json:"workdir,omitempty"`
+	Env         []string      `json:"env,omitempty"`
+	Timeout     time.Duration `json:"timeout,omitempty"`
+	OutputLimit int64         `json:"output_limit,omitempty"`
+	Stdin       *[]byte       `json:"stdin,omitempty"`
+	Stream      bool          `json:"stream,omitempty"` // the caller wants output as it comes
+	Concurrent  bool          `json:"concurrent,omitempty"`
+}
+
+// frame is one NDJSON line of an answer.
+type frame struct {
+	Started bool            `json:"started,omitempty"`
+	Stream  string          `json:"stream,omitempty"` // stdout | stderr
+	Data    []byte          `json:"data,omitempty"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	Error   *wireError      `json:"error,omitempty"`
+	Final   bool            `json:"final,omitempty"`
+}
+
+type wireError struct {
+	Code    fault.Code `json:"code"`
+	Message string     `json:"message"`
+	Hint    string     `json:"hint,omitempty"`
+}
+
+func toWire(err error) *wireError {
+	var fe *fault.Error
+	if errors.As(err, &fe) {
+		return &wireError{Code: fe.Code, Message: fe.Message, Hint: fe.Hint}
+	}
+	return &wireError{Code: fault.Internal, Message: err.Error()}
+}
+
+func (w *wireError) err() error { return fault.New(w.Code, w.Hint, "%s", w.Message) }
+
+// Handler serves the internal wire for the owner's side: every call runs on local, which claims the key again
+// and refuses (OWNER_UNAVAILABLE) rather than forwarding a second time when another replica holds it now.
+type Handler struct {
+	local  *Backend
+	secret []byte
+}
+
+// NewHandler returns the internal handler of b, authenticating callers with secret.
+func NewHandler(b *Backend, secret string) *Handler {
+	return &Handler{local: b, secret: []byte(secret)}
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	got, ok := bytes.CutPrefix([]byte(r.Header.Get("Authorization")), []byte("Bearer "))
+	if !ok || subtle.ConstantTimeCompare(got, h.secret) != 1 {
+		http.Error(w, "unauthenticated", http.StatusUnauthorized)
+		return
+	}
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	var c call
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxCallBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		http.Error(w, "bad call: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	fw := &frameWriter{w: w}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fw.flush()
+	res, err := h.serve(r.Context(), r.URL.Path, c, fw)
+	final := frame{Final: true}
+	if err != nil {
+		final.Error = toWire(err)
+	} else if res != nil {
+		b, merr := json.Marshal(res)
+		if merr != nil {
+			final.Error = toWire(merr)
+		} else {
+			final.Result = b
+		}
+	}
+	fw.send(final)
+}
+
+func (h *Handler) serve(ctx context.Context, path string, c call, fw *frameWriter) (any, error) {
+	key, err := sandkeep.NewKey(c.Tenant, c.User)
+	if err != nil {
+		return nil, err
+	}
+	if path == "/fleet/v1/endrun" {
+		return nil, h.local.endRunHere(ctx, key, c.RunID, c.Failed)
+	}
+	if err := h.local.mine(ctx, key); err != nil {
+		return nil, err
+	}
+	ar := service.AdmitRequest{RunID: c.Admit.RunID, Template: c.Admit.Template, Trust: c.Admit.Trust,
+		RequestID: c.Admit.RequestID, Network: c.Admit.Network}
+	switch path {
+	case "/fleet/v1/exec":
+		if c.Exec == nil {
+			return nil, fault.New(fault.RequestInvalid, "", "an exec call without a command")
+		}
+		e := c.Exec
+		req := sandkeep.ExecRequest{Argv: e.Argv, Workdir: e.Workdir, Env: e.Env, Timeout: e.Timeout,
+			OutputLimit: e.OutputLimit, Concurrent: e.Concurrent}
+		if e.Stdin != nil {
+			req.Stdin = bytes.NewReader(*e.Stdin)
+		}
+		if e.Stream {
+			req.Stdout, req.Stderr = fw.writer("stdout"), fw.writer("stderr")
+		}
+		ar.Observer.Started = func() { fw.send(frame{Started: true}) }
+		return h.local.local.Exec(ctx, key, ar, req)
+	case "/fleet/v1/admit":
+		return h.local.local.Admit(ctx, key, ar)
+	case "/fleet/v1/sandbox":
+		return h.local.local.Sandbox(ctx, key)
+	case "/fleet/v1/stop":
+		return nil, h.local.local.Stop(ctx, key)
+	case "/fleet/v1/remove":
+		return nil, h.local.local.Remove(ctx, key)
+	}
+	return nil, fault.New(fault.RequestInvalid, "", "no internal operation %s", path)
+}
+
+// frameWriter writes NDJSON frames; exec's two output streams may write at once.
+type frameWriter struct {
+	mu sync.Mutex
+	w  http.ResponseWriter
+}
+
+func (f *frameWriter) send(fr frame) {
+	b, _ := json.Marshal(fr)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, _ = f.w.Write(append(b, '\n'))
+	_ = http.NewResponseController(f.w).Flush()
+}
+
+func (f *frameWriter) flush() { _ = http.NewResponseController(f.w).Flush() }
+
+func (f *frameWriter) writer(stream string) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		f.send(frame{Stream: stream, Data: bytes.Clone(p)})
+		return len(p), nil
+	})
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
+
+// Forwarder makes calls to other replicas.
+type Forwarder struct {
+	client *http.Client
+	secret string
+}
+
+// NewForwarder returns a Forwarder that authenticates with secret. hc nil: a client without a timeout (each
+// call's ctx bounds it).
+func NewForwarder(hc *http.Client, secret string) *Forwarder {
+	if hc == nil {
+		hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
+	}
+	return &Forwarder{client: hc, secret: secret}
+}
+
+// do posts c to op at the owner of l and reads the answer's frames: on turns each non-final frame over, the
+// final one's result is decoded into out. The errors say where it broke: not reached (OWNER_UNAVAILABLE), or
+// cut once the owner had the call (OWNER_LOST).
+func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on func(frame) error, out any) error {
+	body, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+l.Address+"/fleet/v1/"+op, bytes.NewReader(body))
+	if err != nil {
+		return unavailable(l, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+f.secret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := f.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var oe *net.OpError
+		if errors.As(err, &oe) && oe.Op == "dial" {
+			err = errors.Join(errNotReached, err)
+		}
+		return unavailable(l, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fault.New(fault.Internal, "check that every replica has the same fleet secret",
+			"replica %s refused the forwarded call: %s: %s", l.Owner, resp.Status, bytes.TrimSpace(msg))
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), maxCallBytes*2)
+	for sc.Scan() {
+		var fr frame
+		if err := json.Unmarshal(sc.Bytes(), &fr); err != nil {
+			return fault.Wrap(err, fault.Internal, "", "replica %s sent a malformed frame", l.Owner)
+		}
+		if !fr.Final {
+			if on != nil {
+				if err := on(fr); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if fr.Error != nil {
+			return fr.Error.err()
+		}
+		if out != nil && len(fr.Result) > 0 {
+			if err := json.Unmarshal(fr.Result, out); err != nil {
+				return fault.Wrap(err, fault.Internal, "", "replica %s sent a malformed result", l.Owner)
+			}
+		}
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fault.Wrap(sc.Err(), fault.OwnerLost,
+		"run the command again: another replica takes the key over once the lease expires",
+		"replica %s, which owns this key, went away during the call; its outcome is unknown", l.Owner)
+}
+
+// errNotReached is in a forward's error when the owner provably never had the call (its address refused the
+// connection): the call may go elsewhere.
+var errNotReached = errors.New("the owner was not reached")
+
+// leaseAddr is who a forwarded call goes to.
+type leaseAddr struct{ Owner, Address string }
+
+func unavailable(l leaseAddr, err error) error {
+	return fault.Wrap(err, fault.OwnerUnavailable,
+		"retry after the key's lease expires: another replica then takes the key over",
+		"replica %s holds this key and cannot be reached at %s", l.Owner, l.Address)
+}

@@ -1,0 +1,253 @@
+// Package reaper removes resources of this installation whose owner is provably gone, and keeps everything
+// else. In a fleet one replica at a time reaps (the leader of the store lease "reaper"); it runs at boot and on a
+// ticker. Every removal, and every resource kept because something could not be known, is an event (rate-limited).
+//
+// The rule is one pure decision (Decide): a resource is removed only when it carries this installation's labels
+// and a key, no live lease holds that key, the store says no run of that key is running, and the resource itself
+// is neither running nor paused. An error looking up the lease or the runs, a resource of another installation
+// or without our labels, an active status: each keeps it.
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/internal/identity"
+	"github.com/sandkeep/sandkeep/internal/store"
+)
+
+// Resource is one thing a driver made (a container, a pod, a claim, a network): its kind, name, labels and,
+// where it has one, its state.
+type Resource struct {
+	Kind   string // container, pod, claim, configmap, networkpolicy, network, image
+	Name   string
+	ID     string
+	Labels map[string]string
+	State  string // the driver's words: running, paused, exited, created, ...; "" for kinds without one
+}
+
+// Reasons a resource is kept or removed (the events' reason field).
+const (
+	ReasonUnlabelled   = "unlabelled"           // no installation or key label: not ours to judge
+	ReasonForeign      = "foreign_installation" // another installation's
+	ReasonActive       = "resource_active"      // running or paused
+	ReasonLeaseUnknown = "lease_unknown"        // the key's lease could not be read
+	ReasonLeased       = "leased"               // a live lease holds the key: its owner lives
+	ReasonStoreUnknown = "store_unknown"        // the key's runs could not be read
+	ReasonRunActive    = "run_active"           // a run of the key is running
+	ReasonOrphaned     = "orphaned"             // no lease, no running run, not active: removed
+)
+
+// Facts is what Decide knows of a resource's key, each with the error of its lookup.
+type Facts struct {
+	LeaseLive bool
+	LeaseErr  error
+	RunActive bool
+	RunErr    error
+}
+
+// Verdict is Decide's answer.
+type Verdict struct {
+	Remove bool
+	Reason string
+	Key    identity.Key // the resource's key, when its labels make one
+}
+
+// Decide says whether r, of installation, is removed. It does no I/O; keyFacts is asked only once r's labels
+// make it ours and inactive.
+func Decide(installation string, r Resource, keyFacts func(identity.Key) Facts) Verdict {
+	inst, hasInst := r.Labels[driver.LabelInstallation]
+	key, keyErr := identity.New(r.Labels[driver.LabelTenant], r.Labels[driver.LabelUser])
+	switch {
+	case !hasInst || inst == "":
+		return Verdict{Reason: ReasonUnlabelled}
+	case inst != installation:
+		return Verdict{Reason: ReasonForeign}
+	case keyErr != nil || key.Hex() != r.Labels[driver.LabelKey]:
+		return Verdict{Reason: ReasonUnlabelled}
+	case r.State == "running" || r.State == "paused" || r.State == "restarting":
+		return Verdict{Reason: ReasonActive, Key: key}
+	}
+	f := keyFacts(key)
+	switch {
+	case f.LeaseErr != nil:
+		return Verdict{Reason: ReasonLeaseUnknown, Key: key}
+	case f.LeaseLive:
+		return Verdict{Reason: ReasonLeased, Key: key}
+	case f.RunErr != nil:
+		return Verdict{Reason: ReasonStoreUnknown, Key: key}
+	case f.RunActive:
+		return Verdict{Reason: ReasonRunActive, Key: key}
+	}
+	return Verdict{Remove: true, Reason: ReasonOrphaned, Key: key}
+}
+
+// unknown reports whether a keep was for something that could not be known (an event says so).
+func unknown(reason string) bool {
+	return reason == ReasonLeaseUnknown || reason == ReasonStoreUnknown
+}
+
+// Source lists and removes one driver's resources.
+type Source interface {
+	// List returns the resources that carry any installation's label.
+	List(ctx context.Context) ([]Resource, error)
+	// Remove deletes r; one already gone is not an error.
+	Remove(ctx context.Context, r Resource) error
+}
+
+// Store is what the reaper reads and writes of the store.
+type Store interface {
+	GetLease(ctx context.Context, name string) (store.Lease, error)
+	ListRuns(ctx context.Context, f store.RunFilter) ([]store.Run, error)
+	AppendEvent(ctx context.Context, e store.Event) (int64, error)
+}
+
+// LeaseName is the store lease of key (the fleet's: internal/fleet.LeaseName).
+func LeaseName(key identity.Key) string { return "key/" + key.Hex() }
+
+// Config is what a Reaper needs.
+type Config struct {
+	Installation string
+	Source       Source
+	Store        Store
+	Logger       *slog.Logger // nil discards
+	// EventsPerSecond bounds the kept-on-unknown events (removals are always recorded); default 1, burst 20.
+	EventsPerSecond float64
+}
+
+// Reaper makes passes over a Source.
+type Reaper struct {
+	cfg   Config
+	limit *rate.Limiter
+}
+
+// New returns a Reaper.
+func New(cfg Config) *Reaper {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.EventsPerSecond <= 0 {
+		cfg.EventsPerSecond = 1
+	}
+	return &Reaper{cfg: cfg, limit: rate.NewLimiter(rate.Limit(cfg.EventsPerSecond), 20)}
+}
+
+// Report says what one pass did, by resource name.
+type Report struct {
+	Removed []string
+	Kept    map[string]string // name -> reason
+}
+
+// Once makes one pass: every listed resource decided, the orphans removed.
+func (r *Reaper) Once(ctx context.Context) (Report, error) {
+	rep := Report{Kept: map[string]string{}}
+	rs, err := r.cfg.Source.List(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("reap: list: %w", err)
+	}
+	var errs []error
+	for _, res := range rs {
+		v := Decide(r.cfg.Installation, res, func(k identity.Key) Facts { return r.facts(ctx, k) })
+		if !v.Remove {
+			rep.Kept[res.Name] = v.Reason
+			if unknown(v.Reason) && r.limit.Allow() {
+				r.event(ctx, events.NameReaperKept, res, v.Reason)
+			}
+			continue
+		}
+		if err := r.cfg.Source.Remove(ctx, res); err != nil {
+			errs = append(errs, fmt.Errorf("reap %s %s: %w", res.Kind, res.Name, err))
+			continue
+		}
+		rep.Removed = append(rep.Removed, res.Name)
+		r.event(ctx, events.NameReaperRemoved, res, v.Reason)
+	}
+	return rep, errors.Join(errs...)
+}
+
+func (r *Reaper) facts(ctx context.Context, key identity.Key) Facts {
+	var f Facts
+	l, err := r.cfg.Store.GetLease(ctx, LeaseName(key))
+	switch {
+	case err == nil:
+		f.LeaseLive = l.Live
+	case !isNotFound(err):
+		f.LeaseErr = err
+	}
+	runs, err := r.cfg.Store.ListRuns(ctx, store.RunFilter{Tenant: key.Tenant, User: key.User, Status: store.StatusRunning, Limit: 1})
+	f.RunErr, f.RunActive = err, len(runs) > 0
+	return f
+}
+
+func (r *Reaper) event(ctx context.Context, name string, res Resource, reason string) {
+	e, err := events.New("", name, events.ReaperDecision{Kind: res.Kind, Resource: res.Name, Reason: reason})
+	if err == nil {
+		_, err = r.cfg.Store.AppendEvent(ctx, e)
+	}
+	if err != nil {
+		r.cfg.Logger.Warn("reaper: record event", "event", name, "resource", res.Name, "err", err)
+	}
+}
+
+// LeaderStore is the lease part of the store the election uses.
+type LeaderStore interface {
+	AcquireLease(ctx context.Context, name, owner, address string, ttl time.Duration) (store.Lease, error)
+	RenewLeases(ctx context.Context, owner string, held []store.Lease, ttl time.Duration) ([]store.Lease, error)
+	ReleaseLease(ctx context.Context, l store.Lease) error
+}
+
+// LeaderLease is the store lease of the reaping replica.
+const LeaderLease = "reaper"
+
+// RunLeader makes a pass at once and then every interval while this replica (owner) leads: it holds the store
+// lease LeaderLease, taken when free and renewed every ttl/3. A replica that does not lead tries again every
+// ttl/3. It returns when ctx ends, releasing the lease.
+func (r *Reaper) RunLeader(ctx context.Context, st LeaderStore, owner string, ttl, interval time.Duration) {
+	var (
+		held    *store.Lease
+		lastRun time.Time
+	)
+	tick := time.NewTicker(ttl / 3)
+	defer tick.Stop()
+	defer func() {
+		if held != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = st.ReleaseLease(rctx, *held)
+		}
+	}()
+	for {
+		if held == nil {
+			if l, err := st.AcquireLease(ctx, LeaderLease, owner, "", ttl); err == nil {
+				held = &l
+				r.cfg.Logger.Info("reaper: leading", "owner", owner, "token", l.Token)
+			}
+		} else {
+			renewed, err := st.RenewLeases(ctx, owner, []store.Lease{*held}, ttl)
+			if err == nil && len(renewed) == 0 {
+				r.cfg.Logger.Warn("reaper: lost the lead", "owner", owner)
+				held = nil
+			} else if err == nil {
+				held = &renewed[0]
+			}
+		}
+		if held != nil && time.Since(lastRun) >= interval {
+			lastRun = time.Now()
+			if rep, err := r.Once(ctx); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("reaper: pass", "err", err, "removed", len(rep.Removed))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package sandkeep_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/events"
+)
+
+// TestSnapshotsDocker: a snapshot on the real driver. It keeps the workspace as it was (contents, modes, links),
+// restores into a new key after its source is removed, in its template; later changes stay apart; names are per
+// tenant (SNAPSHOT_EXISTS, SNAPSHOT_NOT_FOUND), the tenant's quota holds (QUOTA_EXCEEDED, nothing kept), a
+// restore onto a key that exists is SANDBOX_EXISTS; create, restore and delete are recorded as events.
+func TestSnapshotsDocker(t *testing.T) {
+	dockerOnly(t, "snapshots archive a host workspace; on kubernetes the workspace is a claim")
+	cfg := baseConfig(t)
+	cfg.Templates = map[string]sandkeep.Template{"py": {Env: []string{"FLAVOUR=py"}}}
+	cfg.SnapshotQuota = sandkeep.SnapshotQuota{Count: 2}
+	var mu sync.Mutex
+	var seen []string
+	cfg.OnEvent = func(name string, _ any) {
+		mu.Lock()
+		seen = append(seen, name)
+		mu.Unlock()
+	}
+	s := newSuite(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	sh := func(key sandkeep.Key, script string) string {
+		t.Helper()
+		res := s.execRun(s.m, sandkeep.RunRequest{Key: key, Template: "py"}, sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}})
+		if res.ExitCode != 0 {
+			t.Fatalf("sh -c %q: exit %d, %q %q", script, res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return res.Stdout
+	}
+	a := s.key("snap", "a")
+	tenant := a.Tenant
+	sh(a, "mkdir -p src && echo one > src/f && printf '#!/bin/sh\\necho run\\n' > tool && chmod 750 tool && ln -s src/f link && head -c 100000 /dev/urandom > blob")
+	const look = "find . | sort; md5sum blob src/f; stat -c '%n %a' tool; readlink link"
+	before := sh(a, look)
+
+	sn, err := s.m.CreateSnapshot(ctx, a, "base", sandkeep.SnapshotEvents{})
+	if err != nil {
+		t.Fatalf("CreateSnapshot: %v", err)
+	}
+	if sn.Name != "base" || sn.Tenant != tenant || sn.User != "a" || sn.Template != "py" || sn.Bytes < 100000 || len(sn.Digest) != len("sha256:")+64 {
+		t.Fatalf("snapshot %+v", sn)
+	}
+	sh(a, "echo two > src/f") // after the snapshot: not in it
+	if _, err := s.m.CreateSnapshot(ctx, a, "base", sandkeep.SnapshotEvents{}); sandkeep.CodeOf(err) != "SNAPSHOT_EXISTS" {
+		t.Fatalf("a second snapshot named base: %v, want SNAPSHOT_EXISTS", err)
+	}
+	auto, err := s.m.CreateSnapshot(ctx, a, "", sandkeep.SnapshotEvents{})
+	if err != nil || auto.Name == "" || auto.Digest == sn.Digest {
+		t.Fatalf("a snapshot without a name: %+v, %v", auto, err)
+	}
+	if _, err := s.m.CreateSnapshot(ctx, a, "third", sandkeep.SnapshotEvents{}); sandkeep.CodeOf(err) != "QUOTA_EXCEEDED" {
+		t.Fatalf("a snapshot past the tenant's quota of 2: %v, want QUOTA_EXCEEDED", err)
+	}
+	list, err := s.m.Snapshots(tenant)
+	if err != nil || len(list) != 2 || list[0].Name != "base" {
+		t.Fatalf("Snapshots: %+v, %v", list, err)
+	}
+	if other, _ := s.m.Snapshots("another-" + tenant); len(other) != 0 {
+		t.Fatalf("another tenant sees %+v", other)
+	}
+
+	if err := s.m.Remove(ctx, a, false); err != nil { // the source goes: the snapshot stays
+		t.Fatal(err)
+	}
+	b := s.key("snap", "b")
+	var restored []string
+	sb, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: b, Observer: sandkeep.Observer{Event: func(name string, _ any) {
+		restored = append(restored, name)
+	}}})
+	if err != nil {
+		t.Fatalf("RestoreSnapshot: %v", err)
+	}
+	if len(restored) == 0 || restored[len(restored)-1] != events.NameSnapshotRestored {
+		t.Fatalf("the restore's run events: %v", restored)
+	}
+	if sb.User != "b" || sb.Template != "py" || sb.State != "running" {
+		t.Fatalf("the restored sandbox: %+v", sb)
+	}
+	if got := sh(b, look); got != before {
+		t.Fatalf("the restore differs:\n%s\nsnapshot taken of:\n%s", got, before)
+	}
+	if got := trim(sh(b, "echo $FLAVOUR; ./tool; [ \"$(stat -c %u blob)\" = \"$(id -u)\" ] && echo owned")); got != "py\nrun\nowned" {
+		t.Fatalf("the restore's template, tool and owner: %q", got)
+	}
+	sh(b, "echo changed > src/f")
+	c := s.key("snap", "c")
+	if _, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: c}); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(c, "cat src/f"); got != "one\n" {
+		t.Fatalf("a change after a restore reached the snapshot: %q", got)
+	}
+	if _, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: b}); sandkeep.CodeOf(err) != "SANDBOX_EXISTS" {
+		t.Fatalf("a restore onto an existing key: %v, want SANDBOX_EXISTS", err)
+	}
+	d := s.key("snap", "d")
+	if _, err := s.m.RestoreSnapshot(ctx, "nope", sandkeep.RunRequest{Key: d}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
+		t.Fatalf("an unknown snapshot: %v, want SNAPSHOT_NOT_FOUND", err)
+	}
+	if _, err := s.m.Sandbox(ctx, d); sandkeep.CodeOf(err) != "SANDBOX_NOT_FOUND" {
+		t.Fatalf("a refused restore left a sandbox: %v", err)
+	}
+
+	if err := s.m.DeleteSnapshot(ctx, tenant, "base", sandkeep.SnapshotEvents{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.m.DeleteSnapshot(ctx, tenant, "base", sandkeep.SnapshotEvents{}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
+		t.Fatalf("deleting it again: %v, want SNAPSHOT_NOT_FOUND", err)
+	}
+	if _, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: d}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
+		t.Fatalf("a deleted snapshot: %v, want SNAPSHOT_NOT_FOUND", err)
+	}
+	if _, err := s.m.CreateSnapshot(ctx, c, "third", sandkeep.SnapshotEvents{}); err != nil {
+		t.Fatalf("a snapshot once the quota has room again: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	count := map[string]int{}
+	for _, n := range seen {
+		count[n]++
+	}
+	if count[events.NameSnapshotCreated] != 3 || count[events.NameSnapshotDeleted] != 1 {
+		t.Errorf("events with no run: %v", count)
+	}
+}
