@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -21,6 +24,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
+	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
@@ -32,6 +36,7 @@ func newDoctor(g *globals) *cobra.Command {
 		strict  bool
 		asJSON  bool
 		seccomp bool
+		install string
 		pf      policyFlags
 		timeout = doctor.DefaultTimeout
 	)
@@ -43,6 +48,9 @@ func newDoctor(g *globals) *cobra.Command {
 			"spec, every check with pass/warn/fail and a fix line. Exit status: 0 all passed, 1 a check failed, 2 bad usage.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if install != "" {
+				return installSeccomp(g, install)
+			}
 			if seccomp {
 				// For the daemon's own default (its builds cannot be given one): "build limits" below.
 				_, err := fmt.Fprintln(g.stdout, driver.SeccompProfile())
@@ -69,6 +77,7 @@ func newDoctor(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&strict, "strict", false, "also check the resolved spec: validity, mounts, image present, network rules, driver capabilities")
 	f.BoolVar(&asJSON, "json", false, "print one JSON document")
+	f.StringVar(&install, "seccomp-install", "", "write sandkeep's seccomp profile under DIR (a node's kubelet seccomp directory) where SANDKEEP_KUBE_SECCOMP=localhost pods find it, and exit")
 	f.BoolVar(&seccomp, "seccomp-profile", false, "print sandkeep's seccomp profile (to make it the engine's default, which builds run under) and exit")
 	f.StringVar(&pf.spec, "spec", "", "the project's sandkeep.yaml (default $SANDKEEP_SPEC)")
 	f.StringVar(&pf.sandbox, "sandbox", "", "the mode a run would be given with --sandbox")
@@ -116,6 +125,18 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 		{Name: "driver", Needs: []string{"mode"}, Run: func(context.Context) doctor.Result { return st.chooseDriver() }},
 		{Name: "network policy", Needs: []string{"driver"}, Timeout: 2 * time.Minute, Run: st.networkPolicy},
 		{Name: "capacity", Needs: []string{"driver"}, Run: st.capacity},
+	}
+	// On the kubernetes driver: the pods' seccomp profile and the nodes' pods limit (SK411, SK412).
+	var kubeRes []doctor.Result
+	var kubeOnce sync.Once
+	for i, name := range []string{"kube seccomp", "kube pids"} {
+		checks = append(checks, doctor.Check{Name: name, Needs: []string{"driver"}, Run: func(ctx context.Context) doctor.Result {
+			if st.plan == nil || st.plan.Driver != policy.DriverKubernetes {
+				return doctor.Result{Status: doctor.Pass, Detail: "not the kubernetes driver"}
+			}
+			kubeOnce.Do(func() { kubeRes = kubeHardening(ctx) })
+			return kubeRes[i]
+		}})
 	}
 	// The engine's version, runtimes and user namespaces against the sandboxes' runtime and identity (SK4xx).
 	checks = append(checks, doctor.HardeningChecks([]string{"docker"}, func(ctx context.Context) (doctor.Engine, doctor.Sandboxes, error) {
@@ -251,6 +272,48 @@ func (st *doctorState) chooseDriver() doctor.Result {
 			Fix: "start a container engine (scripts/docker-up.sh), or use --sandbox inline to refuse instead"}
 	}
 	return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s; capabilities: %s", p.Driver, capabilities(p.Capabilities))}
+}
+
+// installSeccomp writes sandkeep's profile to dir/kube.SeccompLocalhostProfile(), whole or not at all (a pod
+// started meanwhile must not read half a profile): deploy/kubernetes/seccomp-profile.yaml's DaemonSet runs it.
+func installSeccomp(g *globals, dir string) error {
+	p := filepath.Join(dir, kube.SeccompLocalhostProfile())
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(p), ".profile-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(driver.SeccompProfile()); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(g.stdout, p)
+	return err
+}
+
+// kubeHardening asks the kubernetes driver (configured from the environment, as runs get it) what its pods run
+// under.
+func kubeHardening(ctx context.Context) []doctor.Result {
+	d, err := kube.New(kube.FromEnv())
+	if err != nil {
+		r := fail(err)
+		return []doctor.Result{r, r}
+	}
+	h := d.Hardening(ctx)
+	return doctor.KubeChecks(doctor.Kube{Seccomp: h.Seccomp, PodPidsLimit: h.PodPidsLimit, PidsErr: h.PidsErr})
 }
 
 // networkPolicy reports what the driver's NetworkPolicy probe found (the kubernetes driver's probe pod). Where

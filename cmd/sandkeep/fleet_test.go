@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,17 +75,18 @@ func postgresSchema(t *testing.T) string {
 
 // fleetOf starts n `sandkeep serve` replicas of one fleet on this host: each with its own state home, all on
 // the store at dsn, the same Docker engine, installation id and secret, with leases of ttl.
-func (c *cli) fleetOf(t *testing.T, n int, ttl time.Duration) []*server {
+func (c *cli) fleetOf(t *testing.T, n int, ttl time.Duration) ([]*server, func() *server) {
 	t.Helper()
 	var secret [24]byte
 	_, _ = rand.Read(secret[:])
 	env := []string{"SANDKEEP_FLEET_SECRET=" + hex.EncodeToString(secret[:])}
-	var out []*server
-	for i := range n {
+	started := 0
+	start := func() *server {
 		home := c.home
-		if i > 0 {
+		if started > 0 {
 			home = t.TempDir()
 		}
+		started++
 		cfg := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
 		yaml := fmt.Sprintf("fleet:\n  listen: 127.0.0.1:0\n  secret_env: SANDKEEP_FLEET_SECRET\n  lease_ttl: %s\n  installation: %s\nsweep:\n  interval: \"0\"\n", ttl, c.installation)
 		if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
@@ -91,9 +94,13 @@ func (c *cli) fleetOf(t *testing.T, n int, ttl time.Duration) []*server {
 		}
 		s := c.startServerEnv(t, append([]string{"SANDKEEP_HOME=" + home}, env...), "--config", cfg)
 		s.waitFor(t, `sandkeep: fleet replica \S+, internal address`)
-		out = append(out, s)
+		return s
 	}
-	return out
+	var out []*server
+	for range n {
+		out = append(out, start())
+	}
+	return out, start
 }
 
 // TestFleetDocker is issue 27's one-host fleet: two `sandkeep serve` replicas with their own homes over one
@@ -109,7 +116,7 @@ func TestFleetDocker(t *testing.T) {
 	}
 	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off")
 	const ttl = 3 * time.Second
-	reps := c.fleetOf(t, 2, ttl)
+	reps, _ := c.fleetOf(t, 2, ttl)
 	tenant := c.ten("fleet")
 	tok := c.createToken(t, tenant, "fleet", "")
 	cls := []*sdk.Client{reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)}
@@ -343,3 +350,88 @@ func containersPerKey(t *testing.T, c *cli) map[string]int {
 	}
 	return out
 }
+
+// TestFleetRollingRestart: commands for several users go round-robin to two replicas while one of them gets
+// SIGTERM (it drains, hands its keys over and exits) and a new replica takes its place: every command succeeds
+// with its own output. A caller retries on another replica only what was provably never run: SHUTTING_DOWN from
+// a draining replica's API, or a refused connection to one that is gone.
+func TestFleetRollingRestart(t *testing.T) {
+	dsn := postgresSchema(t)
+	c := newCLI(t)
+	if c.kc != nil {
+		t.Skip("the one-host fleet runs on Docker; the kubernetes fleet is deploy/'s")
+	}
+	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off")
+	const ttl = 3 * time.Second
+	reps, start := c.fleetOf(t, 2, ttl)
+	tenant := c.ten("roll")
+	tok := c.createToken(t, tenant, "roll", "")
+
+	var mu sync.Mutex
+	live := []*sdk.Client{reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)}
+	pick := func(i int) []*sdk.Client {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([]*sdk.Client, 0, len(live))
+		for j := range live {
+			out = append(out, live[(i+j)%len(live)])
+		}
+		return out
+	}
+	const users, perUser = 6, 12
+	var wg sync.WaitGroup
+	errs := make(chan error, users*perUser)
+	retries := atomic.Int32{}
+	for u := range users {
+		wg.Go(func() {
+			for i := range perUser {
+				want := fmt.Sprintf("u%d-%d", u, i)
+				cmd := "echo " + want
+				if i%4 == 1 {
+					cmd = "sleep 1; echo " + want // in flight when the replica drains
+				}
+				var err error
+				var res *sdk.ExecResult
+				for _, cl := range pick(u + i) {
+					res, err = cl.Exec(bounded(t), fmt.Sprintf("u%d", u), sdk.ExecRequest{Command: cmd})
+					var ae *sdk.APIError
+					if err != nil && (errors.As(err, &ae) && ae.Err.Code == fault.ShuttingDown || !errors.As(err, &ae) && isRefused(err)) {
+						retries.Add(1)
+						continue
+					}
+					break
+				}
+				if err == nil && (res.ExitCode != 0 || res.Stdout != want+"\n") {
+					err = fmt.Errorf("u%d command %d: %+v", u, i, res)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("u%d command %d: %w", u, i, err)
+				}
+				time.Sleep(150 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(2 * time.Second)
+	if err := reps[0].cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-reps[0].exited
+	next := start()
+	mu.Lock()
+	live = []*sdk.Client{live[1], next.client(t, tok.Token)}
+	mu.Unlock()
+	wg.Wait()
+	close(errs)
+	failed := 0
+	for err := range errs {
+		failed++
+		t.Error(err)
+	}
+	t.Logf("rolling restart: %d commands, %d failed, %d retried on another replica", users*perUser, failed, retries.Load())
+	if !strings.Contains(reps[0].log.String(), "sandkeep: stopped") {
+		t.Errorf("the restarted replica did not stop cleanly:\n%s", reps[0].log)
+	}
+}
+
+// isRefused reports whether err is a refused connection (the replica is gone: the request never reached it).
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
@@ -221,6 +223,11 @@ func TestDoctor(t *testing.T) {
 	c.run(t, "doctor", "--strict", "--image", "localhost:1/absent:none").want(t, 1)
 	if r := c.run(t, "doctor", "--seccomp-profile").want(t, 0); !strings.Contains(r.stdout, `"defaultAction":"SCMP_ACT_ERRNO"`) {
 		t.Errorf("doctor --seccomp-profile:\n%.200s", r.stdout)
+	}
+	seccompDir := t.TempDir() // what deploy/kubernetes/seccomp-profile.yaml's DaemonSet writes on a node
+	c.run(t, "doctor", "--seccomp-install", seccompDir).want(t, 0)
+	if b, err := os.ReadFile(filepath.Join(seccompDir, kube.SeccompLocalhostProfile())); err != nil || string(b) != driver.SeccompProfile() {
+		t.Errorf("doctor --seccomp-install: %v, %.80q", err, b)
 	}
 	c.run(t, "doctor", "--timeout", "0").want(t, 2)
 	c.run(t, "doctor", "--no-such-flag").want(t, 2) // a usage error is 2, as doctor documents, not 125

@@ -170,17 +170,20 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFleet()
 	if fl != nil {
-		fb, wait := fl.run(fleetCtx, svc.backend, svc.st, af.sandbox == "none", g.stderr)
+		fb, stopWire := fl.run(fleetCtx, svc.backend, svc.st, af.sandbox == "none", g.stderr)
 		backend = fb
 		defer func() {
-			// The leases are handed over last: running commands ended (Drain), so the next owner starts clean.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			// The leases are handed over last: the API's commands ended (Drain), then the forwarded ones (the
+			// internal wire's shutdown waits for them, bounded by the grace), so the next owner starts clean.
+			// Meanwhile the leases are still renewed, and the wire refuses new calls (their callers claim again).
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.shutdownGrace())
 			defer cancel()
-			if err := fl.replica.Release(rctx); err != nil {
+			stopWire(wctx)
+			if err := fl.replica.Release(wctx); err != nil {
 				fmt.Fprintf(g.stderr, "sandkeep: fleet: hand leases over: %v\n", err)
 			}
 			stopFleet()
-			wait()
+			fl.wait()
 		}()
 	}
 	srv, err := api.New(api.Config{

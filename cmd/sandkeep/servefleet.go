@@ -47,6 +47,7 @@ type fleetSetup struct {
 	ln      net.Listener
 	address string
 	replica *fleet.Replica // made when the store is open (mutate)
+	wait    func()         // set by run
 }
 
 // openFleet checks the fleet block, pins the home's installation id to the fleet's and opens the internal
@@ -134,8 +135,9 @@ func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
 }
 
 // run serves the internal wire, renews the leases and, unless sandboxing is off, reaps while this replica leads,
-// until ctx ends; the returned func waits for all of it.
-func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.Store, sandboxOff bool, log io.Writer) (*fleet.Backend, func()) {
+// until ctx ends. The returned func shuts the wire down, waiting (bounded by its ctx) for the calls in flight;
+// f.wait then waits for everything run started, once ctx has ended.
+func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.Store, sandboxOff bool, log io.Writer) (*fleet.Backend, func(context.Context)) {
 	b := fleet.NewBackend(local, f.replica, fleet.NewForwarder(nil, f.secret))
 	hs := &http.Server{Handler: fleet.NewHandler(b, f.secret), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
@@ -154,10 +156,9 @@ func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.S
 			})
 		}
 	}
-	return b, func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = hs.Shutdown(sctx)
+	f.wait = func() {
+		_ = hs.Close()
 		wg.Wait()
 	}
+	return b, func(ctx context.Context) { _ = hs.Shutdown(ctx) }
 }

@@ -144,6 +144,8 @@ const (
 	DoctorSandboxUIDShared Code = "SK408" // warning: per-key host uids are off: every sandbox runs as one host uid
 	DoctorBuildPids        Code = "SK409" // warning: a build's RUN steps get no pids limit (no cgroupfs driver, a remote engine, or sandkeep not root)
 	DoctorBuildSeccomp     Code = "SK410" // warning: a build's RUN steps run under the engine's default seccomp profile, not sandkeep's
+	DoctorKubeSeccomp      Code = "SK411" // warning: kubernetes sandbox pods run under the runtime's default seccomp profile (RuntimeDefault), not sandkeep's (Localhost)
+	DoctorKubePids         Code = "SK412" // warning: a kubernetes node has no podPidsLimit (or a large one, or it cannot be read): a sandbox pod's processes are not bounded
 )
 
 // SK2xx: devcontainer.json, reported by internal/devcontainer.

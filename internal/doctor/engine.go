@@ -3,6 +3,7 @@ package doctor
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,4 +205,46 @@ func SandboxesOf(runtime, uids, user string) (Sandboxes, error) {
 	}
 	eff, why := lifecycle.EffectiveUIDs(r, user, "docker")
 	return Sandboxes{Runtime: runtime, UIDs: eff.String(), UIDsOff: why}, nil
+}
+
+// Kube is what doctor knows of the kubernetes driver's kernel-facing bounds (kube.Driver.Hardening).
+type Kube struct {
+	Seccomp      string           // the Localhost profile sandbox pods run under; "" for RuntimeDefault
+	PodPidsLimit map[string]int64 // each node's kubelet podPidsLimit (-1 or 0: none)
+	PidsErr      error            // why the nodes' limits could not be read
+}
+
+// podPidsBound is the largest podPidsLimit doctor passes: the docker driver's pids limit is 512; a node's
+// limit is per pod, and a sandbox pod is one sandbox.
+const podPidsBound = 4096
+
+// KubeChecks judge a kubernetes cluster's sandbox pods: "kube seccomp" (SK411 warn under the runtime's default
+// profile) and "kube pids" (SK412 warn when a node has no podPidsLimit, a larger one than podPidsBound, or it
+// cannot be read). Issue 22, Low 11.
+func KubeChecks(k Kube) []Result {
+	sec := Result{Name: "kube seccomp", Status: Pass, Detail: "sandbox pods run under sandkeep's profile (Localhost " + k.Seccomp + ")"}
+	if k.Seccomp == "" {
+		sec = coded(Warn, diag.DoctorKubeSeccomp, "sandbox pods run under the container runtime's default seccomp profile (RuntimeDefault), not sandkeep's: containerd 1.6's allows io_uring",
+			"install the profile on every node (deploy/kubernetes/seccomp-profile.yaml) and set SANDKEEP_KUBE_SECCOMP=localhost")
+		sec.Name = "kube seccomp"
+	}
+	pids := Result{Name: "kube pids"}
+	var open []string
+	for _, node := range slices.Sorted(maps.Keys(k.PodPidsLimit)) {
+		if l := k.PodPidsLimit[node]; l <= 0 || l > podPidsBound {
+			open = append(open, fmt.Sprintf("%s (%d)", node, l))
+		}
+	}
+	switch {
+	case k.PidsErr != nil:
+		pids = coded(Warn, diag.DoctorKubePids, "the nodes' podPidsLimit could not be read: "+k.PidsErr.Error(),
+			"run doctor with a kubeconfig that may get nodes/proxy (an administrator's: the server's service account is not granted it, since GET on nodes/proxy reaches the kubelet's whole API), or check each kubelet's podPidsLimit yourself")
+	case len(open) > 0:
+		pids = coded(Warn, diag.DoctorKubePids, fmt.Sprintf("a sandbox pod's processes are bounded only by the kubelet's podPidsLimit, and these nodes have none or more than %d: %s", podPidsBound, strings.Join(open, ", ")),
+			"set podPidsLimit (e.g. 1024) in each node's kubelet configuration")
+	default:
+		pids = Result{Status: Pass, Detail: fmt.Sprintf("every node bounds a pod's processes (podPidsLimit %v)", k.PodPidsLimit)}
+	}
+	pids.Name = "kube pids"
+	return []Result{sec, pids}
 }

@@ -107,3 +107,33 @@ func FuzzMajorVersion(f *testing.F) {
 		}
 	})
 }
+
+// TestKubeChecks: sandbox pods under RuntimeDefault and nodes without a pods limit are warned about, with codes
+// and fixes; sandkeep's Localhost profile and a bounded node pass (issue 22, Low 11).
+func TestKubeChecks(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		k             Kube
+		seccomp, pids diag.Code
+	}{
+		{"hardened", Kube{Seccomp: "sandkeep/seccomp-x.json", PodPidsLimit: map[string]int64{"n1": 1024}}, "", ""},
+		{"runtime default", Kube{PodPidsLimit: map[string]int64{"n1": 1024}}, diag.DoctorKubeSeccomp, ""},
+		{"no pids limit", Kube{Seccomp: "p", PodPidsLimit: map[string]int64{"n1": 1024, "n2": -1}}, "", diag.DoctorKubePids},
+		{"huge pids limit", Kube{Seccomp: "p", PodPidsLimit: map[string]int64{"n1": 1 << 20}}, "", diag.DoctorKubePids},
+		{"unreadable", Kube{Seccomp: "p", PidsErr: errors.New("forbidden")}, "", diag.DoctorKubePids},
+	} {
+		res := KubeChecks(tc.k)
+		if len(res) != 2 || res[0].Name != "kube seccomp" || res[1].Name != "kube pids" {
+			t.Fatalf("%s: %+v", tc.name, res)
+		}
+		for i, want := range []diag.Code{tc.seccomp, tc.pids} {
+			r := res[i]
+			if r.Code != string(want) || (want == "") != (r.Status == Pass) || (want != "" && (r.Fix == "" || r.Status != Warn)) {
+				t.Errorf("%s: %s = %s %s %q (fix %q), want code %q", tc.name, r.Name, r.Status, r.Code, r.Detail, r.Fix, want)
+			}
+		}
+	}
+	if r := KubeChecks(Kube{PodPidsLimit: map[string]int64{"n2": -1}})[1]; !strings.Contains(r.Detail, "n2") {
+		t.Errorf("the warning does not name the node: %q", r.Detail)
+	}
+}

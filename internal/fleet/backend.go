@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"time"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -97,9 +98,16 @@ func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRe
 	c.Exec = e
 	var res sandkeep.ExecResult
 	err = b.forward(ctx, key, *to, "exec", c, b.execFrames(ar, req), &res)
-	if errors.Is(err, errNotReached) {
-		// The owner never had the call (it stopped listening: gone, or handed the key over): claim again once,
-		// so a rolling restart loses no command.
+	// The owner never had the call: it is handing its keys over (draining) or stopped listening. Claim again until
+	// the key has a reachable owner (this replica, once the lease is released or expired), bounded by a lease's
+	// lifetime and a margin: a rolling restart loses no command.
+	for deadline := time.Now().Add(b.r.TTL() + 5*time.Second); errors.Is(err, errNotReached) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(handoverPoll):
+		}
+		b.r.Forget(key)
 		if to, err = b.route(ctx, key); err != nil {
 			return nil, err
 		}
@@ -113,6 +121,9 @@ func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRe
 	}
 	return &res, nil
 }
+
+// handoverPoll is how often a forwarded exec whose owner is handing over claims the key again.
+const handoverPoll = 100 * time.Millisecond
 
 // execFrames turns a forwarded exec's frames over to the caller's observer and writers.
 func (b *Backend) execFrames(ar service.AdmitRequest, req sandkeep.ExecRequest) func(frame) error {

@@ -231,6 +231,13 @@ func (r *Replica) Drain() {
 	r.mu.Unlock()
 }
 
+// Draining reports whether Drain was called.
+func (r *Replica) Draining() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stop
+}
+
 // Release hands every held lease over: each expires now, so another replica takes the key at its next request.
 func (r *Replica) Release(ctx context.Context) error {
 	r.mu.Lock()

@@ -134,6 +134,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) serve(ctx context.Context, path string, c call, fw *frameWriter) (any, error) {
+	if h.local.r.Draining() {
+		// Handing over: the calls in flight finish, new ones go elsewhere once the leases are released. The caller
+		// knows nothing ran (errNotReached) and claims again.
+		return nil, errHandingOver
+	}
 	key, err := sandkeep.NewKey(c.Tenant, c.User)
 	if err != nil {
 		return nil, err
@@ -263,6 +268,9 @@ func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on f
 			continue
 		}
 		if fr.Error != nil {
+			if fr.Error.Code == fault.ShuttingDown {
+				return errors.Join(errNotReached, fr.Error.err()) // the owner refused it before running anything
+			}
 			return fr.Error.err()
 		}
 		if out != nil && len(fr.Result) > 0 {
@@ -279,6 +287,10 @@ func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on f
 		"run the command again: another replica takes the key over once the lease expires",
 		"replica %s, which owns this key, went away during the call; its outcome is unknown", l.Owner)
 }
+
+// errHandingOver is the owner's answer to a call that arrives while it drains: nothing was run.
+var errHandingOver = fault.New(fault.ShuttingDown, "retry: the key's next owner takes it",
+	"the replica that owns this key is handing its keys over")
 
 // errNotReached is in a forward's error when the owner provably never had the call (its address refused the
 // connection): the call may go elsewhere.

@@ -330,9 +330,13 @@ func TestBrowser(t *testing.T) {
 	if strings.Contains(html(t, ctx), "exec_finished") {
 		t.Fatal("the command finished before its run page was open: the live part is not tested")
 	}
-	// The run's log: what the docker driver did to provide the sandbox, as the engine answered.
+	// The run's log: what the docker driver did to provide the sandbox, as the engine answered; the same entries
+	// through the HTTP API (GET /v1/runs/{id}/logs, the SDK's RunLogs) over the real service and store.
 	if got := text(t, ctx, "[data-run-log]"); !strings.Contains(got, "[driver] docker: create sandbox") || !strings.Contains(got, "created and started") {
 		t.Errorf("the run page's log reads %q, want the driver's create and start", got)
+	}
+	if logs, err := acmeExec.RunLogs(t.Context(), runID, 0, 0); err != nil || len(logs) < 2 || logs[0].Source != "driver" || !strings.Contains(logs[0].Text, "create sandbox") {
+		t.Errorf("GET /v1/runs/%s/logs: %+v, %v", runID, logs, err)
 	}
 	if _, err := acmeExec.Upload(t.Context(), "alice", "release", strings.NewReader("go"), 0o644); err != nil {
 		t.Fatalf("release the command: %v", err)

@@ -59,6 +59,9 @@ const (
 	// EnvAllowUnenforcedNone, set to 1, lets a command that asked for network none run where the cluster does not
 	// (provably) enforce NetworkPolicy, with the cluster's pod network (Options.AllowUnenforcedNone).
 	EnvAllowUnenforcedNone = "SANDKEEP_KUBE_ALLOW_UNENFORCED_NONE"
+	// EnvSeccomp is Options.Seccomp: "localhost" runs sandbox pods under sandkeep's profile installed on the
+	// nodes (deploy/kubernetes/seccomp-profile.yaml); "" or "runtime-default" under the runtime's default.
+	EnvSeccomp = "SANDKEEP_KUBE_SECCOMP"
 )
 
 // Defaults.
@@ -112,6 +115,11 @@ type Options struct {
 	// not proven (no channel, or the probe found it absent); its pod then has the cluster's pod network. Default:
 	// refused with NETWORK_UNENFORCED (CheckNoNetwork).
 	AllowUnenforcedNone bool
+	// Seccomp is "localhost" for sandkeep's own profile, which must be installed on every node at
+	// <kubelet root>/seccomp/SeccompLocalhostProfile() (deploy/kubernetes/seccomp-profile.yaml does it; a pod
+	// on a node without it fails to start), or "" / "runtime-default" for the container runtime's default
+	// (io_uring and ptrace allowed by containerd 1.6's). Issue 22, Low 11.
+	Seccomp string
 	// Logger receives the channel's refusals; nil discards.
 	Logger *slog.Logger
 	// REST, when set, is used instead of loading a kubeconfig (tests).
@@ -131,6 +139,7 @@ func FromEnv() Options {
 		ChannelAddr:   os.Getenv(EnvChannelAddr),
 
 		AllowUnenforcedNone: os.Getenv(EnvAllowUnenforcedNone) == "1",
+		Seccomp:             os.Getenv(EnvSeccomp),
 	}
 }
 
@@ -158,6 +167,9 @@ var _ driver.Driver = (*Driver)(nil)
 // New builds a driver for the cluster opts name. It does not talk to the cluster (Ping does; the namespace is
 // ensured on the first Ping or Create).
 func New(opts Options) (*Driver, error) {
+	if err := checkSeccomp(opts.Seccomp); err != nil {
+		return nil, err
+	}
 	if opts.Namespace == "" {
 		opts.Namespace = DefaultNamespace
 	}
@@ -580,7 +592,7 @@ func isRunning(pod *corev1.Pod) bool { return podState(pod) == driver.StateRunni
 // Create writes the sandbox's record (a name that is taken is errdefs.ErrConflict) and ensures the key's
 // workspace claim. The pod is made by Start.
 func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.Sandbox, error) {
-	if _, err := podFor(spec.Name, "", record{Image: spec.Image, ImageID: spec.ImageID, Posture: spec.Posture}, spec.Labels, d.opts.AgentImage, nil); err != nil {
+	if _, err := podFor(spec.Name, "", record{Image: spec.Image, ImageID: spec.ImageID, Posture: spec.Posture}, spec.Labels, d.opts.AgentImage, nil, d.seccomp()); err != nil {
 		return nil, err // a posture this driver cannot apply: nothing is created
 	}
 	if err := d.ensureNamespace(ctx); err != nil {
@@ -704,7 +716,7 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 		}
 		pc = &podChannel{addr: d.ch.addr, token: token}
 	}
-	want, err := podFor(sb.Name, cm.UID, rec, sb.Labels, d.opts.AgentImage, pc)
+	want, err := podFor(sb.Name, cm.UID, rec, sb.Labels, d.opts.AgentImage, pc, d.seccomp())
 	if err != nil {
 		return err
 	}

@@ -24,14 +24,17 @@ import (
 // setting. owner is the record's UID ("" only when Create checks that the posture can be applied).
 //
 // What "restricted" requires is always set, whatever the posture: a numeric non-root uid, no privilege
-// escalation, seccomp RuntimeDefault, and the posture's capability drop (which must include ALL). The posture's
+// escalation, seccomp RuntimeDefault or sandkeep's Localhost profile, and the posture's capability drop (which must include ALL). The posture's
 // host mounts have no equivalent: /workspace is the key's claim, /.sandkeep an emptyDir the init container fills
 // from the agent image; any other bind mount is refused.
 //
 // With ch, the agent keeps a channel to the driver (channel.go): the init container writes ch's token to a
 // memory volume, and the sandbox's init (when it is the agent's plain init) dials ch's address, after reading
 // and removing the token.
-func podFor(name string, owner types.UID, rec record, labels map[string]string, agentImage string, ch *podChannel) (*corev1.Pod, error) {
+//
+// seccomp is the Localhost profile the pod's containers run under (Options.Seccomp, SeccompLocalhostProfile),
+// "" for the runtime's default.
+func podFor(name string, owner types.UID, rec record, labels map[string]string, agentImage string, ch *podChannel, seccomp string) (*corev1.Pod, error) {
 	p := rec.Posture
 	uid, gid, err := numericUser(p.User)
 	if err != nil {
@@ -115,12 +118,19 @@ func podFor(name string, owner types.UID, rec record, labels map[string]string, 
 	}
 	f, t := false, true
 	uid64, gid64 := int64(uid), int64(gid)
+	profile := func() *corev1.SeccompProfile {
+		if seccomp == "" {
+			return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+		}
+		path := seccomp
+		return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &path}
+	}
 	sc := func(readOnly bool) *corev1.SecurityContext {
 		return &corev1.SecurityContext{
 			RunAsUser: &uid64, RunAsGroup: &gid64, RunAsNonRoot: &t,
 			AllowPrivilegeEscalation: &f, ReadOnlyRootFilesystem: &readOnly, Privileged: &f,
 			Capabilities:   &corev1.Capabilities{Drop: capNames(p.CapDrop)},
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			SeccompProfile: profile(),
 		}
 	}
 	grace := int64(10)
@@ -141,7 +151,7 @@ func podFor(name string, owner types.UID, rec record, labels map[string]string, 
 			TerminationGracePeriodSeconds: &grace,
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsUser: &uid64, RunAsGroup: &gid64, RunAsNonRoot: &t, FSGroup: &gid64, FSGroupChangePolicy: &changePolicy,
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				SeccompProfile: profile(),
 			},
 			InitContainers: []corev1.Container{{
 				Name:            InitName,

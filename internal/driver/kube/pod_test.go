@@ -34,7 +34,7 @@ func posture() driver.Posture {
 func TestPodFor(t *testing.T) {
 	rec := record{Image: "img:1", ImageID: "docker.io/library/img@sha256:" + strings.Repeat("a", 64), Posture: posture()}
 	labels := map[string]string{driver.LabelInstallation: "inst", driver.LabelTenant: "Acme Corp", driver.LabelPosture: strings.Repeat("f", 64)}
-	pod, err := podFor("sandkeep-u-abc", "uid-1", rec, labels, "agent:1", nil)
+	pod, err := podFor("sandkeep-u-abc", "uid-1", rec, labels, "agent:1", nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestPodForRefusals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := posture()
 			tc.edit(&p)
-			_, err := podFor("n", "u", record{Image: tc.image, Posture: p}, nil, "agent:1", nil)
+			_, err := podFor("n", "u", record{Image: tc.image, Posture: p}, nil, "agent:1", nil, "")
 			var fe *fault.Error
 			if fault.CodeOf(err) != tc.code || !asFault(err, &fe) || fe.Hint == "" {
 				t.Fatalf("podFor = %v; want code %s with a hint", err, tc.code)
