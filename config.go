@@ -265,6 +265,15 @@ type Template struct {
 	Pool int
 	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
 	HostState string
+	// Requests is what each sandbox reserves on its node apart from what it may use; zero fields reserve the limit.
+	Requests Requests
+}
+
+// Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit. On
+// Kubernetes they are the pod's requests, so a node holds as many idle sandboxes as their requests fit.
+type Requests struct {
+	CPUs        float64
+	MemoryBytes int64
 }
 
 // TemplateSecret is one secret file of a template: the operator's secret Name at Path (under /run/secrets).
@@ -277,7 +286,7 @@ type TemplateSecret struct {
 func (t Template) engine() engine.Template {
 	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
 		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants, Pool: t.Pool,
-		HostState: t.HostState}
+		Requests: engine.Requests(t.Requests), HostState: t.HostState}
 	for _, s := range t.Secrets {
 		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
 	}

@@ -2,6 +2,7 @@ package sandkeep_test
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -167,5 +168,36 @@ func TestDevcontainerUserRemap(t *testing.T) {
 	r := decodeOne[events.UserRemap](t, evs, events.NameUserRemap)
 	if r.Origin != events.RemapDevcontainer || r.Field != "remoteUser" || r.User != "vscode" || r.UID != 1000 || r.GID != 1000 {
 		t.Errorf("sandbox_user_remap = %+v", r)
+	}
+}
+
+// TestHostBindsOnDriver: the operator's host bind on the suite's driver. Docker binds it: the variable that
+// points into it stays and nothing is dropped. Kubernetes cannot: the sandbox is made without it (not refused at
+// create), the variable is withdrawn and sandbox_host_binds_dropped says so.
+func TestHostBindsOnDriver(t *testing.T) {
+	t.Parallel()
+	cfg := withStore(t, baseConfig(t), filepath.Join(t.TempDir(), "runs.db"))
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "tool"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Mounts = append(cfg.Mounts, "type=bind,source="+src+",target=/opt/hostcache,readonly")
+	cfg.Env = append(cfg.Env, "HOSTCACHE=/opt/hostcache/tool")
+	s := newSuite(t, cfg)
+	key := s.key("acme", "binds")
+	out, evs := runEvents(t, s.m, cfg.Store, sandkeep.RunRequest{Key: key}, `echo "${HOSTCACHE-unset}"; cat /opt/hostcache/tool 2>/dev/null || echo absent`)
+	dropped := slices.Contains(eventNames(evs), events.NameHostBindsDropped)
+	if onKube {
+		if got := strings.TrimSpace(out); got != "unset\nabsent" || !dropped {
+			t.Fatalf("on kubernetes: %q, events %v; want the bind dropped, its variable withdrawn, and the event", got, eventNames(evs))
+		}
+		d := decodeOne[events.HostBindsDropped](t, evs, events.NameHostBindsDropped)
+		if d.Driver != "kubernetes" || !slices.Equal(d.Targets, []string{"/opt/hostcache"}) || !slices.Equal(d.Withdrawn, []string{"HOSTCACHE"}) {
+			t.Errorf("sandbox_host_binds_dropped = %+v", d)
+		}
+		return
+	}
+	if got := strings.TrimSpace(out); got != "/opt/hostcache/tool\nfrom the host" || dropped {
+		t.Errorf("on docker: %q, events %v; want the bind and its variable", got, eventNames(evs))
 	}
 }

@@ -208,8 +208,15 @@ ip route replace "$K8S_POD_CIDR" via "$K8S_NODE_IP" dev "$K8S_HOST_IF"
 
 # ---- start the node: setsid, so a CI step's signal does not take it down ----
 log "starting the node (logs in $L)"
-setsid nsenter --net="/run/netns/$K8S_NETNS" unshare --mount --propagation private -- \
-	"$ROOT/scripts/k8s/node.sh" >>"$L/node.log" 2>&1 </dev/null &
+# Inherited descriptors are closed first: a caller's `flock LOCK scripts/k8s-up.sh` would otherwise leave its lock
+# held by the node for as long as the node runs, and every later caller would wait on it forever.
+(
+	for fd in $(ls "/proc/$BASHPID/fd"); do
+		if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+	done
+	exec setsid nsenter --net="/run/netns/$K8S_NETNS" unshare --mount --propagation private -- \
+		"$ROOT/scripts/k8s/node.sh" >>"$L/node.log" 2>&1 </dev/null
+) &
 echo $! >"$S/run/node.pid"
 
 deadline=$(($(date +%s) + TIMEOUT))

@@ -7,11 +7,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	units "github.com/docker/go-units"
 	"github.com/spf13/cobra"
 
 	"github.com/sandkeep/sandkeep"
@@ -122,6 +124,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 		{Name: "drivers", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.listDrivers(ctx) }},
 		{Name: "driver", Needs: []string{"mode"}, Run: func(context.Context) doctor.Result { return st.chooseDriver() }},
 		{Name: "network policy", Needs: []string{"driver"}, Timeout: 2 * time.Minute, Run: st.networkPolicy},
+		{Name: "capacity", Needs: []string{"driver"}, Run: st.capacity},
 	}
 	// On the kubernetes driver: the pods' seccomp profile and the nodes' pods limit (SK411, SK412).
 	var kubeRes []doctor.Result
@@ -334,6 +337,50 @@ func (st *doctorState) networkPolicy(ctx context.Context) doctor.Result {
 		Detail: fmt.Sprintf("%s: sandboxes of the %s driver are NOT network-isolated (network none is not enforced; they have the cluster's pod network), and commands with a network block, none included, are refused (%s; %s=1 accepts none)",
 			detail, p.Driver, fault.NetworkUnenforced, kube.EnvAllowUnenforcedNone),
 		Fix: "use a network plugin that enforces NetworkPolicy (Calico, Cilium, kube-router) and set SANDKEEP_KUBE_CHANNEL_LISTEN; see docs/KUBERNETES.md"}
+}
+
+// capacity says how many sandboxes of each shape (the Config's, each template's) the chosen driver's room holds,
+// by what each reserves (a template's requests, else its limits). A shape of which not one fits is a warning:
+// its first sandbox would wait for room that never comes (SANDBOX_CAPACITY).
+func (st *doctorState) capacity(ctx context.Context) doctor.Result {
+	p := st.plan
+	if !p.Sandboxed {
+		return doctor.Result{Status: doctor.Pass, Detail: "no sandboxing driver: nothing reserved"}
+	}
+	c, err := st.m.Capacity(ctx, p.Driver)
+	if err != nil {
+		return doctor.Result{Status: doctor.Warn, Detail: fmt.Sprintf("the %s driver cannot say: %v", p.Driver, err),
+			Fix: "check the driver's credentials (doctor's other checks say more)"}
+	}
+	if c == nil {
+		return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("the %s driver reserves nothing", p.Driver)}
+	}
+	room := fmt.Sprintf("%s: %g CPUs, %s", c.Source, c.CPUs, units.BytesSize(float64(c.MemoryBytes)))
+	if c.Nodes > 0 {
+		room = fmt.Sprintf("%d node(s), %s", c.Nodes, room)
+	}
+	var shapes []string
+	var none []string
+	for _, s := range c.Shapes {
+		name := s.Template
+		if name == "" {
+			name = "(default)"
+		}
+		fits := "unknown"
+		if s.Fits >= 0 {
+			fits = strconv.FormatInt(s.Fits, 10)
+		}
+		shapes = append(shapes, fmt.Sprintf("%s %s sandboxes (each reserves %g CPU, %s)", name, fits, s.CPUs, units.BytesSize(float64(s.MemoryBytes))))
+		if s.Fits == 0 {
+			none = append(none, name)
+		}
+	}
+	detail := room + "; " + strings.Join(shapes, "; ")
+	if len(none) > 0 {
+		return doctor.Result{Status: doctor.Warn, Detail: detail,
+			Fix: fmt.Sprintf("not one sandbox of %s fits: lower its cpus/memory or give it requests (`requests: {cpus: 0.05, memory: 128m}` on a template), or add nodes", strings.Join(none, ", "))}
+	}
+	return doctor.Result{Status: doctor.Pass, Detail: detail}
 }
 
 // capabilities says what a driver's Capabilities offer, in words.

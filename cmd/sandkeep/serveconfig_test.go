@@ -171,6 +171,31 @@ func TestServeDrivers(t *testing.T) {
 	}
 }
 
+// A template's requests are read with the same sizes as its limits, and a malformed one is refused naming it.
+func TestServeConfigTemplateRequests(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	body := "templates:\n  small: {cpus: 0.5, memory: 256Mi, requests: {cpus: 0.01, memory: 16MiB}}\n"
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := loadServerConfig(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := c.templates()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := ts["small"].Requests; r.CPUs != 0.01 || r.MemoryBytes != 16<<20 || ts["small"].MemoryBytes != 256<<20 {
+		t.Errorf("template small: %+v", ts["small"])
+	}
+	c.Templates["small"] = func(tc templateConfig) templateConfig { tc.Requests.Memory = "lots"; return tc }(c.Templates["small"])
+	if _, err := c.templates(); fault.CodeOf(err) != fault.InvalidArgument || !strings.Contains(err.Error(), "requests.memory") {
+		t.Errorf("a malformed request: %v, want INVALID_ARGUMENT naming requests.memory", err)
+	}
+}
+
 // TestServeHostPassthroughUser: end to end, a server whose engine is unreachable refuses an API exec by default,
 // and with host_passthrough: {user: "65534:65534"} runs it on the host as that user (uid, gid, no supplementary
 // groups), in a workspace handed to that user, which it can reach although the state home was made 0700 (issue

@@ -94,6 +94,22 @@ type NetworkPolicyProber interface {
 	ProbeNetworkPolicy(ctx context.Context) (enforced bool, detail string)
 }
 
+// CapacityReporter is optional: a driver says how much its sandboxes can reserve in all (a cluster's schedulable
+// nodes' allocatable, a namespace quota's requests, a Docker host's CPUs and memory), for doctor's "capacity"
+// check, which divides it by each shape's requests.
+type CapacityReporter interface {
+	Capacity(ctx context.Context) (Capacity, error)
+}
+
+// Capacity is what sandboxes can reserve in all: MilliCPUs and MemoryBytes (zero: unbounded or unknown), over
+// Nodes nodes, and Source, where the figures come from in words.
+type Capacity struct {
+	Nodes       int
+	MilliCPUs   int64
+	MemoryBytes int64
+	Source      string
+}
+
 // NoNetworkChecker is optional: a driver whose network "none" rests on enforcement it has to prove (the
 // kubernetes driver: a NetworkPolicy the cluster's plugin may not enforce) says whether a command that asked for
 // network none may run in sb. It returns nil where sb has no network, and an error (NETWORK_UNENFORCED, with the

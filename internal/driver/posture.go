@@ -17,21 +17,26 @@ const (
 // Posture is the security-relevant shape of a sandbox. It is built in one place (lifecycle), hashed with Hash,
 // and applied field by field by the driver: a change of any field changes the hash and recycles the sandbox.
 type Posture struct {
-	User            string            `json:"user"` // "uid:gid"
-	ReadOnlyRoot    bool              `json:"read_only_root"`
-	CapDrop         []string          `json:"cap_drop"`
-	NoNewPrivileges bool              `json:"no_new_privileges"`
-	PidsLimit       int64             `json:"pids_limit"`
-	MemoryBytes     int64             `json:"memory_bytes"`
-	MemorySwapBytes int64             `json:"memory_swap_bytes"` // memory + swap; equal to MemoryBytes means no swap
-	NanoCPUs        int64             `json:"nano_cpus"`
-	Tmpfs           map[string]string `json:"tmpfs"` // target -> mount options
-	Env             []string          `json:"env"`   // "K=V", the sandbox's base environment
-	Network         string            `json:"network"`
-	Mounts          []Mount           `json:"mounts"`
-	LogMaxSize      string            `json:"log_max_size"`
-	LogMaxFiles     string            `json:"log_max_files"`
-	Init            []string          `json:"init"` // PID 1: the agent in init mode, which reaps zombies
+	User            string   `json:"user"` // "uid:gid"
+	ReadOnlyRoot    bool     `json:"read_only_root"`
+	CapDrop         []string `json:"cap_drop"`
+	NoNewPrivileges bool     `json:"no_new_privileges"`
+	PidsLimit       int64    `json:"pids_limit"`
+	MemoryBytes     int64    `json:"memory_bytes"`
+	MemorySwapBytes int64    `json:"memory_swap_bytes"` // memory + swap; equal to MemoryBytes means no swap
+	NanoCPUs        int64    `json:"nano_cpus"`
+	// RequestNanoCPUs and RequestMemoryBytes are what the sandbox asks the scheduler to set aside, apart from
+	// what it may use (NanoCPUs, MemoryBytes); zero is "as much as the limit". Kubernetes makes them the pod's
+	// requests (a Burstable pod); Docker, which schedules nothing, its CPU weight and memory reservation.
+	RequestNanoCPUs    int64             `json:"request_nano_cpus,omitempty"`
+	RequestMemoryBytes int64             `json:"request_memory_bytes,omitempty"`
+	Tmpfs              map[string]string `json:"tmpfs"` // target -> mount options
+	Env                []string          `json:"env"`   // "K=V", the sandbox's base environment
+	Network            string            `json:"network"`
+	Mounts             []Mount           `json:"mounts"`
+	LogMaxSize         string            `json:"log_max_size"`
+	LogMaxFiles        string            `json:"log_max_files"`
+	Init               []string          `json:"init"` // PID 1: the agent in init mode, which reaps zombies
 	// Seccomp is the seccomp profile, compact JSON (SeccompProfile); "" leaves the engine's default.
 	Seccomp string   `json:"seccomp"`
 	Ulimits []Ulimit `json:"ulimits"`

@@ -35,6 +35,15 @@ type Template struct {
 	Pool int
 	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
 	HostState string
+	// Requests is what each of the template's sandboxes reserves on its node, apart from what it may use (CPUs,
+	// MemoryBytes, or the Config's): the density of idle sandboxes. Zero fields reserve the limit.
+	Requests Requests
+}
+
+// Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit.
+type Requests struct {
+	CPUs        float64
+	MemoryBytes int64
 }
 
 // TemplateSecret is one secret file of a template: the operator's secret Name at Path (under /run/secrets).
@@ -61,6 +70,9 @@ func (m *Manager) checkTemplates() error {
 			return fault.New(fault.InvalidArgument, "set pool (and pool_cap) to 0 or more",
 				"template %q: pool %d, pool cap %d", name, t.Pool, m.cfg.PoolCap)
 		}
+		if err := m.checkRequests(name, t); err != nil {
+			return err
+		}
 		if len(t.Env) > 0 {
 			if err := guard.Env(t.Env); err != nil {
 				return err
@@ -79,6 +91,31 @@ func (m *Manager) checkTemplates() error {
 			return fault.New(fault.InvalidArgument, "define the template and let the tenant use it",
 				"tenant %q defaults to template %q, which is not defined for it", tenant, name)
 		}
+	}
+	return nil
+}
+
+// checkRequests refuses a template that reserves less than nothing or more than it may use: a request above its
+// limit would be refused by Kubernetes at the first pod, long after the operator started the server.
+func (m *Manager) checkRequests(name string, t Template) error {
+	cpus, mem := t.CPUs, t.MemoryBytes
+	if cpus <= 0 {
+		cpus = m.cfg.CPUs
+	}
+	if cpus <= 0 {
+		cpus = float64(lifecycle.DefaultNanoCPUs) / 1e9
+	}
+	if mem <= 0 {
+		mem = m.cfg.MemoryBytes
+	}
+	if mem <= 0 {
+		mem = lifecycle.DefaultMemory
+	}
+	r := t.Requests
+	if r.CPUs < 0 || r.MemoryBytes < 0 || r.CPUs > cpus || r.MemoryBytes > mem {
+		return fault.New(fault.InvalidArgument, "set requests between 0 and the template's cpus and memory (its limits)",
+			"template %q: requests (cpus %g, memory %d bytes) exceed its limits (cpus %g, memory %d bytes) or are negative",
+			name, r.CPUs, r.MemoryBytes, cpus, mem)
 	}
 	return nil
 }
@@ -146,6 +183,7 @@ func (t *template) apply(c *lifecycle.Config) {
 	if t.PidsLimit > 0 {
 		c.PidsLimit = t.PidsLimit
 	}
+	c.RequestNanoCPUs, c.RequestMemoryBytes = int64(t.Requests.CPUs*1e9), t.Requests.MemoryBytes
 	c.Env = append(c.Env, t.Env...)
 	if t.PostCreate != "" {
 		c.PostCreate = t.PostCreate

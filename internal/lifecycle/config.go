@@ -53,8 +53,12 @@ type Config struct {
 	PidsLimit   int64
 	MemoryBytes int64
 	NanoCPUs    int64
-	TmpBytes    int64
-	HomeBytes   int64
+	// RequestMemoryBytes and RequestNanoCPUs are what a sandbox reserves (a template's requests), at most the
+	// limits above; zero reserves the limit.
+	RequestMemoryBytes int64
+	RequestNanoCPUs    int64
+	TmpBytes           int64
+	HomeBytes          int64
 	// HomeDir is the sandbox's HOME, a tmpfs owned by its user; "" is driver.HomeDir. host_state auto sets the
 	// operator's own home path, so that caches bound at their host paths are where tools look for them.
 	HomeDir string
@@ -402,6 +406,10 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 		MemoryBytes:     c.MemoryBytes,
 		MemorySwapBytes: c.MemoryBytes,
 		NanoCPUs:        c.NanoCPUs,
+		// A request above its limit is refused by the engine's template check; capped here as well, so a
+		// posture never asks to reserve more than it may use.
+		RequestNanoCPUs:    min(c.RequestNanoCPUs, c.NanoCPUs),
+		RequestMemoryBytes: min(c.RequestMemoryBytes, c.MemoryBytes),
 		Tmpfs: map[string]string{
 			// Owned by the sandbox user: runc gives a tmpfs the mode of the image's directory it covers (an image's
 			// /tmp may be 0755 root), so ownership is what keeps /tmp writable whatever the image; the agent's init

@@ -40,6 +40,7 @@ func (m *Manager) NewShape(template string, edit func(*Config)) (*Shape, error) 
 	own := m.cfg
 	own.Image, own.User, own.AllowRoot = cfg.Image, cfg.User, cfg.AllowRoot
 	own.PidsLimit, own.MemoryBytes, own.NanoCPUs, own.TmpBytes, own.HomeBytes = cfg.PidsLimit, cfg.MemoryBytes, cfg.NanoCPUs, cfg.TmpBytes, cfg.HomeBytes
+	own.RequestMemoryBytes, own.RequestNanoCPUs = cfg.RequestMemoryBytes, cfg.RequestNanoCPUs
 	own.Env, own.Mounts, own.Tmpfs, own.PostCreate = cfg.Env, cfg.Mounts, cfg.Tmpfs, cfg.PostCreate
 	own.PostStart, own.WorkspaceFolder, own.Volumes = cfg.PostStart, cfg.WorkspaceFolder, cfg.Volumes
 	own.DiskBytes, own.DiskInodes = cfg.DiskBytes, cfg.DiskInodes

@@ -259,6 +259,10 @@ func containerConfig(spec *driver.CreateSpec) (*container.Config, *container.Hos
 			MemorySwap: p.MemorySwapBytes,
 			NanoCPUs:   p.NanoCPUs,
 			PidsLimit:  &pids,
+			// Docker schedules nothing: a request is the sandbox's weight under CPU contention (the kubelet's
+			// 1024 shares per core) and the memory the kernel reclaims down to under pressure.
+			CPUShares:         cpuShares(p.RequestNanoCPUs),
+			MemoryReservation: p.RequestMemoryBytes,
 		},
 	}
 	if p.NoNewPrivileges {
@@ -441,4 +445,13 @@ func (d *Driver) LocalImage(ctx context.Context, ref string) (string, error) {
 		return "", fmt.Errorf("inspect image %q: %w", ref, err)
 	}
 	return img.ID, nil
+}
+
+// cpuShares is a CPU request as cgroup CPU shares, 1024 per core as the kubelet converts them (at least 2, the
+// kernel's minimum); 0 (no request) leaves the engine's default weight.
+func cpuShares(nanoCPUs int64) int64 {
+	if nanoCPUs <= 0 {
+		return 0
+	}
+	return max(nanoCPUs*1024/1_000_000_000, 2)
 }

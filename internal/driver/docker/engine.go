@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/moby/moby/client"
+
+	"github.com/sandkeep/sandkeep/internal/driver"
 )
 
 // Engine is what the engine says about itself that decides how hard its sandboxes are: doctor reads it
@@ -59,4 +61,21 @@ func securityOptionName(opt string) string {
 		}
 	}
 	return opt
+}
+
+// Capacity is the engine host's CPUs and memory: Docker schedules nothing, so every sandbox's reservation shares
+// them (driver.CapacityReporter).
+func (d *Driver) Capacity(ctx context.Context) (driver.Capacity, error) {
+	api, ok := d.api.(interface {
+		Info(ctx context.Context, opts client.InfoOptions) (client.SystemInfoResult, error)
+	})
+	if !ok {
+		return driver.Capacity{}, errors.New("the engine client cannot report its info")
+	}
+	res, err := api.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return driver.Capacity{}, fmt.Errorf("engine info: %w", err)
+	}
+	return driver.Capacity{Nodes: 1, MilliCPUs: int64(res.Info.NCPU) * 1000, MemoryBytes: res.Info.MemTotal,
+		Source: "the Docker engine's host"}, nil
 }

@@ -224,24 +224,33 @@ func capNames(caps []string) []corev1.Capability {
 	return out
 }
 
-// resourcesOf: requests equal limits (a Guaranteed pod) for the posture's memory and CPU. The posture's pids
-// limit has no per-pod field; the kubelet's podPidsLimit bounds it node-wide.
+// resourcesOf: the posture's memory and CPU are the limits; the requests are the posture's requests where it
+// has them (a template's `requests:`, a Burstable pod that a node packs by them) and equal the limits otherwise
+// (a Guaranteed pod). The posture's pids limit has no per-pod field; the kubelet's podPidsLimit bounds it
+// node-wide.
 func resourcesOf(p driver.Posture) (corev1.ResourceRequirements, error) {
-	l := corev1.ResourceList{}
-	if p.MemoryBytes > 0 {
-		l[corev1.ResourceMemory] = *resource.NewQuantity(p.MemoryBytes, resource.BinarySI)
-	}
-	if p.NanoCPUs > 0 {
-		milli := p.NanoCPUs / 1_000_000
-		if milli < 1 {
-			milli = 1
-		}
-		l[corev1.ResourceCPU] = *resource.NewMilliQuantity(milli, resource.DecimalSI)
-	}
+	l := resourceList(p.MemoryBytes, p.NanoCPUs)
 	if len(l) == 0 {
 		return corev1.ResourceRequirements{}, nil
 	}
-	return corev1.ResourceRequirements{Limits: l, Requests: l.DeepCopy()}, nil
+	r := l.DeepCopy()
+	for name, q := range resourceList(p.RequestMemoryBytes, p.RequestNanoCPUs) {
+		r[name] = q
+	}
+	return corev1.ResourceRequirements{Limits: l, Requests: r}, nil
+}
+
+// resourceList is memory bytes and nano-CPUs as Kubernetes quantities (CPU in whole millicores, at least 1);
+// zero values are left out.
+func resourceList(memory, nanoCPUs int64) corev1.ResourceList {
+	l := corev1.ResourceList{}
+	if memory > 0 {
+		l[corev1.ResourceMemory] = *resource.NewQuantity(memory, resource.BinarySI)
+	}
+	if nanoCPUs > 0 {
+		l[corev1.ResourceCPU] = *resource.NewMilliQuantity(max(nanoCPUs/1_000_000, 1), resource.DecimalSI)
+	}
+	return l
 }
 
 // tmpfsSize reads the size= option of a tmpfs option string ("size=67108864", "size=64m"); nil for none.
