@@ -244,8 +244,11 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	for k, v := range cfg.GetEnvs() {
 		env[k] = v
 	}
+	// Concurrent: E2B runs a sandbox's commands at once (a dev server in the background, commands beside it).
+	// The engine runs them so where the sandbox's agent channel carries them (Docker under runc), else one at a
+	// time (docs/E2B.md).
 	ereq := sandkeep.ExecRequest{Argv: argv(cfg), Workdir: workdir, Env: envList(sc.rec.Env, env), Timeout: timeout,
-		OutputLimit: procOutputLimit}
+		OutputLimit: procOutputLimit, Concurrent: true}
 	ar := service.AdmitRequest{Template: sc.rec.OpTemplate, RequestID: s.f.requestID(r)}
 	var stdinR *io.PipeReader
 	if req.Msg.GetStdin() || req.Msg.Pty != nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,12 +19,23 @@ import (
 )
 
 // procBackend runs "commands" in Go: echo prints its argument, block waits for its context, cat copies stdin.
-type procBackend struct{ fakeBackend }
+// Like the engine, it runs a user's commands one at a time unless they ask to run concurrently.
+type procBackend struct {
+	fakeBackend
+	gate sync.RWMutex
+}
 
 func (b *procBackend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
 	script := req.Argv[len(req.Argv)-1]
 	if script == "true" {
 		return &sandkeep.ExecResult{}, nil
+	}
+	if req.Concurrent {
+		b.gate.RLock()
+		defer b.gate.RUnlock()
+	} else {
+		b.gate.Lock()
+		defer b.gate.Unlock()
 	}
 	if ar.Observer.Started != nil {
 		ar.Observer.Started()
@@ -100,6 +112,21 @@ func TestProcessService(t *testing.T) {
 		t.Fatalf("list: %v %v", list, err)
 	}
 	pid := list.Msg.Processes[0].Pid
+	// A command runs beside the background process (the front asks for concurrent commands), not after it.
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	beside, err := c.Start(bctx, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo beside"}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = ""
+	for beside.Receive() {
+		out += string(beside.Msg().GetEvent().GetData().GetStdout())
+	}
+	cancel()
+	if out != "beside\n" {
+		t.Fatalf("a command beside the background process: %q (%v)", out, beside.Err())
+	}
 	// Another sandbox's client does not see it, cannot signal it, and a forged id with its token is refused.
 	oc := client(other, otherTok)
 	if l, err := oc.List(ctx, connect.NewRequest(&process.ListRequest{})); err != nil || len(l.Msg.Processes) != 0 {
