@@ -208,6 +208,9 @@ func (m *Manager) execShared(ctx context.Context, key identity.Key, req ExecRequ
 	started := func(sb *driver.Sandbox, t Transport) {
 		m.emit(ctx, events.NameExecStarted, events.ExecStarted{Sandbox: sb.Name, Command: events.Command(req.Argv),
 			Workdir: preq.Workdir, TimeoutMS: preq.TimeoutMS, Transport: string(t), GateWaitMS: time.Since(waitStart).Milliseconds()})
+		if req.OnStarted != nil { // as for an exclusive command: a streaming caller commits its answer here
+			req.OnStarted()
+		}
 	}
 	res, err := m.execConcurrent(ctx, key, req, preq, started)
 	if res != nil {
