@@ -10,7 +10,8 @@ import (
 )
 
 const mcpLong = `Serve the Model Context Protocol over stdio for one user's sandbox, for coding agents and editors
-(Claude Code, Codex, Cursor...). Tools: exec, read_file, write_file, list_files, sandbox_status.
+(Claude Code, Codex, Cursor...). Tools: exec, read_file, write_file, list_files, sandbox_status, fork_sandbox,
+and background processes: start_process, list_processes, process_output, process_input, kill_process.
 
 stdout carries the protocol; sandkeep's own log goes to stderr. Every command is recorded as a run in the
 store (--store). See docs/MCP.md for how to register it with each client.`

@@ -113,7 +113,9 @@ func mcpExercise(t *testing.T, cs *mcp.ClientSession, tenant, user string) int {
 		}
 	}
 	slices.Sort(names)
-	if want := []string{"exec", "list_files", "read_file", "sandbox_status", "write_file"}; !slices.Equal(names, want) {
+	if want := []string{"create_snapshot", "delete_snapshot", "exec", "fork_sandbox", "kill_process", "list_files", "list_processes",
+		"list_snapshots", "process_input", "process_output", "read_file", "restore_snapshot", "sandbox_status", "start_process",
+		"write_file"}; !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
 

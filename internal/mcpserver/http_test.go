@@ -149,7 +149,7 @@ func TestHTTP(t *testing.T) {
 	bob := f.client(t, map[string]string{"Authorization": "Bearer tok-globex", "Sandkeep-User": "bob"})
 
 	tools, err := alice.ListTools(context.Background(), nil)
-	if err != nil || len(tools.Tools) != 10 {
+	if err != nil || len(tools.Tools) != 15 {
 		t.Fatalf("tools over HTTP: %v, %v", tools, err)
 	}
 	f.b.execFn = func(_ context.Context, key sandkeep.Key, _ sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {

@@ -90,13 +90,14 @@ const (
 // sandbox_status. An unknown tool needs admin, so a mapping that falls behind the tool list fails closed.
 func Scope(tool string) string {
 	switch tool {
-	case ToolExec, ToolFork, ToolCreateSnapshot, ToolRestoreSnapshot, ToolDeleteSnapshot: // they make sandboxes or archives
+	case ToolExec, ToolFork, ToolCreateSnapshot, ToolRestoreSnapshot, ToolDeleteSnapshot, // they make sandboxes or archives
+		ToolStartProcess, ToolProcessOut, ToolProcessInput, ToolKillProcess: // a process's output is a command's
 		return store.ScopeExec
 	case ToolListSnapshots:
 		return store.ScopeRead
 	case ToolReadFile, ToolWriteFile, ToolListFiles:
 		return store.ScopeFiles
-	case ToolSandboxStatus:
+	case ToolSandboxStatus, ToolProcesses:
 		return store.ScopeRead
 	}
 	return store.ScopeAdmin

@@ -151,7 +151,9 @@ func TestToolsAndSchemas(t *testing.T) {
 		byName[tool.Name] = tool
 	}
 	slices.Sort(names)
-	want := []string{ToolCreateSnapshot, ToolDeleteSnapshot, ToolExec, ToolFork, ToolListFiles, ToolListSnapshots, ToolReadFile, ToolRestoreSnapshot, ToolSandboxStatus, ToolWriteFile}
+	want := []string{ToolCreateSnapshot, ToolDeleteSnapshot, ToolExec, ToolFork, ToolKillProcess, ToolListFiles, ToolProcesses,
+		ToolListSnapshots, ToolProcessInput, ToolProcessOut, ToolReadFile, ToolRestoreSnapshot, ToolSandboxStatus,
+		ToolStartProcess, ToolWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}

@@ -212,6 +212,7 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, toolDefs.status, handle(t, ToolSandboxStatus, t.status))
 	t.registerFork(s)
 	t.registerSnapshots(s)
+	t.registerProcesses(s)
 }
 
 // handle adapts a tool to the SDK: it admits the call, runs it, and turns every failure into a *fault.Error,

@@ -22,11 +22,11 @@ var globalFlags = map[string]flagSpec{
 var commandFlags = map[string]map[string]flagSpec{
 	"exec": {
 		"allow": {}, "detach": {short: 'd', boolean: true}, "driver": {}, "env": {short: 'e'}, "gate-wait": {}, "interactive": {short: 'i', boolean: true},
-		"json": {boolean: true}, "lifetime": {}, "network": {}, "network-inherit": {}, "network-preset": {}, "output-limit": {},
+		"host-state": {}, "json": {boolean: true}, "lifetime": {}, "network": {}, "network-inherit": {}, "network-preset": {}, "output-limit": {},
 		"run": {}, "sandbox": {}, "spec": {}, "tag": {}, "tenant": {}, "timeout": {}, "trust": {}, "tty": {short: 't', boolean: true},
 		"user": {}, "workdir": {short: 'w'},
 	},
-	"doctor": {"driver": {}, "json": {boolean: true}, "sandbox": {}, "seccomp-profile": {boolean: true}, "spec": {}, "strict": {boolean: true}, "timeout": {}},
+	"doctor": {"driver": {}, "json": {boolean: true}, "sandbox": {}, "seccomp-install": {}, "seccomp-profile": {boolean: true}, "spec": {}, "strict": {boolean: true}, "timeout": {}},
 	"events": {"follow": {short: 'f', boolean: true}, "interval": {}, "json": {boolean: true}, "run": {}},
 	"ps":     {"json": {boolean: true}},
 	"rm":     {"keep-workspace": {boolean: true}, "tenant": {}, "user": {}},
