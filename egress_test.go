@@ -302,7 +302,12 @@ func TestEgressAllowlist(t *testing.T) {
 		if ev.Name != events.NameNetworkBlocked || !strings.Contains(string(ev.Payload), `"denied.test"`) {
 			continue
 		}
+		// The run's finish is written by the store's group commit, after Exec returned: wait for it, briefly.
 		run, err := st.GetRun(t.Context(), ev.RunID)
+		for deadline := time.Now().Add(10 * time.Second); err == nil && run.Status == store.StatusRunning && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+			run, err = st.GetRun(t.Context(), ev.RunID)
+		}
 		if err != nil || run.Tenant != key.Tenant || run.User != key.User || run.Status != store.StatusSucceeded {
 			t.Errorf("network_blocked recorded in run %q: %+v, %v", ev.RunID, run, err)
 		}
