@@ -78,6 +78,42 @@ func TestServeProcesses(t *testing.T) {
 	err = cl.Signal(ctx, "alice", dev, "NOPE")
 	wantAPIError(t, err, http.StatusBadRequest, fault.InvalidArgument)
 
+	// A process on a terminal sees its window resized.
+	term, err := cl.StartProcess(ctx, "alice", client.StartRequest{Command: "stty size; read l; stty size; sleep 600",
+		Tag: "term", Stdin: true, TTY: &client.WindowSize{Rows: 24, Cols: 80}, Lifetime: 10 * time.Minute})
+	if err != nil {
+		t.Fatalf("start on a terminal: %v", err)
+	}
+	termRef := client.ProcessRef{PID: term.PID}
+	waitOutput := func(want string) string {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			out.Reset()
+			if _, err := cl.ProcessOutput(ctx, "alice", termRef, client.AttachOptions{}, &out, nil); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(out.String(), want) {
+				break
+			}
+		}
+		return out.String()
+	}
+	if got := waitOutput("24 80"); !strings.Contains(got, "24 80") {
+		t.Fatalf("terminal output %q: want its size, 24 80", got)
+	}
+	if err := cl.Resize(ctx, "alice", termRef, client.WindowSize{Rows: 50, Cols: 132}); err != nil {
+		t.Fatalf("resize: %v", err)
+	}
+	if err := cl.Input(ctx, "alice", termRef, []byte("go\r")); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitOutput("50 132"); !strings.Contains(got, "50 132") {
+		t.Fatalf("terminal output %q: want the size before (24 80) and after the resize (50 132)", got)
+	}
+	if err := cl.Kill(ctx, "alice", termRef); err != nil {
+		t.Fatal(err)
+	}
+
 	// Another tenant sees none of it and cannot touch it.
 	other := s.client(t, c.createToken(t, c.ten("globex"), "procs", "admin").Token)
 	if ps, err := other.Processes(ctx, "alice"); err != nil || len(ps) != 0 {
