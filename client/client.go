@@ -313,13 +313,56 @@ func (c *Client) Exec(ctx context.Context, user string, req ExecRequest) (*ExecR
 	return &res, nil
 }
 
-// streamMessage is one NDJSON line of a streamed exec.
-type streamMessage struct {
-	Stream  string      `json:"stream"`
-	Data    *string     `json:"data"`
-	DataB64 []byte      `json:"data_b64"` // encoding/json decodes base64 into []byte
-	Result  *ExecResult `json:"result"`
-	Error   *errorBody  `json:"error"`
+// streamFrame is one NDJSON line of a streamed answer (an exec's, a process's output): a chunk of stdout or
+// stderr, or the end, a result R or an error.
+type streamFrame[R any] struct {
+	Stream  string     `json:"stream"`
+	Data    *string    `json:"data"`
+	DataB64 []byte     `json:"data_b64"` // encoding/json decodes base64 into []byte
+	Result  *R         `json:"result"`
+	Error   *errorBody `json:"error"`
+}
+
+// readStream copies a streamed answer's output to stdout and stderr (nil discards) until its result or its error;
+// what names the stream and whose output it is in errors ("the exec stream", "the command's"). A stream cut by
+// ctx is ctx's cause.
+func readStream[R any](ctx context.Context, resp *http.Response, stdout, stderr io.Writer, what, whose string) (*R, error) {
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var m streamFrame[R]
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			if ctx.Err() != nil {
+				return nil, context.Cause(ctx)
+			}
+			return nil, fmt.Errorf("client: %s ended before its result: %w", what, err)
+		}
+		switch {
+		case m.Result != nil:
+			return m.Result, nil
+		case m.Error != nil:
+			return nil, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: m.Error.fault()}
+		}
+		data := m.DataB64
+		if m.Data != nil {
+			data = []byte(*m.Data)
+		}
+		w := stdout
+		if m.Stream == "stderr" {
+			w = stderr
+		}
+		if _, err := w.Write(data); err != nil {
+			return nil, fmt.Errorf("client: write %s %s: %w", whose, m.Stream, err)
+		}
+	}
 }
 
 // ExecStream runs one command and writes its output to stdout and stderr (nil discards) as it is produced;
@@ -337,39 +380,7 @@ func (c *Client) ExecStream(ctx context.Context, user string, req ExecRequest, s
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if stdout == nil {
-		stdout = io.Discard
-	}
-	if stderr == nil {
-		stderr = io.Discard
-	}
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var m streamMessage
-		if err := dec.Decode(&m); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, fmt.Errorf("client: the exec stream ended before its result: %w", err)
-		}
-		switch {
-		case m.Result != nil:
-			return m.Result, nil
-		case m.Error != nil:
-			return nil, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: m.Error.fault()}
-		}
-		data := m.DataB64
-		if m.Data != nil {
-			data = []byte(*m.Data)
-		}
-		w := stdout
-		if m.Stream == "stderr" {
-			w = stderr
-		}
-		if _, err := w.Write(data); err != nil {
-			return nil, fmt.Errorf("client: write the command's %s: %w", m.Stream, err)
-		}
-	}
+	return readStream[ExecResult](ctx, resp, stdout, stderr, "the exec stream", "the command's")
 }
 
 // Upload streams r into the file at path in user's workspace (parents created; the file appears whole or not

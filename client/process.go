@@ -129,15 +129,6 @@ type AttachOptions struct {
 	NoReplay bool
 }
 
-// processMessage is one NDJSON line of a process's output.
-type processMessage struct {
-	Stream  string     `json:"stream"`
-	Data    *string    `json:"data"`
-	DataB64 []byte     `json:"data_b64"`
-	Result  *Process   `json:"result"`
-	Error   *errorBody `json:"error"`
-}
-
 // ProcessOutput writes ref's output to stdout and stderr (nil discards) and returns the process as it is when
 // the stream ends: ended when following, else as it runs. Cancelling ctx ends the stream, not the process.
 func (c *Client) ProcessOutput(ctx context.Context, user string, ref ProcessRef, opts AttachOptions, stdout, stderr io.Writer) (*Process, error) {
@@ -159,42 +150,7 @@ func (c *Client) ProcessOutput(ctx context.Context, user string, ref ProcessRef,
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if stdout == nil {
-		stdout = io.Discard
-	}
-	if stderr == nil {
-		stderr = io.Discard
-	}
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var m processMessage
-		if err := dec.Decode(&m); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			if ctx.Err() != nil {
-				return nil, context.Cause(ctx)
-			}
-			return nil, fmt.Errorf("client: the process's output ended before its result: %w", err)
-		}
-		switch {
-		case m.Result != nil:
-			return m.Result, nil
-		case m.Error != nil:
-			return nil, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: m.Error.fault()}
-		}
-		data := m.DataB64
-		if m.Data != nil {
-			data = []byte(*m.Data)
-		}
-		w := stdout
-		if m.Stream == "stderr" {
-			w = stderr
-		}
-		if _, err := w.Write(data); err != nil {
-			return nil, fmt.Errorf("client: write the process's %s: %w", m.Stream, err)
-		}
-	}
+	return readStream[Process](ctx, resp, stdout, stderr, "the process's output", "the process's")
 }
 
 // post sends body (JSON; nil for none) to one of ref's routes, which answer 204.
