@@ -740,9 +740,15 @@ func TestEgressRefusalFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	evs, err := st.ListEvents(t.Context(), store.EventFilter{})
-	if err != nil {
-		t.Fatal(err)
+	// The summary is written at the command's end by the store's group commit, after Exec returned: wait for it, briefly.
+	var evs []store.Event
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if evs, err = st.ListEvents(t.Context(), store.EventFilter{}); err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(evs, func(ev store.Event) bool { return ev.Name == events.NameNetworkBlockedRepeat }) || time.Now().After(deadline) {
+			break
+		}
 	}
 	var blocked, repeats int
 	for _, ev := range evs {
