@@ -60,6 +60,11 @@ func Run(ctx context.Context, conn Conn, req Request, stdout, stderr io.Writer, 
 // frozen agent, so the sandbox must be recycled before the command is run anywhere else.
 var ErrNotAccepted = fmt.Errorf("%w: the agent did not accept the request", ErrProtocol)
 
+// ErrCutBeforeAccept means the channel failed (the request could not be sent, or the stream ended or broke)
+// before the agent acknowledged the request. Unlike ErrNotAccepted nothing is known to be stuck: a driver that
+// finds the sandbox itself gone may report that instead, since no command of this request ran anywhere else.
+var ErrCutBeforeAccept = fmt.Errorf("%w: the channel failed before the agent accepted the request", ErrProtocol)
+
 // RunOptions tune Run.
 type RunOptions struct {
 	// AcceptWait, when positive, bounds the wait for the agent's FrameAccepted; past it Run returns
@@ -98,7 +103,7 @@ func RunWith(ctx context.Context, conn Conn, req Request, stdout, stderr io.Writ
 	}
 	if err := r.fw.WriteFrame(FrameRequest, req.ID, body); err != nil {
 		r.fw.stop(false)
-		return Result{}, fmt.Errorf("%w: send request %d: %w", ErrProtocol, req.ID, err)
+		return Result{}, fmt.Errorf("%w: send request %d: %w", ErrCutBeforeAccept, req.ID, err)
 	}
 	go r.readFrames()
 	if req.Stdin {
@@ -175,6 +180,9 @@ func (r *run) loop(ctx context.Context, acceptWait time.Duration) (res Result, e
 	for {
 		select {
 		case it := <-r.frames:
+			if it.err != nil && !r.acked && !errors.Is(it.err, ErrProtocol) {
+				return Result{}, endBadData, fmt.Errorf("agent command %d: %w: %w", id, ErrCutBeforeAccept, unexpectedEOF(it.err))
+			}
 			if it.err != nil {
 				return Result{}, endBadData, fmt.Errorf("agent command %d: %w", id, protocolErr(it.err))
 			}
@@ -220,6 +228,14 @@ func protocolErr(err error) error {
 		return fmt.Errorf("%w: stream ended before the result: %w", ErrProtocol, io.ErrUnexpectedEOF)
 	}
 	return fmt.Errorf("%w: %w", ErrProtocol, err)
+}
+
+// unexpectedEOF: a stream that ends before the Result ended too early.
+func unexpectedEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // handle applies one frame from the agent; final is true for a valid Result.

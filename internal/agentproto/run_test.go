@@ -486,3 +486,21 @@ func TestRunAcceptedTwice(t *testing.T) {
 		t.Fatalf("err = %v, want ErrProtocol", got.err)
 	}
 }
+
+// TestRunCutBeforeAccept: a stream that ends before the agent's FrameAccepted says so (a driver may then report
+// its sandbox gone and the command retried), and one that ends after it never does (the command may have run).
+func TestRunCutBeforeAccept(t *testing.T) {
+	before := runFake(t, t.Context(), testRequest(1), nil, func(c net.Conn, req Request) {
+		c.Write(frame(FrameStdout, 1, []byte("x")))
+	})
+	if !errors.Is(before.err, ErrCutBeforeAccept) || !errors.Is(before.err, io.ErrUnexpectedEOF) {
+		t.Fatalf("cut before the accept: err = %v; want ErrCutBeforeAccept and io.ErrUnexpectedEOF", before.err)
+	}
+	after := runFake(t, t.Context(), testRequest(1), nil, func(c net.Conn, req Request) {
+		c.Write(frame(FrameAccepted, 1, nil))
+		c.Write(frame(FrameStdout, 1, []byte("x")))
+	})
+	if !errors.Is(after.err, ErrProtocol) || errors.Is(after.err, ErrCutBeforeAccept) {
+		t.Fatalf("cut after the accept: err = %v; want ErrProtocol without ErrCutBeforeAccept", after.err)
+	}
+}

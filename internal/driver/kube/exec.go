@@ -102,6 +102,13 @@ func (d *Driver) execChannel(ctx context.Context, sb *driver.Sandbox, conn *net.
 	res, err := agentproto.RunWith(ctx, conn, req, out.Stdout, out.Stderr, out.Stdin, agentproto.RunOptions{AcceptWait: acceptWait})
 	broken := err != nil && errors.Is(err, agentproto.ErrProtocol)
 	d.ch.release(sb.Name, conn, broken)
+	if errors.Is(err, agentproto.ErrCutBeforeAccept) && ctx.Err() == nil {
+		// The pod may have gone before the informer said so: then the command never started, and the caller
+		// hears what the exec path would have told it (not running, or absent) rather than a broken agent.
+		if terr := d.execTarget(ctx, sb); terr != nil {
+			return res, terr
+		}
+	}
 	if broken {
 		return res, fmt.Errorf("exec in %s over the agent channel: %w", sb.Name, err)
 	}
