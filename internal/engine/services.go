@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // Host services (Config.HostServices, Template.Services): the operator's host endpoints offered inside the
