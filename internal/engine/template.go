@@ -5,9 +5,9 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 	"github.com/sandkeep/sandkeep/internal/tier"
 )
