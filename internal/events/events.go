@@ -57,6 +57,8 @@ const (
 	NameHostServicesDropped  = "host_services_dropped"
 	NameReaperRemoved        = "reaper_removed"
 	NameReaperKept           = "reaper_kept"
+	NameSandboxSuspended     = "sandbox_suspended"
+	NameSandboxResumed       = "sandbox_resumed"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -113,6 +115,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameHostServicesDropped:  reflect.TypeFor[HostServicesDropped](),
 	NameReaperRemoved:        reflect.TypeFor[ReaperDecision](),
 	NameReaperKept:           reflect.TypeFor[ReaperDecision](),
+	NameSandboxSuspended:     reflect.TypeFor[SandboxSuspended](),
+	NameSandboxResumed:       reflect.TypeFor[SandboxResumed](),
 }
 
 // Names returns every event name, in no particular order.

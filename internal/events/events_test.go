@@ -56,6 +56,8 @@ func TestNewAndDecode(t *testing.T) {
 		{"host services dropped", NameHostServicesDropped, HostServicesDropped{Driver: "kubernetes", Services: []string{"mcp"}, Why: "no channel directory"}},
 		{"reaper removed", NameReaperRemoved, ReaperDecision{Kind: "container", Resource: "sandkeep-u-1", Reason: "orphaned"}},
 		{"reaper kept", NameReaperKept, ReaperDecision{Kind: "pod", Resource: "sandkeep-u-2", Reason: "store_unknown"}},
+		{"suspended", NameSandboxSuspended, SandboxSuspended{Sandbox: "s", Template: "t", IdleMS: 600000}},
+		{"resumed", NameSandboxResumed, SandboxResumed{Sandbox: "s", Driver: "docker", Template: "t", SuspendedMS: 9, DurationMS: 3}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
@@ -91,8 +93,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 40 {
-		t.Errorf("Names() has %d names, want 40", len(Names()))
+	if len(Names()) != 42 {
+		t.Errorf("Names() has %d names, want 42", len(Names()))
 	}
 }
 
