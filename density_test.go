@@ -30,6 +30,7 @@ func TestTemplateRequestsChecked(t *testing.T) {
 		"cpus above the limit":       {sandkeep.Template{CPUs: 0.5, Requests: sandkeep.Requests{CPUs: 1}}, false},
 		"memory above the default":   {sandkeep.Template{Requests: sandkeep.Requests{MemoryBytes: 3 << 30}}, false},
 		"negative":                   {sandkeep.Template{Requests: sandkeep.Requests{CPUs: -1}}, false},
+		"negative suspend_after":     {sandkeep.Template{SuspendAfter: -time.Minute}, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			agent := filepath.Join(t.TempDir(), "sandkeep-agent") // Open looks for it; nothing runs it here

@@ -137,12 +137,13 @@ func WhenWaiting(ctx context.Context, notice func(bound time.Duration)) context.
 	return engine.WhenWaiting(ctx, notice)
 }
 
-// SweepReport says what one sweep pass did: the sandboxes stopped for idleness and removed past retention (by
-// name), and the busy keys left alone.
+// SweepReport says what one sweep pass did: the sandboxes stopped for idleness, suspended and removed past
+// retention (by name), and the busy keys left alone.
 type SweepReport struct {
-	Stopped []string
-	Removed []string
-	Skipped []string
+	Stopped   []string
+	Suspended []string // removed with their workspaces kept (a template's SuspendAfter); the next command resumes
+	Removed   []string
+	Skipped   []string
 }
 
 // SweepOnce stops idle sandboxes and removes those past retention, skipping busy keys. It does not take the

@@ -3,6 +3,7 @@ package engine
 import (
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -35,9 +36,15 @@ type Template struct {
 	Pool int
 	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
 	HostState string
+	// Services are host services by the operator's names (Config.HostServices) offered inside the template's
+	// runs' sandboxes, each behind the run's bearer token.
+	Services []string
 	// Requests is what each of the template's sandboxes reserves on its node, apart from what it may use (CPUs,
 	// MemoryBytes, or the Config's): the density of idle sandboxes. Zero fields reserve the limit.
 	Requests Requests
+	// SuspendAfter is how long one of the template's sandboxes stays idle before the sweeper suspends it: its
+	// container or pod removed, its workspace kept; the next command resumes it (lifecycle/suspend.go). 0: never.
+	SuspendAfter time.Duration
 }
 
 // Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit.
@@ -72,6 +79,13 @@ func (m *Manager) checkTemplates() error {
 		}
 		if err := m.checkRequests(name, t); err != nil {
 			return err
+		}
+		if err := m.checkServices(name, t); err != nil {
+			return err
+		}
+		if t.SuspendAfter < 0 {
+			return fault.New(fault.InvalidArgument, "set suspend_after to a duration such as 10m, or leave it out",
+				"template %q: suspend_after %s is negative", name, t.SuspendAfter)
 		}
 		if len(t.Env) > 0 {
 			if err := guard.Env(t.Env); err != nil {

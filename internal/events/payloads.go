@@ -102,6 +102,24 @@ type SandboxStoppedIdle struct {
 	IdleMS  int64  `json:"idle_ms"`
 }
 
+// SandboxSuspended (sandbox_suspended): an idle sandbox of a template with suspend_after was removed (its container
+// or pod, and on kubernetes its record) with its workspace kept; the key's next command resumes it.
+type SandboxSuspended struct {
+	Sandbox  string `json:"sandbox"`
+	Template string `json:"template"`
+	IdleMS   int64  `json:"idle_ms"`
+}
+
+// SandboxResumed (sandbox_resumed): a suspended key's sandbox was made again over its kept workspace for a
+// command; DurationMS is what the resume added to that first command, SuspendedMS how long it was suspended.
+type SandboxResumed struct {
+	Sandbox     string `json:"sandbox"`
+	Driver      string `json:"driver"`
+	Template    string `json:"template,omitempty"`
+	SuspendedMS int64  `json:"suspended_ms"`
+	DurationMS  int64  `json:"duration_ms"`
+}
+
 // SandboxRemoved (sandbox_removed): a sandbox and its resources were removed; Reason says why (e.g. retention,
 // request, recycle).
 type SandboxRemoved struct {
@@ -417,4 +435,39 @@ type ReaperDecision struct {
 	Kind     string `json:"kind"`
 	Resource string `json:"resource"`
 	Reason   string `json:"reason"`
+}
+
+// HostServiceOpened (host_service_opened): a command of the run can reach the operator's host service Service
+// inside its sandbox, at Address (SANDKEEP_SERVICE_<NAME>_URL), with the run's bearer token; the service is open
+// while the command runs. Never the token or the operator's URL.
+type HostServiceOpened struct {
+	Sandbox string `json:"sandbox"`
+	Service string `json:"service"`
+	Address string `json:"address"`
+}
+
+// HostServiceClosed (host_service_closed): the command that opened Service is over: the run's token no longer
+// reaches it; Requests counts what it let through meanwhile.
+type HostServiceClosed struct {
+	Sandbox  string `json:"sandbox"`
+	Service  string `json:"service"`
+	Requests int64  `json:"requests"`
+}
+
+// HostServiceRefused (host_service_refused): a request inside the sandbox to a host service was turned away
+// before reaching the operator's endpoint. Reason: token-missing, token-invalid (not the token of a run whose
+// command has the service open, e.g. another user's). Rate-limited.
+type HostServiceRefused struct {
+	Sandbox string `json:"sandbox"`
+	Service string `json:"service"`
+	Reason  string `json:"reason"`
+}
+
+// HostServicesDropped (host_services_dropped): the run's template offers host services that its driver cannot
+// carry into the sandbox (kubernetes, the host passthrough, gVisor: no channel directory), so its commands run
+// without them and without their variables. Once per run, at admission.
+type HostServicesDropped struct {
+	Driver   string   `json:"driver"`
+	Services []string `json:"services"`
+	Why      string   `json:"why"`
 }

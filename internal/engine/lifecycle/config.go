@@ -92,9 +92,12 @@ type Config struct {
 	GateWait time.Duration // bound on waiting for a busy key
 	// MaxKeys bounds the keys this process holds state for at once: gates of keys with a command running or
 	// queued (past it a new key is KEY_LIMIT), cached uids and postures (forgotten past it). 0: DefaultMaxKeys.
-	MaxKeys         int
-	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
-	Retention       time.Duration // a stopped sandbox this old is removed
+	MaxKeys     int
+	IdleTimeout time.Duration // a running sandbox idle this long is stopped
+	Retention   time.Duration // a stopped sandbox this old is removed
+	// SuspendAfter is, per template name, how long a sandbox of that template stays idle before the sweeper
+	// suspends it (suspend.go): its container or pod removed, its workspace kept. Absent or 0: never.
+	SuspendAfter    map[string]time.Duration
 	RemoveWorkspace bool          // on retention removal, also delete the workspace
 	StopGrace       time.Duration // what a stopping sandbox's processes get before SIGKILL
 	Grace           time.Duration // what a command's tree gets between SIGTERM and SIGKILL
@@ -128,6 +131,10 @@ type Config struct {
 	EgressUpstreamRoots *x509.CertPool
 	// EgressRefused are ranges the proxy refuses like private ones unless an IP rule names them (operator).
 	EgressRefused []netip.Prefix
+
+	// HostServices are the operator's host endpoints a command may be given (ExecRequest.Services), sorted by
+	// name: the i-th is at ServiceAddress(i) inside every sandbox with a channel directory (services.go).
+	HostServices []HostService
 
 	// OnEvent receives the events that belong to no caller's run (the sweeper's); may be nil.
 	OnEvent Sink
@@ -206,6 +213,9 @@ func (c *Config) validate() (uid, gid int, err error) {
 	}
 	uid, gid, err = parseUser(c.User)
 	if err != nil {
+		return 0, 0, err
+	}
+	if err := c.checkHostServices(); err != nil {
 		return 0, 0, err
 	}
 	if (uid == 0 || gid == 0) && !c.AllowRoot {
@@ -390,6 +400,9 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 	if chanDir != "" {
 		mounts = append(mounts, driver.Mount{Source: chanDir, Target: channel.MountPoint, ReadOnly: true})
 		initArgv = append(initArgv, "--channel", channel.SocketPath, "--egress", EgressListen)
+		for i := range c.HostServices {
+			initArgv = append(initArgv, "--service", ServiceAddress(i))
+		}
 	}
 	mounts = append(mounts, c.Mounts...)
 	home := c.HomeDir
