@@ -14,9 +14,9 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/homedir"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
@@ -265,4 +265,16 @@ func findAgent(configured string) (string, error) {
 func CheckAgent(configured string) error {
 	_, err := findAgent(configured)
 	return err
+}
+
+// SandboxUIDs is the per-key uid range sandboxes on the Docker driver run under, given the operator's
+// SandboxUIDs and User: eff as FIRST-LAST, or "" with why it is off (doctor shows both). A malformed range is
+// its error.
+func SandboxUIDs(uids, user string) (eff, why string, err error) {
+	r, err := lifecycle.ParseUIDRange(uids)
+	if err != nil {
+		return "", "", err
+	}
+	e, why := lifecycle.EffectiveUIDs(r, user, "docker")
+	return e.String(), why, nil
 }
