@@ -217,7 +217,22 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
 		EgressResolver: c.EgressResolver, EgressUpstreamRoots: c.EgressRoots, EgressRefused: refused,
+		SuspendAfter: c.suspendAfter(),
 	}, nil
+}
+
+// suspendAfter is each template's SuspendAfter, for the sweeper; nil when no template suspends.
+func (c Config) suspendAfter() map[string]time.Duration {
+	var out map[string]time.Duration
+	for name, t := range c.Templates {
+		if t.SuspendAfter > 0 {
+			if out == nil {
+				out = map[string]time.Duration{}
+			}
+			out[name] = t.SuspendAfter
+		}
+	}
+	return out
 }
 
 // parseRefused reads Config.NetworkRefused.

@@ -497,8 +497,8 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 			return nil, false, err
 		}
 	}
-	if m.home.HasWorkspace(key) {
-		return nil, false, nil // not new: its files are kept (a removal that kept the workspace)
+	if _, suspended := m.home.suspendedAt(key); suspended || m.home.HasWorkspace(key) {
+		return nil, false, nil // not new: its files are kept (a removal that kept the workspace, a suspend)
 	}
 	p.claiming.Add(1)
 	defer func() {
