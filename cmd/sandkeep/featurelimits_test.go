@@ -42,7 +42,7 @@ func TestFeatureBuildLimits(t *testing.T) {
 	c := newCLI(t)
 	nonce := fmt.Sprint(time.Now().UnixNano())
 	_, spec := writeRepo(t, map[string]string{
-		".devcontainer/devcontainer.json": `{"image": "` + testutil.TestImage(t) + `", "features": {"./limits": {}}}`,
+		".devcontainer/devcontainer.json":                `{"image": "` + testutil.TestImage(t) + `", "features": {"./limits": {}}}`,
 		".devcontainer/limits/devcontainer-feature.json": `{"id": "limits", "version": "1.0.0"}`,
 		".devcontainer/limits/install.sh":                featureLimitsInstall(nonce),
 	})
