@@ -12,8 +12,9 @@ import (
 
 // featureLimitsInstall is an install.sh that records, in a file baked into the derived image, what it runs
 // under: its nofile and core ulimits, its seccomp mode and no-new-privileges (/proc/self/status), its pids
-// cgroup, and how many of 700 background processes it could start. Then it waits, without forking, until
-// those have ended, so the build's next steps can fork again.
+// cgroup, and how many of 700 long-lived background processes it could start. Then it kills them (kill -1: every
+// process but itself and the step's PID 1, a builtin, since nothing can fork at the bound) and waits a moment,
+// without forking, for PID 1 to reap them, so the build's next steps can fork again.
 func featureLimitsInstall(nonce string) string {
 	return `#!/bin/sh
 set -e
@@ -26,8 +27,9 @@ mkfifo /tmp/wait
   grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status
   echo "cgroup=$(grep pids /proc/self/cgroup | cut -d: -f3)"
 } > $out
-( n=0; while [ $n -lt 700 ]; do sleep 1 & n=$((n+1)); done; echo "spawned=$n" ) >> $out 2>&1 || true
-read -t 4 x <> /tmp/wait || true
+( n=0; while [ $n -lt 700 ]; do sleep 120 & n=$((n+1)); done; echo "spawned=$n" ) >> $out 2>&1 || true
+kill -9 -1 2>/dev/null || true
+read -t 2 x <> /tmp/wait || true
 echo "done" >> $out
 `
 }
