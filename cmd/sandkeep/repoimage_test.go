@@ -40,7 +40,7 @@ func registryProbe(t *testing.T) (string, *atomic.Int64) {
 
 // TestRepoImageRegistries: a repository-named image the engine does not have (sandkeep.yaml's image:,
 // devcontainer.json's image, a Dockerfile's FROM and COPY --from) is refused before any pull, as TIER_REFUSED
-// with SK513 naming image_registries, unless the operator lists its registry there; a refused one is never
+// with SK514 naming image_registries, unless the operator lists its registry there; a refused one is never
 // asked of its registry (a loopback listener of the test's counts no connection), an allowed one is (the engine
 // tries to pull it: it is not a registry, so IMAGE_UNAVAILABLE, not repeating what the engine said of it). An image the engine has runs from any
 // registry name. Issue 22, finding 6: the engine pulled a repository's absent image from any registry.
@@ -76,7 +76,7 @@ func TestRepoImageRegistries(t *testing.T) {
 		{"build COPY --from", specCopy, "build FROM"},
 	} {
 		r := c.run(t, "exec", "--spec", tc.spec, "--tenant", c.ten("acme"), "--user", "img", "--", "true").wantFailure(t, "TIER_REFUSED")
-		for _, s := range []string{"SK513", absent, "image_registries: [" + host + "]", "field " + tc.field} {
+		for _, s := range []string{"SK514", absent, "image_registries: [" + host + "]", "field " + tc.field} {
 			if !strings.Contains(r.stderr, s) {
 				t.Errorf("%s: the refusal does not say %q:\n%s", tc.name, s, r.stderr)
 			}

@@ -42,7 +42,7 @@ func (m *Manager) checkRepoImages(ctx context.Context, drv driver.Driver, repo *
 // its registry is not in the operator's image_registries: the engine would pull it from whatever registry the
 // name says, a host the repository (maybe a stranger's pull request) chose (issue 22, finding 6). Nothing is
 // pulled or dialled to decide. A driver that cannot tell whether it has an image has every such image
-// refused. The error is TIER_REFUSED with a SK513 diagnostic naming image_registries.
+// refused. The error is TIER_REFUSED with a SK514 diagnostic naming image_registries.
 func (m *Manager) checkRepoImage(ctx context.Context, drv driver.Driver, field, ref string) error {
 	registry, allowed := m.cfg.Repository.ImageRegistry(ref)
 	if allowed {

@@ -74,7 +74,7 @@ type Operator struct {
 	// ImageRegistries are the registries (host or host:port; docker.io for Docker Hub's short names) the
 	// engine may pull a repository-named image from: a repository's image (sandkeep.yaml, devcontainer.json, a
 	// compose service) or a base its Dockerfile builds FROM (or COPY --from) that the engine does not have is
-	// refused (SK513) before any pull unless its registry is listed here (issue 22, finding 6). The operator's
+	// refused (SK514) before any pull unless its registry is listed here (issue 22, finding 6). The operator's
 	// own images (Config.Image, templates) are pulled as before.
 	ImageRegistries []string `yaml:"image_registries,omitempty" json:"image_registries,omitempty"`
 
