@@ -313,4 +313,5 @@ type DriverCapabilities struct {
 	NetworkPolicy bool // enforces per-sandbox network policy
 	Persistent    bool // sandboxes survive between commands
 	Channel       bool // the agent can dial the host through a bound directory (the persistent channel)
+	Pools         bool // keeps warm pools (a template's sandboxes made ahead)
 }
