@@ -267,6 +267,10 @@ type Template struct {
 	HostState string
 	// Requests is what each sandbox reserves on its node apart from what it may use; zero fields reserve the limit.
 	Requests Requests
+	// SuspendAfter is how long one of the template's sandboxes stays idle before the sweeper suspends it: its
+	// container (on kubernetes its pod) removed and its workspace kept, so it holds nothing of the node. The key's
+	// next command resumes it transparently (sandbox_suspended, sandbox_resumed). 0: never.
+	SuspendAfter time.Duration
 }
 
 // Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit. On
@@ -286,7 +290,7 @@ type TemplateSecret struct {
 func (t Template) engine() engine.Template {
 	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
 		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants, Pool: t.Pool,
-		Requests: engine.Requests(t.Requests), HostState: t.HostState}
+		Requests: engine.Requests(t.Requests), HostState: t.HostState, SuspendAfter: t.SuspendAfter}
 	for _, s := range t.Secrets {
 		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
 	}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/doctor"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
@@ -29,6 +30,7 @@ func TestTemplateRequestsChecked(t *testing.T) {
 		"cpus above the limit":       {sandkeep.Template{CPUs: 0.5, Requests: sandkeep.Requests{CPUs: 1}}, false},
 		"memory above the default":   {sandkeep.Template{Requests: sandkeep.Requests{MemoryBytes: 3 << 30}}, false},
 		"negative":                   {sandkeep.Template{Requests: sandkeep.Requests{CPUs: -1}}, false},
+		"negative suspend_after":     {sandkeep.Template{SuspendAfter: -time.Minute}, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			agent := filepath.Join(t.TempDir(), "sandkeep-agent") // Open looks for it; nothing runs it here
@@ -96,7 +98,7 @@ func TestDensity(t *testing.T) {
 	}
 	// doctor's "capacity": the room holds at least the n small sandboxes that run, and fewer of the Config's
 	// own shape, which reserves its limits.
-	c, err := s.m.Capacity(ctx, s.driverName())
+	c, err := doctor.ViewsOf(s.m).Capacity(ctx, s.driverName())
 	if err != nil || c == nil || len(c.Shapes) != 2 {
 		t.Fatalf("Capacity: %+v, %v; want the default shape and the template", c, err)
 	}

@@ -74,7 +74,7 @@ func TestPortForwardChannel(t *testing.T) {
 	cfg.Transport = "auto" // the channel when it is up (SANDKEEP_TRANSPORT=exec would force the fallback)
 	wantTransport := "agent"
 	if cfg.Runtime == "runsc" {
-		wantTransport = "exec" // no channel under gVisor (internal/lifecycle/transport.go)
+		wantTransport = "exec" // no channel under gVisor (internal/engine/lifecycle/transport.go)
 	}
 	s := newSuite(t, cfg)
 	key := s.key("pf", "u")

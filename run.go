@@ -9,7 +9,6 @@ import (
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/engine"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/spec"
 )
 
 // Trust levels of a run. An untrusted run never runs outside a sandbox.
@@ -261,31 +260,6 @@ func sandboxOf(sb engine.Sandbox) Sandbox {
 		out.Disk = &d
 	}
 	return out
-}
-
-// RepositorySpec is a repository's sandbox block as admission sees it: sandkeep.yaml fused with
-// devcontainer.json and checked against the operator's RepositoryPolicy.
-type RepositorySpec = spec.Sandbox
-
-// Plan is what admission would decide for a run, with nothing recorded, created or run: doctor's view.
-type Plan struct {
-	Mode, Source, ModeNote string
-	Trust                  string
-	Driver                 string // the driver a run would use; "" when it would be refused
-	Sandboxed              bool   // Driver isolates commands (false for the host passthrough)
-	Refusal                error  // why the run would be refused; nil when it would run
-	Notice                 string // the loud line a degraded run prints
-	Capabilities           DriverCapabilities
-	Template               string
-	Spec                   RepositorySpec // the repository's block, fused and checked
-	Root                   string         // the repository root; "" without a spec
-	Warnings               []string
-	Dropped                []string // what devcontainer.json asked that would weaken the posture, dropped: one line each with why
-	// ForwardPorts are devcontainer.json's forwardPorts and what port forwarding does with each.
-	ForwardPorts []ForwardPort
-	// NetworkProbe: the driver's network confinement rests on a probe (the kubernetes driver's probe pod, see
-	// Manager.ProbeNetworkPolicy); false for a driver that confines by itself (Docker).
-	NetworkProbe bool
 }
 
 // ForwardPort is one of the repository's devcontainer.json forwardPorts and what port forwarding does with it

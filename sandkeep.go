@@ -45,6 +45,12 @@ type Code = fault.Code
 // CodeOf returns the Code carried by err, or "" when err is not a sandkeep *Error.
 func CodeOf(err error) Code { return fault.CodeOf(err) }
 
+func init() {
+	// The engine's views for doctor (internal/doctor), which the public API leaves out.
+	engine.Facade.Manager = func(m any) *engine.Manager { return m.(*Manager).e }
+	engine.Facade.RunRequest = func(rr any) engine.RunRequest { return rr.(RunRequest).engine() }
+}
+
 // Manager admits runs and runs their commands in per-key sandboxes. It is safe for concurrent use, and several
 // processes may use managers over the same Home at once. Every command goes through admission: the CLI, the
 // HTTP API, MCP and library callers get the same decisions, run rows and events.
@@ -92,40 +98,6 @@ func (m *Manager) ExecWith(ctx context.Context, rr RunRequest, req ExecRequest) 
 	return resultOf(res), err
 }
 
-// Plan decides as Admit would for rr, and records, creates and runs nothing (doctor's view). An input that is not
-// understood, or a repository that asks for what it may not, is its error; a refusal of the verdict is
-// Plan.Refusal.
-func (m *Manager) Plan(ctx context.Context, rr RunRequest) (*Plan, error) {
-	p, err := m.e.Plan(ctx, rr.engine())
-	if p == nil {
-		return nil, err
-	}
-	out := &Plan{Mode: p.Mode, Source: p.Source, ModeNote: p.ModeNote, Trust: p.Trust, Driver: p.Driver,
-		Sandboxed: p.Sandboxed, Refusal: p.Refusal, Notice: p.Notice, Capabilities: DriverCapabilities(p.Capabilities),
-		Template: p.Template, Spec: p.Spec, Root: p.Root, Warnings: p.Warnings, Dropped: p.Dropped,
-		ForwardPorts: forwardPortsOf(p.ForwardPorts), NetworkProbe: p.NetworkProbe}
-	return out, err
-}
-
-// ProbeNetworkPolicy runs the network confinement probe of the driver named drv (the kubernetes driver's probe
-// pod, which takes seconds) and returns its verdict and what it found; ok is false for a driver that needs none
-// or is not offered.
-func (m *Manager) ProbeNetworkPolicy(ctx context.Context, drv string) (enforced bool, detail string, ok bool) {
-	return m.e.ProbeNetworkPolicy(ctx, drv)
-}
-
-// Drivers probes the offered drivers of this host kind's preference order, best first.
-func (m *Manager) Drivers(ctx context.Context) []DriverStatus {
-	var out []DriverStatus
-	for _, d := range m.e.Drivers(ctx) {
-		out = append(out, DriverStatus(d))
-	}
-	return out
-}
-
-// HostKind is the kind of host this Manager chose drivers for: local or cloud.
-func (m *Manager) HostKind() string { return m.e.HostKind() }
-
 // Templates lists the templates tenant may use, sorted by name.
 func (m *Manager) Templates(tenant string) []string { return m.e.Templates(tenant) }
 
@@ -165,12 +137,13 @@ func WhenWaiting(ctx context.Context, notice func(bound time.Duration)) context.
 	return engine.WhenWaiting(ctx, notice)
 }
 
-// SweepReport says what one sweep pass did: the sandboxes stopped for idleness and removed past retention (by
-// name), and the busy keys left alone.
+// SweepReport says what one sweep pass did: the sandboxes stopped for idleness, suspended and removed past
+// retention (by name), and the busy keys left alone.
 type SweepReport struct {
-	Stopped []string
-	Removed []string
-	Skipped []string
+	Stopped   []string
+	Suspended []string // removed with their workspaces kept (a template's SuspendAfter); the next command resumes
+	Removed   []string
+	Skipped   []string
 }
 
 // SweepOnce stops idle sandboxes and removes those past retention, skipping busy keys. It does not take the
@@ -299,19 +272,3 @@ func HostDriver() DriverOption { return engine.HostDriver() }
 // HostDriverAs is HostDriver with every command run as the host user uid:gid (never 0) and each workspace
 // handed to it: the only host passthrough a multi-tenant server offers (sandkeep serve's host_passthrough.user).
 func HostDriverAs(uid, gid uint32) DriverOption { return engine.HostDriverAs(uid, gid) }
-
-// DriverStatus is one offered driver and whether it is usable here.
-type DriverStatus struct {
-	Name string
-	Err  error // nil: usable
-}
-
-// DriverCapabilities are the optional things a driver can do.
-type DriverCapabilities struct {
-	Build         bool // builds images from a Dockerfile
-	HostBinds     bool // binds host paths into a sandbox
-	NetworkPolicy bool // enforces per-sandbox network policy
-	Persistent    bool // sandboxes survive between commands
-	Channel       bool // the agent can dial the host through a bound directory (the persistent channel)
-	Pools         bool // keeps warm pools (a template's sandboxes made ahead)
-}

@@ -39,7 +39,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/engine"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )

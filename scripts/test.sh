@@ -242,9 +242,9 @@ env "${docker_env[@]}" SANDKEEP_TEST_DAEMON_RESTART=1 go test -race -count=1 -ti
 if [ "$SANDKEEP_RUNSC" = 1 ]; then
 	runsc_env=("${docker_env[@]}" SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec)
 	t0=$SECONDS
-	phase "tier 3: go test -race under gVisor (runsc): ./internal/driver/docker ./internal/lifecycle"
+	phase "tier 3: go test -race under gVisor (runsc): ./internal/driver/docker ./internal/engine/lifecycle"
 	env "${runsc_env[@]}" go test -race -count=1 -p 1 -timeout 30m -skip '^(TestBuild.*|TestEgress[A-Z].*)$' \
-		./internal/driver/docker/ ./internal/lifecycle/ || fail "go test (runsc, driver and lifecycle)"
+		./internal/driver/docker/ ./internal/engine/lifecycle/ || fail "go test (runsc, driver and lifecycle)"
 	runsc_lib='^(TestGVisorRefusesNetwork|TestPosture|TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestStoppedSandboxRestarts|TestRestartAdopts|TestFiles|TestDevcontainerAsWritten)$'
 	phase "tier 3: go test -race under gVisor (runsc): the library's runtime group"
 	env "${runsc_env[@]}" go test -race -count=1 -timeout 30m -run "$runsc_lib" . || fail "go test (runsc, library)"

@@ -200,6 +200,9 @@ func newSweep(g *globals) *cobra.Command {
 			for _, n := range rep.Stopped {
 				fmt.Fprintln(g.stdout, "stopped", n)
 			}
+			for _, n := range rep.Suspended {
+				fmt.Fprintln(g.stdout, "suspended", n)
+			}
 			for _, n := range rep.Removed {
 				fmt.Fprintln(g.stdout, "removed", n)
 			}

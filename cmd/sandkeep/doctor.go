@@ -89,11 +89,11 @@ func newDoctor(g *globals) *cobra.Command {
 // doctorState carries what earlier checks found to later ones.
 type doctorState struct {
 	m      *sandkeep.Manager // opened by the first check; nil when the operator's config is refused
-	plan   *sandkeep.Plan    // what admission would decide
+	plan   *doctor.Plan      // what admission would decide
 	docker *docker.Driver
 }
 
-// doctorChecks are doctor's checks. They ask the library's admission (Manager.Plan) what a run would get, so
+// doctorChecks are doctor's checks. They ask the library's admission (doctor.Views.Plan) what a run would get, so
 // that doctor and every entry point agree by construction.
 func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 	st := &doctorState{}
@@ -104,7 +104,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 				return fail(err)
 			}
 			st.m = m
-			return doctor.Result{Status: doctor.Pass, Detail: m.HostKind()}
+			return doctor.Result{Status: doctor.Pass, Detail: doctor.ViewsOf(m).HostKind()}
 		}},
 		{Name: "spec resolves", Needs: []string{"host kind"}, Run: func(ctx context.Context) doctor.Result { return st.planRun(ctx, pf) }},
 		{Name: "devcontainer drops", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
@@ -114,8 +114,8 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 			}
 			return doctor.Result{Status: doctor.Pass, Detail: "nothing dropped"}
 		}},
-		{Name: "forward ports", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result { return forwardPortsResult(st.plan.ForwardPorts, true) }},
-		{Name: "forward ports not forwarded", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result { return forwardPortsResult(st.plan.ForwardPorts, false) }},
+		{Name: "forward ports", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result { return forwardPortsResult(doctor.ForwardPorts(st.plan), true) }},
+		{Name: "forward ports not forwarded", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result { return forwardPortsResult(doctor.ForwardPorts(st.plan), false) }},
 		{Name: "mode", Needs: []string{"spec resolves"}, Run: func(context.Context) doctor.Result {
 			p := st.plan
 			return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("%s, from %s (%s)", p.Mode, p.Source, p.ModeNote)}
@@ -176,7 +176,7 @@ func doctorChecks(g *globals, pf policyFlags, strict bool) []doctor.Check {
 // planRun asks admission what a run with these flags would get.
 func (st *doctorState) planRun(ctx context.Context, pf policyFlags) doctor.Result {
 	key, _ := sandkeep.NewKey("doctor", "doctor")
-	p, err := st.m.Plan(ctx, pf.request(key, io.Discard))
+	p, err := doctor.ViewsOf(st.m).Plan(ctx, pf.request(key, io.Discard))
 	if err != nil {
 		return fail(err)
 	}
@@ -328,7 +328,7 @@ func (st *doctorState) networkPolicy(ctx context.Context) doctor.Result {
 	case !p.NetworkProbe:
 		return doctor.Result{Status: doctor.Pass, Detail: fmt.Sprintf("the %s driver confines each sandbox's network itself", p.Driver)}
 	}
-	enforced, detail, _ := st.m.ProbeNetworkPolicy(ctx, p.Driver)
+	enforced, detail, _ := doctor.ViewsOf(st.m).ProbeNetworkPolicy(ctx, p.Driver)
 	p.Capabilities.NetworkPolicy = enforced // what the capability check below reads
 	if enforced {
 		return doctor.Result{Status: doctor.Pass, Detail: detail}
@@ -347,7 +347,7 @@ func (st *doctorState) capacity(ctx context.Context) doctor.Result {
 	if !p.Sandboxed {
 		return doctor.Result{Status: doctor.Pass, Detail: "no sandboxing driver: nothing reserved"}
 	}
-	c, err := st.m.Capacity(ctx, p.Driver)
+	c, err := doctor.ViewsOf(st.m).Capacity(ctx, p.Driver)
 	if err != nil {
 		return doctor.Result{Status: doctor.Warn, Detail: fmt.Sprintf("the %s driver cannot say: %v", p.Driver, err),
 			Fix: "check the driver's credentials (doctor's other checks say more)"}
@@ -384,7 +384,7 @@ func (st *doctorState) capacity(ctx context.Context) doctor.Result {
 }
 
 // capabilities says what a driver's Capabilities offer, in words.
-func capabilities(c sandkeep.DriverCapabilities) string {
+func capabilities(c doctor.DriverCapabilities) string {
 	var have []string
 	for _, f := range []struct {
 		ok   bool
@@ -476,7 +476,7 @@ func preflight(ctx context.Context, g *globals, pf policyFlags, pre doctor.Prefl
 // listDrivers probes every offered driver of the host kind's preference order and says which answer.
 func (st *doctorState) listDrivers(ctx context.Context) doctor.Result {
 	var parts []string
-	for _, d := range st.m.Drivers(ctx) {
+	for _, d := range doctor.ViewsOf(st.m).Drivers(ctx) {
 		if d.Err != nil {
 			parts = append(parts, d.Name+": unavailable ("+firstLine(d.Err)+")")
 			continue

@@ -106,6 +106,9 @@ type templateConfig struct {
 	Tenants    []string          `yaml:"tenants"`
 	Pool       int               `yaml:"pool"`       // sandboxes kept made ahead for new keys (a warm pool)
 	HostState  string            `yaml:"host_state"` // auto or none, over the config's
+	// SuspendAfter: an idle sandbox of the template is suspended after this long (pod or container removed,
+	// workspace kept; the next command resumes it), e.g. 10m.
+	SuspendAfter string `yaml:"suspend_after"`
 	// Requests is what each sandbox reserves apart from its limits (cpus, memory): `requests: {cpus: 0.05,
 	// memory: 128m}` packs idle sandboxes densely on a Kubernetes node.
 	Requests struct {
@@ -142,6 +145,14 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 				return nil, fault.Wrap(err, fault.InvalidArgument, "write a size such as 512m or 2Gi", "template %s: memory: %v", name, err)
 			}
 			t.MemoryBytes = n
+		}
+		if tc.SuspendAfter != "" {
+			d, err := time.ParseDuration(tc.SuspendAfter)
+			if err != nil || d <= 0 {
+				return nil, fault.New(fault.InvalidArgument, "write a duration such as 10m or 1h",
+					"template %s: suspend_after %q is not a positive duration", name, tc.SuspendAfter)
+			}
+			t.SuspendAfter = d
 		}
 		t.Requests.CPUs = tc.Requests.CPUs
 		if tc.Requests.Memory != "" {

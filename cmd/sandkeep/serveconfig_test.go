@@ -171,7 +171,8 @@ func TestServeDrivers(t *testing.T) {
 	}
 }
 
-// A template's requests are read with the same sizes as its limits, and a malformed one is refused naming it.
+// A template's requests are read with the same sizes as its limits, its suspend_after as a positive duration, and
+// a malformed one of either is refused naming it.
 func TestServeConfigTemplateRequests(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "c.yaml")
@@ -190,7 +191,17 @@ func TestServeConfigTemplateRequests(t *testing.T) {
 	if r := ts["small"].Requests; r.CPUs != 0.01 || r.MemoryBytes != 16<<20 || ts["small"].MemoryBytes != 256<<20 {
 		t.Errorf("template small: %+v", ts["small"])
 	}
-	c.Templates["small"] = func(tc templateConfig) templateConfig { tc.Requests.Memory = "lots"; return tc }(c.Templates["small"])
+	c.Templates["small"] = func(tc templateConfig) templateConfig { tc.SuspendAfter = "10m"; return tc }(c.Templates["small"])
+	if ts, err := c.templates(); err != nil || ts["small"].SuspendAfter != 10*time.Minute {
+		t.Errorf("suspend_after 10m: %+v, %v", ts["small"], err)
+	}
+	for _, bad := range []string{"soon", "-1m", "0s"} {
+		c.Templates["small"] = func(tc templateConfig) templateConfig { tc.SuspendAfter = bad; return tc }(c.Templates["small"])
+		if _, err := c.templates(); fault.CodeOf(err) != fault.InvalidArgument || !strings.Contains(err.Error(), "suspend_after") {
+			t.Errorf("suspend_after %q: %v, want INVALID_ARGUMENT naming suspend_after", bad, err)
+		}
+	}
+	c.Templates["small"] = func(tc templateConfig) templateConfig { tc.SuspendAfter = ""; tc.Requests.Memory = "lots"; return tc }(c.Templates["small"])
 	if _, err := c.templates(); fault.CodeOf(err) != fault.InvalidArgument || !strings.Contains(err.Error(), "requests.memory") {
 		t.Errorf("a malformed request: %v, want INVALID_ARGUMENT naming requests.memory", err)
 	}

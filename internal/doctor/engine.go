@@ -10,7 +10,7 @@ import (
 	"sync"
 
 	"github.com/sandkeep/sandkeep/internal/diag"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/engine"
 )
 
 // Engine is what doctor knows of the container engine (the Docker driver's Engine).
@@ -35,7 +35,7 @@ type Sandboxes struct {
 	UIDsOff string
 }
 
-// runsc is gVisor's runtime name (lifecycle.RuntimeGVisor).
+// runsc is gVisor's runtime name (the lifecycle's RuntimeGVisor).
 const runsc = "runsc"
 
 // seccompFixedIn is the first Docker release whose default seccomp profile refuses io_uring.
@@ -199,12 +199,11 @@ func HardeningChecks(needs []string, facts func(ctx context.Context) (Engine, Sa
 // SandboxesOf is how an operator's config (its runtime, SandboxUIDs and User) runs sandboxes on the docker
 // driver: the per-key uid range in force, or why it is off. A malformed range is its error.
 func SandboxesOf(runtime, uids, user string) (Sandboxes, error) {
-	r, err := lifecycle.ParseUIDRange(uids)
+	eff, why, err := engine.SandboxUIDs(uids, user)
 	if err != nil {
 		return Sandboxes{}, err
 	}
-	eff, why := lifecycle.EffectiveUIDs(r, user, "docker")
-	return Sandboxes{Runtime: runtime, UIDs: eff.String(), UIDsOff: why}, nil
+	return Sandboxes{Runtime: runtime, UIDs: eff, UIDsOff: why}, nil
 }
 
 // Kube is what doctor knows of the kubernetes driver's kernel-facing bounds (kube.Driver.Hardening).

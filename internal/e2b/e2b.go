@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandkeep/sandkeep"
@@ -49,7 +50,9 @@ type Front struct {
 	recs  *records
 	log   *slog.Logger
 	now   func() time.Time
-	procs *processes
+	procs *processes // the front's own commands, where the engine has no processes (engineproc.go)
+	// noEngineProcs is set once the engine answered PROCESS_UNAVAILABLE: commands run on the exec path.
+	noEngineProcs atomic.Bool
 
 	mu      sync.Mutex
 	b       service.Backend // set by Handler: the API's guarded backend

@@ -205,11 +205,14 @@ type processService struct {
 
 var _ processconnect.ProcessHandler = (*processService)(nil)
 
+// bashShim runs /bin/bash where the image has it, else /bin/sh without bash's -l.
+const bashShim = `if [ -x /bin/bash ]; then exec /bin/bash "$@"; fi; [ "$1" = -l ] && shift; exec /bin/sh "$@"`
+
 // argv is the command the SDK asks for, as it will run: commands.run sends /bin/bash -l -c CMD; an image
 // without bash runs it with /bin/sh -c (docs/E2B.md).
 func argv(cfg *process.ProcessConfig) []string {
 	if cfg.GetCmd() == "/bin/bash" {
-		return append([]string{"/bin/sh", "-c", `if [ -x /bin/bash ]; then exec /bin/bash "$@"; fi; [ "$1" = -l ] && shift; exec /bin/sh "$@"`, "sh"}, cfg.GetArgs()...)
+		return append([]string{"/bin/sh", "-c", bashShim, "sh"}, cfg.GetArgs()...)
 	}
 	return append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
 }
@@ -243,6 +246,27 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	env := map[string]string{"HOME": "/workspace", "USER": "user"}
 	for k, v := range cfg.GetEnvs() {
 		env[k] = v
+	}
+	if pb, ok := s.f.engineProcs(sc.b); ok {
+		lifetime := timeout
+		if _, ok := ctx.Deadline(); ok {
+			lifetime += lifetimeSlack
+		}
+		sreq := startRequest(sc, req.Msg, argv(cfg), workdir, envList(sc.rec.Env, env), lifetime, s.f.requestID(r))
+		p, err := pb.StartProcess(ctx, sc.key, sreq)
+		if err == nil {
+			if err := stream.Send(&process.StartResponse{Event: startEvent(uint32(p.PID))}); err != nil {
+				return err
+			}
+			send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
+			if !p.Running { // it could not start (not found, not executable): its exit says why
+				return send(processEnd(p))
+			}
+			return s.f.streamProcess(ctx, r, sc, pb, p.PID, sreq.TTY != nil, true, send)
+		}
+		if !s.f.unavailable(err) {
+			return s.f.connectErr(r, err)
+		}
 	}
 	// Concurrent: E2B runs a sandbox's commands at once (a dev server in the background, commands beside it).
 	// The engine runs them so where the sandbox's agent channel carries them (Docker under runc), else one at a
@@ -371,13 +395,26 @@ func relay(ctx context.Context, evs <-chan *process.ProcessEvent, send func(*pro
 }
 
 func (s *processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
-	sc, _, err := s.f.rpcSandbox(ctx)
+	sc, r, err := s.f.rpcSandbox(ctx)
 	if err != nil {
 		return err
 	}
 	p, err := s.f.procs.find(sc.rec.ID, req.Msg.GetProcess())
 	if err != nil {
-		return err
+		pb, ok := s.f.engineProcs(sc.b)
+		if !ok {
+			return err
+		}
+		ep, err := running(ctx, sc, pb, req.Msg.GetProcess())
+		if err != nil {
+			return s.f.procErr(r, err)
+		}
+		if err := stream.Send(&process.ConnectResponse{Event: startEvent(uint32(ep.PID))}); err != nil {
+			return err
+		}
+		// Output from now on, as envd's Connect sends it (`sandkeep proc logs` reads the ring).
+		return s.f.streamProcess(ctx, r, sc, pb, ep.PID, ep.TTY, false,
+			func(ev *process.ProcessEvent) error { return stream.Send(&process.ConnectResponse{Event: ev}) })
 	}
 	evs, unsubscribe := p.subscribe()
 	defer unsubscribe()
@@ -388,7 +425,7 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[proce
 }
 
 func (s *processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
-	sc, _, err := s.f.rpcSandbox(ctx)
+	sc, r, err := s.f.rpcSandbox(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -396,23 +433,64 @@ func (s *processService) List(ctx context.Context, req *connect.Request[process.
 	for _, p := range s.f.procs.of(sc.rec.ID) {
 		out.Processes = append(out.Processes, p.info)
 	}
+	if pb, ok := s.f.engineProcs(sc.b); ok {
+		ps, err := pb.Processes(ctx, sc.key)
+		if err != nil && !s.f.unavailable(err) {
+			return nil, s.f.connectErr(r, err)
+		}
+		for i := range ps {
+			if ps[i].Running { // the engine keeps a few ended ones too; E2B lists what runs
+				out.Processes = append(out.Processes, processInfo(&ps[i]))
+			}
+		}
+	}
 	return connect.NewResponse(out), nil
 }
 
-func (s *processService) selected(ctx context.Context, sel *process.ProcessSelector) (*proc, error) {
-	sc, _, err := s.f.rpcSandbox(ctx)
+// target is the process a control call selects: one of the front's own commands (the exec path) or one of the
+// engine's processes.
+type target struct {
+	own *proc
+	sc  *sandboxCtx
+	r   *http.Request
+	pb  service.ProcessBackend
+	ref sandkeep.ProcessRef
+}
+
+// selected finds the process sel names in the caller's sandbox; another sandbox's pid is not found.
+func (s *processService) selected(ctx context.Context, sel *process.ProcessSelector) (*target, error) {
+	sc, r, err := s.f.rpcSandbox(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return s.f.procs.find(sc.rec.ID, sel)
+	p, err := s.f.procs.find(sc.rec.ID, sel)
+	if err == nil {
+		return &target{own: p, sc: sc, r: r}, nil
+	}
+	pb, ok := s.f.engineProcs(sc.b)
+	if !ok {
+		return nil, err
+	}
+	ref, err := engineRef(sel)
+	if err != nil {
+		return nil, err
+	}
+	return &target{sc: sc, r: r, pb: pb, ref: ref}, nil
 }
 
 func (s *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
-	p, err := s.selected(ctx, req.Msg.GetProcess())
+	t, err := s.selected(ctx, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
 	if req.Msg.Pty != nil {
+		if t.own == nil {
+			if err := t.pb.ResizeProcess(ctx, t.sc.key, t.ref, size(req.Msg.Pty)); err != nil {
+				return nil, s.f.procErr(t.r, err)
+			}
+			return connect.NewResponse(&process.UpdateResponse{}), nil
+		}
+		p := t.own
 		if p.resize == nil {
 			return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the process has no PTY"))
 		}
@@ -454,31 +532,46 @@ func (p *proc) write(ctx context.Context, in *process.ProcessInput) error {
 	}
 }
 
+// input sends in to the target's stdin (or its terminal).
+func (s *processService) input(ctx context.Context, t *target, in *process.ProcessInput) error {
+	if t.own != nil {
+		return t.own.write(ctx, in)
+	}
+	data := in.GetStdin()
+	if in.GetPty() != nil {
+		data = in.GetPty()
+	}
+	if err := t.pb.SendInput(ctx, t.sc.key, t.ref, data); err != nil {
+		return s.f.procErr(t.r, err)
+	}
+	return nil
+}
+
 func (s *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
-	p, err := s.selected(ctx, req.Msg.GetProcess())
+	t, err := s.selected(ctx, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
-	if err := p.write(ctx, req.Msg.GetInput()); err != nil {
+	if err := s.input(ctx, t, req.Msg.GetInput()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&process.SendInputResponse{}), nil
 }
 
 func (s *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
-	var p *proc
+	var t *target
 	for stream.Receive() {
 		switch ev := stream.Msg().GetEvent().(type) {
 		case *process.StreamInputRequest_Start:
 			var err error
-			if p, err = s.selected(ctx, ev.Start.GetProcess()); err != nil {
+			if t, err = s.selected(ctx, ev.Start.GetProcess()); err != nil {
 				return nil, err
 			}
 		case *process.StreamInputRequest_Data:
-			if p == nil {
+			if t == nil {
 				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("send the start event first"))
 			}
-			if err := p.write(ctx, ev.Data.GetInput()); err != nil {
+			if err := s.input(ctx, t, ev.Data.GetInput()); err != nil {
 				return nil, err
 			}
 		}
@@ -490,10 +583,17 @@ func (s *processService) StreamInput(ctx context.Context, stream *connect.Client
 }
 
 func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
-	p, err := s.selected(ctx, req.Msg.GetProcess())
+	t, err := s.selected(ctx, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
+	if t.own == nil {
+		if err := t.pb.CloseStdin(ctx, t.sc.key, t.ref); err != nil {
+			return nil, s.f.procErr(t.r, err)
+		}
+		return connect.NewResponse(&process.CloseStdinResponse{}), nil
+	}
+	p := t.own
 	p.inMu.Lock()
 	defer p.inMu.Unlock()
 	if p.stdin == nil {
@@ -503,18 +603,26 @@ func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[pr
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }
 
-// SendSignal ends the process's tree: SIGTERM and SIGKILL both cancel the command, which the agent ends with
-// SIGTERM, a grace, then SIGKILL.
+// SendSignal signals the process. On the engine, SIGKILL ends its whole tree and SIGTERM goes to its process
+// group (signal); on the exec path both cancel the command, which the agent ends with SIGTERM, a grace, then
+// SIGKILL.
 func (s *processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
-	p, err := s.selected(ctx, req.Msg.GetProcess())
+	t, err := s.selected(ctx, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
+	}
+	if t.own == nil {
+		if err := signal(ctx, t.sc, t.pb, t.ref, req.Msg.GetSignal()); err != nil {
+			return nil, s.f.procErr(t.r, err)
+		}
+		return connect.NewResponse(&process.SendSignalResponse{}), nil
 	}
 	switch req.Msg.GetSignal() {
 	case process.Signal_SIGNAL_SIGKILL, process.Signal_SIGNAL_SIGTERM:
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("signal %v is not supported: send SIGTERM or SIGKILL", req.Msg.GetSignal()))
 	}
+	p := t.own
 	p.cancel()
 	select {
 	case <-p.done:

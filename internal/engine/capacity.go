@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 )
 
 // Capacity is how many sandboxes of each shape the driver's room holds: what each reserves (its template's

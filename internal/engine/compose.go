@@ -13,9 +13,9 @@ import (
 	"github.com/sandkeep/sandkeep/internal/compose"
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // takeCompose reads a compose-based devcontainer.json's files: the service becomes the sandbox's image or

@@ -14,9 +14,9 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/homedir"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 	"github.com/sandkeep/sandkeep/internal/store"
 )
@@ -217,7 +217,22 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
 		EgressResolver: c.EgressResolver, EgressUpstreamRoots: c.EgressRoots, EgressRefused: refused,
+		SuspendAfter: c.suspendAfter(),
 	}, nil
+}
+
+// suspendAfter is each template's SuspendAfter, for the sweeper; nil when no template suspends.
+func (c Config) suspendAfter() map[string]time.Duration {
+	var out map[string]time.Duration
+	for name, t := range c.Templates {
+		if t.SuspendAfter > 0 {
+			if out == nil {
+				out = map[string]time.Duration{}
+			}
+			out[name] = t.SuspendAfter
+		}
+	}
+	return out
 }
 
 // parseRefused reads Config.NetworkRefused.
@@ -265,4 +280,16 @@ func findAgent(configured string) (string, error) {
 func CheckAgent(configured string) error {
 	_, err := findAgent(configured)
 	return err
+}
+
+// SandboxUIDs is the per-key uid range sandboxes on the Docker driver run under, given the operator's
+// SandboxUIDs and User: eff as FIRST-LAST, or "" with why it is off (doctor shows both). A malformed range is
+// its error.
+func SandboxUIDs(uids, user string) (eff, why string, err error) {
+	r, err := lifecycle.ParseUIDRange(uids)
+	if err != nil {
+		return "", "", err
+	}
+	e, why := lifecycle.EffectiveUIDs(r, user, "docker")
+	return e.String(), why, nil
 }

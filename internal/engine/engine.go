@@ -1,7 +1,7 @@
 // Package engine is sandkeep's engine behind the public API (package sandkeep): admission (the tiers' inputs,
 // mode, driver selection, the verdict and its record), the repository (sandkeep.yaml, devcontainer.json, its
 // features and compose files), templates, network policy resolution, the driver set, and each admitted run's
-// commands on the lifecycle of its driver. It decides; internal/lifecycle provides the sandboxes.
+// commands on the lifecycle of its driver. It decides; its lifecycle (internal/engine/lifecycle) provides the sandboxes.
 package engine
 
 import (
@@ -20,10 +20,10 @@ import (
 	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
 	"github.com/sandkeep/sandkeep/internal/identity"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/policy"
 	"github.com/sandkeep/sandkeep/internal/snapshot"
 	"github.com/sandkeep/sandkeep/internal/store"

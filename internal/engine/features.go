@@ -12,10 +12,10 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/devcontainer"
 	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 )
 

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/files"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // Files is one sandbox's workspace, opened for file access: reads and writes confined to it, whatever the

@@ -3,8 +3,8 @@ package engine
 import (
 	"context"
 
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // ForkLimits bound what a fork may copy (regular files' bytes, entries in all); zero is no bound. The new key's

@@ -5,8 +5,8 @@ import (
 	"net"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/record"
 )
 

@@ -4,8 +4,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/events"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // dropHostBinds takes the host binds out of a shape's Config for a driver that cannot bind host paths (the

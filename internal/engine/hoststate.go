@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // Host state modes (Config.HostState, Template.HostState, RunRequest.HostState): the operator's own state a

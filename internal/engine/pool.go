@@ -5,8 +5,8 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // WarmPools starts the warm pools of the templates that ask for one (Template.Pool) on the primary driver: each

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 )
 
 // StartRequest starts a process: a command that outlives the call (a dev server), addressable by its pid or

@@ -12,9 +12,9 @@ import (
 	"github.com/sandkeep/sandkeep/internal/devcontainer/feature"
 	"github.com/sandkeep/sandkeep/internal/diag"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 	"github.com/sandkeep/sandkeep/internal/tier"
 )

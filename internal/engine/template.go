@@ -3,10 +3,11 @@ package engine
 import (
 	"slices"
 	"sort"
+	"time"
 
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/guard"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/spec"
 	"github.com/sandkeep/sandkeep/internal/tier"
 )
@@ -38,6 +39,9 @@ type Template struct {
 	// Requests is what each of the template's sandboxes reserves on its node, apart from what it may use (CPUs,
 	// MemoryBytes, or the Config's): the density of idle sandboxes. Zero fields reserve the limit.
 	Requests Requests
+	// SuspendAfter is how long one of the template's sandboxes stays idle before the sweeper suspends it: its
+	// container or pod removed, its workspace kept; the next command resumes it (lifecycle/suspend.go). 0: never.
+	SuspendAfter time.Duration
 }
 
 // Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit.
@@ -72,6 +76,10 @@ func (m *Manager) checkTemplates() error {
 		}
 		if err := m.checkRequests(name, t); err != nil {
 			return err
+		}
+		if t.SuspendAfter < 0 {
+			return fault.New(fault.InvalidArgument, "set suspend_after to a duration such as 10m, or leave it out",
+				"template %q: suspend_after %s is negative", name, t.SuspendAfter)
 		}
 		if len(t.Env) > 0 {
 			if err := guard.Env(t.Env); err != nil {

@@ -53,6 +53,8 @@ const (
 	NameHostStateMounted     = "sandbox_host_state_mounted"
 	NameReaperRemoved        = "reaper_removed"
 	NameReaperKept           = "reaper_kept"
+	NameSandboxSuspended     = "sandbox_suspended"
+	NameSandboxResumed       = "sandbox_resumed"
 )
 
 // Event is one recorded fact. Seq is assigned by the store when the event is appended (zero before); RunID is
@@ -105,6 +107,8 @@ var payloadTypes = map[string]reflect.Type{
 	NameHostStateMounted:     reflect.TypeFor[HostStateMounted](),
 	NameReaperRemoved:        reflect.TypeFor[ReaperDecision](),
 	NameReaperKept:           reflect.TypeFor[ReaperDecision](),
+	NameSandboxSuspended:     reflect.TypeFor[SandboxSuspended](),
+	NameSandboxResumed:       reflect.TypeFor[SandboxResumed](),
 }
 
 // Names returns every event name, in no particular order.

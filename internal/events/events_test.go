@@ -52,6 +52,8 @@ func TestNewAndDecode(t *testing.T) {
 		{"host state mounted", NameHostStateMounted, HostStateMounted{Mode: "auto", Home: "/home/dev", Bound: []HostStatePath{{Path: "/home/dev/.gitconfig", ReadOnly: true}}, Skipped: []HostStatePath{{Path: "/home/dev/.npm", Why: "missing on the host"}}}},
 		{"reaper removed", NameReaperRemoved, ReaperDecision{Kind: "container", Resource: "sandkeep-u-1", Reason: "orphaned"}},
 		{"reaper kept", NameReaperKept, ReaperDecision{Kind: "pod", Resource: "sandkeep-u-2", Reason: "store_unknown"}},
+		{"suspended", NameSandboxSuspended, SandboxSuspended{Sandbox: "s", Template: "t", IdleMS: 600000}},
+		{"resumed", NameSandboxResumed, SandboxResumed{Sandbox: "s", Driver: "docker", Template: "t", SuspendedMS: 9, DurationMS: 3}},
 		{"credential reflected", NameCredentialReflected, CredentialReflected{Credential: "GITHUB_TOKEN", Host: "api.github.com", Port: 443, Where: "body"}},
 	}
 	covered := map[string]bool{}
@@ -87,8 +89,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 36 {
-		t.Errorf("Names() has %d names, want 36", len(Names()))
+	if len(Names()) != 38 {
+		t.Errorf("Names() has %d names, want 38", len(Names()))
 	}
 }
 

@@ -102,6 +102,24 @@ type SandboxStoppedIdle struct {
 	IdleMS  int64  `json:"idle_ms"`
 }
 
+// SandboxSuspended (sandbox_suspended): an idle sandbox of a template with suspend_after was removed (its container
+// or pod, and on kubernetes its record) with its workspace kept; the key's next command resumes it.
+type SandboxSuspended struct {
+	Sandbox  string `json:"sandbox"`
+	Template string `json:"template"`
+	IdleMS   int64  `json:"idle_ms"`
+}
+
+// SandboxResumed (sandbox_resumed): a suspended key's sandbox was made again over its kept workspace for a
+// command; DurationMS is what the resume added to that first command, SuspendedMS how long it was suspended.
+type SandboxResumed struct {
+	Sandbox     string `json:"sandbox"`
+	Driver      string `json:"driver"`
+	Template    string `json:"template,omitempty"`
+	SuspendedMS int64  `json:"suspended_ms"`
+	DurationMS  int64  `json:"duration_ms"`
+}
+
 // SandboxRemoved (sandbox_removed): a sandbox and its resources were removed; Reason says why (e.g. retention,
 // request, recycle).
 type SandboxRemoved struct {

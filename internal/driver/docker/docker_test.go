@@ -8,8 +8,8 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/driver/drivertest"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/identity"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 

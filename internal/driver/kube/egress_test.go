@@ -24,10 +24,10 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/kube"
 	"github.com/sandkeep/sandkeep/internal/egress"
+	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
-	"github.com/sandkeep/sandkeep/internal/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 

@@ -369,8 +369,10 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 	if err != nil && !notFound {
 		return err
 	}
-	// No container: still remove a workspace kept by an earlier rm, but a key with neither is not found.
-	if notFound && (keepWorkspace || !m.home.HasWorkspace(key)) {
+	// No container: still remove a workspace kept by an earlier rm or a suspend, but a key with neither is not
+	// found.
+	_, suspended := m.home.suspendedAt(key)
+	if notFound && (keepWorkspace || !(m.home.HasWorkspace(key) || suspended)) {
 		return err
 	}
 	m.forget(key)
@@ -385,6 +387,7 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 		m.emit(ctx, events.NameSandboxRemoved, events.SandboxRemoved{Sandbox: sb.Name, Reason: "request"})
 	}
 	if !keepWorkspace {
+		m.home.clearSuspended(key)                         // its workspace goes: the next sandbox is new, not resumed
 		if wr, ok := m.drv.(driver.WorkspaceRemover); ok { // a workspace the driver keeps (a Kubernetes claim)
 			if err := wr.RemoveWorkspace(ctx, key.ContainerName()); err != nil {
 				return err

@@ -105,12 +105,14 @@ func (m *Manager) keyOf(sb *driver.Sandbox) (identity.Key, bool) {
 
 // SweepReport says what one sweep pass did.
 type SweepReport struct {
-	Stopped []string // sandbox names stopped for idleness
-	Removed []string // sandbox names removed past retention
-	Skipped []string // busy keys left alone
+	Stopped   []string // sandbox names stopped for idleness
+	Suspended []string // sandbox names suspended (suspend.go): removed, their workspaces kept
+	Removed   []string // sandbox names removed past retention
+	Skipped   []string // busy keys left alone
 }
 
-// SweepOnce stops sandboxes idle past IdleTimeout and removes stopped ones past Retention. It only
+// SweepOnce suspends sandboxes idle past their template's SuspendAfter, stops those idle past IdleTimeout and
+// removes stopped ones past Retention. It only
 // try-locks gates: a key with a command running or queued is skipped, never waited for.
 func (m *Manager) SweepOnce(ctx context.Context) (SweepReport, error) {
 	var rep SweepReport
@@ -132,7 +134,7 @@ func (m *Manager) SweepOnce(ctx context.Context) (SweepReport, error) {
 }
 
 func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver.Sandbox, rep *SweepReport) error {
-	if !m.sweepable(ctx, key, listed) {
+	if !m.suspendable(key, listed) && !m.sweepable(ctx, key, listed) {
 		return nil
 	}
 	release, ok := m.gates.tryAcquire(key)
@@ -149,7 +151,13 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 	if err != nil {
 		return fmt.Errorf("sweep %s: %w", listed.Name, err)
 	}
-	if sb.ID != listed.ID || !m.sweepable(ctx, key, sb) {
+	if sb.ID != listed.ID {
+		return nil
+	}
+	if m.suspendable(key, sb) { // suspend.go: before idle stop, which would only stop it
+		return m.suspend(ctx, key, sb, rep)
+	}
+	if !m.sweepable(ctx, key, sb) {
 		return nil
 	}
 	m.forget(key)
@@ -184,10 +192,7 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 // sweepable: running and idle past IdleTimeout, or stopped (and unused) past Retention.
 func (m *Manager) sweepable(ctx context.Context, key identity.Key, sb *driver.Sandbox) bool {
 	now := m.cfg.Now()
-	used := m.home.LastUsed(key)
-	if created, err := time.Parse(time.RFC3339, sb.Labels[driver.LabelCreatedAt]); err == nil && created.After(used) {
-		used = created
-	}
+	used := m.idleSince(key, sb)
 	switch sb.State {
 	case driver.StateRunning:
 		return now.Sub(used) >= m.cfg.IdleTimeout

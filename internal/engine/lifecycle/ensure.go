@@ -108,6 +108,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 			if err := m.postStart(ctx, running, sh); err != nil {
 				return nil, "", err
 			}
+			m.resumed(ctx, key, running, began) // suspend.go
 			return running, d, nil
 		case err != nil:
 			logf(ctx, LogDriver, "%s: inspect %s failed: %v", m.drv.Name(), key.ContainerName(), err)

@@ -92,9 +92,12 @@ type Config struct {
 	GateWait time.Duration // bound on waiting for a busy key
 	// MaxKeys bounds the keys this process holds state for at once: gates of keys with a command running or
 	// queued (past it a new key is KEY_LIMIT), cached uids and postures (forgotten past it). 0: DefaultMaxKeys.
-	MaxKeys         int
-	IdleTimeout     time.Duration // a running sandbox idle this long is stopped
-	Retention       time.Duration // a stopped sandbox this old is removed
+	MaxKeys     int
+	IdleTimeout time.Duration // a running sandbox idle this long is stopped
+	Retention   time.Duration // a stopped sandbox this old is removed
+	// SuspendAfter is, per template name, how long a sandbox of that template stays idle before the sweeper
+	// suspends it (suspend.go): its container or pod removed, its workspace kept. Absent or 0: never.
+	SuspendAfter    map[string]time.Duration
 	RemoveWorkspace bool          // on retention removal, also delete the workspace
 	StopGrace       time.Duration // what a stopping sandbox's processes get before SIGKILL
 	Grace           time.Duration // what a command's tree gets between SIGTERM and SIGKILL

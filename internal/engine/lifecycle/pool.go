@@ -511,9 +511,10 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 			return nil, false, err
 		}
 	}
-	if m.home.HasWorkspace(key) {
+	if _, suspended := m.home.suspendedAt(key); suspended || m.home.HasWorkspace(key) {
 		// Not new: a sandbox of its own is only ever created over its workspace (create), and a removal that kept
-		// the workspace kept its files. Asking the engine as well would put a call on every claim's path.
+		// the workspace (or a suspend) kept its files. Asking the engine as well would put a call on every claim's
+		// path.
 		return nil, false, nil
 	}
 	p.claiming.Add(1)
