@@ -311,3 +311,44 @@ func (e *env) list() []*driver.Sandbox {
 	}
 	return sbs
 }
+
+// TestPoolClaimedRecreated: a claimed key whose template changed gets a new sandbox under its own name, over the
+// member's files (its claim record stays), and its next commands and another process find that one, not a
+// second; List shows the key once.
+func TestPoolClaimedRecreated(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	startPool(t, m, poolShape(t, m, "small", "V=1"), 1)
+	k := key(t, "acme", "carol")
+	first, claimed, _ := claimedOut(t, m, k, poolShape(t, m, "small", "V=1"), "echo kept > f")
+	if !claimed {
+		t.Fatal("not claimed")
+	}
+	sh2 := poolShape(t, m, "small", "V=2")
+	res, claimed2, out := claimedOut(t, m, k, sh2, "cat f; echo $V")
+	if claimed2 || res.Sandbox.ID == first.Sandbox.ID || res.Sandbox.Name != k.ContainerName() || out != "kept\n2\n" {
+		t.Fatalf("after the template changed: claimed %v, sandbox %s %s (first %s), output %q",
+			claimed2, res.Sandbox.Name, res.Sandbox.ID, first.Sandbox.ID, out)
+	}
+	if _, err := e.drv.Inspect(t.Context(), first.Sandbox.Name); err == nil {
+		t.Fatalf("the claimed member %s outlived its recreation", first.Sandbox.Name)
+	}
+	m2 := e.manager()
+	res2, claimed3, out2 := claimedOut(t, m2, k, sh2, "cat f")
+	if claimed3 || res2.Sandbox.ID != res.Sandbox.ID || out2 != "kept\n" {
+		t.Fatalf("another process: claimed %v, sandbox %s (want %s), output %q", claimed3, res2.Sandbox.ID, res.Sandbox.ID, out2)
+	}
+	infos, err := m2.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, in := range infos {
+		if in.Key.Hex() == k.Hex() {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("List shows the key %d times: %+v", n, infos)
+	}
+}
