@@ -86,6 +86,10 @@ type Config struct {
 	HostStateHome  string   // the operator's home; "" is the process's ($HOME)
 	HostStatePaths []string // host_state auto's candidates ("~/" is HostStateHome); empty: engine.DefaultHostStatePaths
 	Repository     RepositoryPolicy
+	// HostServices are the operator's host endpoints (name -> http://127.0.0.1:PORT[/path]) a template offers
+	// inside its runs' sandboxes (Template.Services) at SANDKEEP_SERVICE_<NAME>_URL, behind the run's bearer
+	// token in SANDKEEP_SERVICE_<NAME>_TOKEN (docs/SECURITY.md, "Host services").
+	HostServices map[string]string
 
 	// Templates are the operator's sandbox shapes an API caller picks by name; a run that names none gets
 	// TenantTemplates[tenant], else DefaultTemplate, else the Config's own shape.
@@ -221,7 +225,7 @@ func (c Config) engine() engine.Config {
 		DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes, GateWait: c.GateWait,
 		MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, NoSweeper: c.NoSweeper, SweepInterval: c.SweepInterval, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
-		SandboxDefault: c.SandboxDefault, Spec: c.Spec, HostState: c.HostState, HostStateHome: c.HostStateHome, HostStatePaths: c.HostStatePaths, Repository: c.Repository, DefaultTemplate: c.DefaultTemplate,
+		SandboxDefault: c.SandboxDefault, Spec: c.Spec, HostState: c.HostState, HostStateHome: c.HostStateHome, HostStatePaths: c.HostStatePaths, Repository: c.Repository, HostServices: c.HostServices, DefaultTemplate: c.DefaultTemplate,
 		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: c.SnapshotQuota, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
 		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
@@ -265,6 +269,8 @@ type Template struct {
 	Pool int
 	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
 	HostState string
+	// Services are host services by the operator's names (Config.HostServices) offered to the template's runs.
+	Services []string
 	// Requests is what each sandbox reserves on its node apart from what it may use; zero fields reserve the limit.
 	Requests Requests
 	// SuspendAfter is how long one of the template's sandboxes stays idle before the sweeper suspends it: its
@@ -290,7 +296,7 @@ type TemplateSecret struct {
 func (t Template) engine() engine.Template {
 	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
 		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants, Pool: t.Pool,
-		Requests: engine.Requests(t.Requests), HostState: t.HostState, SuspendAfter: t.SuspendAfter}
+		Requests: engine.Requests(t.Requests), HostState: t.HostState, Services: t.Services, SuspendAfter: t.SuspendAfter}
 	for _, s := range t.Secrets {
 		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
 	}

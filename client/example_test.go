@@ -89,13 +89,22 @@ func ExampleAPIError() {
 func ExampleClient_FollowEvents() {
 	c, _ := client.New(serverURL, token)
 	ctx := context.Background()
-	runs, err := c.Runs(ctx, client.RunFilter{User: "alice", Limit: 1})
-	if err != nil || len(runs) == 0 {
-		return
+	if _, err := c.Exec(ctx, "dave", client.ExecRequest{Argv: []string{"true"}}); err != nil {
+		panic(err)
 	}
-	// Prints each event as it is recorded, until the run is over.
-	_ = c.FollowEvents(ctx, runs[0].ID, 0, func(e client.Event) error {
-		fmt.Println(e.Seq, e.Name, string(e.Payload))
+	runs, err := c.Runs(ctx, client.RunFilter{User: "dave", Limit: 1})
+	if err != nil || len(runs) == 0 {
+		panic(fmt.Sprint("no run: ", err))
+	}
+	// Prints each event as it is recorded, until the run is over (this one is: its command has ended).
+	err = c.FollowEvents(ctx, runs[0].ID, 0, func(e client.Event) error {
+		fmt.Println(e.Name)
 		return nil
 	})
+	fmt.Println("followed to the end:", err == nil)
+	// Output:
+	// sandbox_started
+	// exec_started
+	// exec_finished
+	// followed to the end: true
 }

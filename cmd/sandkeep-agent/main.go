@@ -11,6 +11,9 @@
 //	sandkeep-agent init --channel PATH
 //	                        the same, and keeps the persistent channel up: dials the host's Unix socket at PATH
 //	                        and serves commands on it (one `serve` child per connection)
+//	sandkeep-agent init --channel PATH --service 127.0.0.1:PORT...
+//	                        with each --service, forwards that loopback address to the host's socket
+//	                        svc-PORT.sock next to the channel's (a host service, see service_linux.go)
 //	sandkeep-agent init --net-channel HOST:PORT --pod NAME --token-file PATH [--egress 127.0.0.1:PORT]
 //	                        the same over TCP (the kubernetes driver): reads and removes the token, dials the
 //	                        server and opens each connection with a hello naming the pod and the token; with
@@ -68,6 +71,9 @@ func main() {
 		if f.netChannel != "" {
 			os.Exit(runNetInit(f))
 		}
+		if os.Getpid() == 1 {
+			startServices(f.services, f.channel)
+		}
 		os.Exit(runInit(f.channel, f.egress))
 	}
 	if code, ok := fileBuiltin(os.Args[1:]); ok { // put-file, rm-file: see files_linux.go
@@ -102,11 +108,12 @@ func main() {
 // initFlags are init's flags. channel (a Unix socket the host binds in) and netChannel (a TCP address, the
 // kubernetes driver's) are exclusive; netChannel needs pod and tokenFile.
 type initFlags struct {
-	channel    string // --channel PATH
-	egress     string // --egress ADDR
-	netChannel string // --net-channel HOST:PORT
-	pod        string // --pod NAME: the name the hello gives
-	tokenFile  string // --token-file PATH: the channel token, read once and removed
+	channel    string   // --channel PATH
+	egress     string   // --egress ADDR
+	services   []string // --service ADDR, repeated: host services' addresses inside the sandbox
+	netChannel string   // --net-channel HOST:PORT
+	pod        string   // --pod NAME: the name the hello gives
+	tokenFile  string   // --token-file PATH: the channel token, read once and removed
 }
 
 // parseInitArgs is parseInitFlags for the Unix channel's flags only.
@@ -147,6 +154,13 @@ func parseInitFlags(args []string) (f initFlags, err error) {
 		f.channel = v
 		return checkChannelPath(v)
 	})
+	fs.Func("service", "a loopback address to forward to a host service's socket (repeatable)", func(v string) error {
+		if err := checkServiceAddr(v); err != nil {
+			return err
+		}
+		f.services = append(f.services, v)
+		return nil
+	})
 	fs.Func("egress", "the loopback address to forward to the host's egress proxy", func(v string) error {
 		f.egress = v
 		return checkEgressAddr(v)
@@ -165,11 +179,15 @@ func parseInitFlags(args []string) (f initFlags, err error) {
 		return initFlags{}, errors.New("--pod and --token-file go with --net-channel")
 	case f.egress != "" && f.channel == "" && f.netChannel == "":
 		return initFlags{}, errors.New("--egress needs --channel or --net-channel: the way to the host's proxy")
+	case len(f.services) > 0 && f.channel == "":
+		return initFlags{}, errors.New("--service needs --channel: the host service's socket is next to it")
+	case len(f.services) > maxServices:
+		return initFlags{}, fmt.Errorf("at most %d --service addresses", maxServices)
 	}
 	return f, nil
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT] | --net-channel HOST:PORT --pod NAME --token-file PATH] | serve | version | put-file PATH MODE | rm-file PATH... | fs OP | dial PORT")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT] [--service 127.0.0.1:PORT]... | --net-channel HOST:PORT --pod NAME --token-file PATH] | serve | version | put-file PATH MODE | rm-file PATH... | fs OP | dial PORT")
 	os.Exit(2)
 }

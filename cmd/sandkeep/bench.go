@@ -54,6 +54,9 @@ ratio of medians. Scenarios (in run order):
               the owner, side by side (target 1.5x at the median); one renewal of 10,000 key leases in one
               write vs one acquisition, with the rows and statements per second renewal costs (SQLite, or
               --postgres)
+  e2b         the E2B front from the e2b npm SDK's side (node, opt in: --scenario e2b, SDK in --e2b-sdk): warm
+              commands.run('true') vs an Engine-API exec and 'docker exec' of 'true' in the same container;
+              Sandbox.create() to its first command's result vs 'docker run --rm'; rotating blocks (bar 0.25x)
 
 bench never touches your state home or your sandboxes: it opens two managers (transports agent and exec)
 on a fresh temporary home, with a tenant unique to the run, and removes every container and file it created
@@ -69,6 +72,7 @@ func newBench(g *globals) *cobra.Command {
 		footprint int
 		requests  int
 		postgres  string
+		e2bSDK    string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [--json] [--scenario warm,output,...] [--n N] [--keys K] [--footprint K] [--requests R] [--postgres DSN]",
@@ -89,7 +93,7 @@ func newBench(g *globals) *cobra.Command {
 			if err != nil {
 				return fail(err)
 			}
-			opts.Postgres = postgres
+			opts.Postgres, opts.E2BSDK = postgres, e2bSDK
 			cli := slices.Contains(opts.Scenarios, scenarioCLI)
 			opts.Scenarios = slices.DeleteFunc(opts.Scenarios, func(s string) bool { return s == scenarioCLI })
 			var rep bench.Report
@@ -127,6 +131,7 @@ func newBench(g *globals) *cobra.Command {
 	f.IntVar(&footprint, "footprint", bench.DefaultFootprint, "idle sandboxes in the footprint scenario")
 	f.IntVar(&requests, "requests", bench.DefaultAPIRequests, "requests of the api scenario's sustained load (and as many through the library)")
 	f.StringVar(&postgres, "postgres", "", "a postgres:// DSN the api scenario's served rows also record runs and events into (default: SQLite only)")
+	f.StringVar(&e2bSDK, "e2b-sdk", bench.DefaultE2BSDK, "the e2b scenario's directory holding bench.mjs and the e2b SDK (`npm ci` there)")
 	return cmd
 }
 

@@ -27,7 +27,7 @@ func TestBenchCommandLine(t *testing.T) {
 		json   bool   // the failure comes as JSON on stdout
 	}{
 		{name: "unknown scenario", args: []string{"bench", "--scenario", "warm,nope"},
-			stderr: `^sandkeep: INVALID_ARGUMENT: unknown scenario "nope" \(known: warm, output, first, concurrent, throughput, footprint, api, admission, tunnel, hardening, connect, pool, fleet\)\nhint: see 'sandkeep bench --help'\n$`},
+			stderr: `^sandkeep: INVALID_ARGUMENT: unknown scenario "nope" \(known: warm, output, first, concurrent, throughput, footprint, api, admission, tunnel, hardening, connect, pool, fleet, e2b\)\nhint: see 'sandkeep bench --help'\n$`},
 		{name: "empty scenario", args: []string{"bench", "--scenario", " , "},
 			stderr: `^sandkeep: INVALID_ARGUMENT: --scenario is empty\nhint: .*warm.*\n$`},
 		{name: "requests zero", args: []string{"bench", "--requests", "0"},

@@ -89,6 +89,10 @@ func TestFastPathFailure(t *testing.T) {
 		got.Hint != fe.Hint || !errors.Is(err, cause) {
 		t.Fatalf("fromFastPath: %#v", err)
 	}
+	// The fast path's own callers (the relay) see the cause through it, as through fault's error.
+	if f.Unwrap() != cause || !errors.Is(f, cause) {
+		t.Fatalf("the fast path's failure hides its cause: %v", f.Unwrap())
+	}
 	var b bytes.Buffer
 	fastpath.PrintError(&b, "DAEMON_LOST", "two\nlines", "a\r\nhint")
 	if want := "sandkeep: DAEMON_LOST: two lines\nhint: a hint\n"; b.String() != want {

@@ -100,6 +100,12 @@ func (g *globals) operator(sc serverConfig) (sandkeep.Config, error) {
 	c.Templates, err = sc.templates()
 	c.DefaultTemplate, c.TenantTemplates, c.PoolCap = sc.DefaultTemplate, sc.TenantTemplates, sc.PoolCap
 	c.HostState, c.HostStatePaths = sc.HostState, sc.HostStatePaths
+	if len(sc.HostServices) > 0 {
+		c.HostServices = map[string]string{}
+		for name, s := range sc.HostServices {
+			c.HostServices[name] = s.URL
+		}
+	}
 	c.SnapshotQuota = sandkeep.SnapshotQuota{Count: sc.SnapshotQuota.Count, Bytes: sc.SnapshotQuota.Bytes}
 	return c, err
 }

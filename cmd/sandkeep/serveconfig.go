@@ -84,6 +84,11 @@ type serverConfig struct {
 	// HostState); HostStatePaths replaces auto's candidates ("~/" is the operator's home).
 	HostState      string   `yaml:"host_state"`
 	HostStatePaths []string `yaml:"host_state_paths"`
+	// HostServices are host endpoints templates may offer inside their runs' sandboxes (`services: [NAME]`),
+	// behind a per-run bearer token: `host_services: {mcp: {url: http://127.0.0.1:8931}}`.
+	HostServices map[string]struct {
+		URL string `yaml:"url"`
+	} `yaml:"host_services"`
 	// SnapshotQuota bounds each tenant's snapshots (0: the default, 100 snapshots and 10 GiB; -1: no bound).
 	SnapshotQuota struct {
 		Count int   `yaml:"count"`
@@ -106,6 +111,7 @@ type templateConfig struct {
 	Tenants    []string          `yaml:"tenants"`
 	Pool       int               `yaml:"pool"`       // sandboxes kept made ahead for new keys (a warm pool)
 	HostState  string            `yaml:"host_state"` // auto or none, over the config's
+	Services   []string          `yaml:"services"`   // host services (host_services) offered to its runs
 	// SuspendAfter: an idle sandbox of the template is suspended after this long (pod or container removed,
 	// workspace kept; the next command resumes it), e.g. 10m.
 	SuspendAfter string `yaml:"suspend_after"`
@@ -138,7 +144,7 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 	out := make(map[string]sandkeep.Template, len(c.Templates))
 	for name, tc := range c.Templates {
 		t := sandkeep.Template{Image: tc.Image, User: tc.User, CPUs: tc.CPUs, PidsLimit: tc.Pids, PostCreate: tc.PostCreate,
-			Spec: tc.Spec, Tenants: tc.Tenants, Pool: tc.Pool, HostState: tc.HostState}
+			Spec: tc.Spec, Tenants: tc.Tenants, Pool: tc.Pool, HostState: tc.HostState, Services: tc.Services}
 		if tc.Memory != "" {
 			n, err := bytesize.Parse(tc.Memory)
 			if err != nil {

@@ -155,8 +155,9 @@ var _ service.Backend = (*countingBackend)(nil)
 
 // startAPIServer serves m. Its tokens live in the store at dsn (a fresh SQLite file in a temporary directory when
 // empty); when m is nil, a Manager is opened on e's home recording its runs and events into that store, as
-// `sandkeep serve` does, and closed with the server.
-func startAPIServer(ctx context.Context, e *Env, m *sandkeep.Manager, dsn string) (_ *apiServer, err error) {
+// `sandkeep serve` does, and closed with the server. configure amends the server's config (the e2b scenario
+// mounts the E2B front).
+func startAPIServer(ctx context.Context, e *Env, m *sandkeep.Manager, dsn string, configure ...func(*api.Config)) (_ *apiServer, err error) {
 	s := &apiServer{}
 	if s.dir, err = os.MkdirTemp("", "sandkeep-bench-api-"); err != nil {
 		return nil, fmt.Errorf("api server: %w", err)
@@ -188,7 +189,11 @@ func startAPIServer(ctx context.Context, e *Env, m *sandkeep.Manager, dsn string
 	// No tenant limits: the benchmark is one tenant driving the server as hard as it can.
 	unlimited := api.Limits{MaxSandboxes: api.Unlimited, MaxConcurrentExecs: api.Unlimited, RequestsPerSecond: api.Unlimited,
 		MaxConcurrentFileOps: api.Unlimited}
-	s.srv, err = api.New(api.Config{Backend: s.backend, Tokens: s.st, Limits: unlimited, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	cfg := api.Config{Backend: s.backend, Tokens: s.st, Limits: unlimited, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	s.srv, err = api.New(cfg)
 	if err != nil {
 		return nil, err
 	}

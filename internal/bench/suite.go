@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,8 +32,11 @@ const (
 	ScenarioHardening  = "hardening"
 )
 
-// Scenarios lists every scenario name in run order.
+// Scenarios lists every scenario a run without a choice runs, in run order.
 var Scenarios = []string{ScenarioWarm, ScenarioOutput, ScenarioFirst, ScenarioConcurrent, ScenarioThroughput, ScenarioFootprint, ScenarioAPI, ScenarioAdmission, ScenarioTunnel, ScenarioHardening, ScenarioConnect, ScenarioPool, ScenarioFleet}
+
+// OptIn lists the scenarios that run only when named (they need tools besides Docker: node and the e2b SDK).
+var OptIn = []string{ScenarioE2B}
 
 // Defaults of Options' zero fields.
 const (
@@ -56,6 +60,7 @@ type Options struct {
 	Idle      time.Duration
 	Requests  int    // requests of the api scenario's sustained load; zero: DefaultAPIRequests
 	Postgres  string // a PostgreSQL DSN the api scenario's served rows also record into; empty: SQLite only
+	E2BSDK    string // the e2b scenario's directory of the SDK (npm ci) and bench.mjs; empty: DefaultE2BSDK
 }
 
 // Machine describes where a run happened.
@@ -111,12 +116,9 @@ func loadavg() string {
 // CheckScenarios rejects an unknown scenario name.
 func CheckScenarios(names []string) error {
 	for _, n := range names {
-		known := false
-		for _, s := range Scenarios {
-			known = known || n == s
-		}
-		if !known {
-			return fmt.Errorf("unknown scenario %q (known: %s)", n, strings.Join(Scenarios, ", "))
+		all := append(slices.Clone(Scenarios), OptIn...)
+		if !slices.Contains(all, n) {
+			return fmt.Errorf("unknown scenario %q (known: %s)", n, strings.Join(all, ", "))
 		}
 	}
 	return nil
@@ -130,7 +132,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 	}
 	want := func(name string) bool {
 		if len(o.Scenarios) == 0 {
-			return true
+			return !slices.Contains(OptIn, name)
 		}
 		for _, s := range o.Scenarios {
 			if s == name {
@@ -187,6 +189,7 @@ func Run(ctx context.Context, e *Env, o Options, progress io.Writer) (Report, er
 		{ScenarioConnect, func() ([]Result, error) { return Connect(ctx, e, n(DefaultConnectN), n(DefaultConnectExecN)) }},
 		{ScenarioPool, func() ([]Result, error) { return Pool(ctx, e, n(DefaultPoolN), orDefault(o.Keys, DefaultPoolBurst)) }},
 		{ScenarioFleet, func() ([]Result, error) { return Fleet(ctx, e, n(DefaultFleetN), DefaultLeaseKeys, o.Postgres) }},
+		{ScenarioE2B, func() ([]Result, error) { return E2B(ctx, e, n(DefaultE2BN), n(DefaultE2BCreateN), o.E2BSDK) }},
 	}
 	begin := time.Now()
 	for _, s := range steps {

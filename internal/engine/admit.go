@@ -84,19 +84,20 @@ type Run struct {
 	// sandbox and was dropped ("" when nothing was); the sandbox_devcontainer_dropped event lists each with why.
 	Dropped string `json:"dropped,omitempty"`
 
-	m       *Manager
-	key     Key
-	lc      *lifecycle.Manager
-	shape   *lifecycle.Shape
-	network *Network       // the run's block: Config's, then the template's, then the repository's
-	pol     *egress.Policy // network resolved once, for commands without a block of their own
-	secrets []Secret       // the repository's and the template's secret files, delivered to every command
-	caller  bool
-	owned   bool           // admitted here: Finish ends it (an attached run stays open)
-	cmdNet  *Network       // RunRequest.Network: the caller's block over the run's
-	cmdPol  *egress.Policy // what the commands get: pol, or cmdNet over network, resolved once
-	rec     *record.Recorder
-	obs     Observer
+	m        *Manager
+	key      Key
+	lc       *lifecycle.Manager
+	shape    *lifecycle.Shape
+	network  *Network                 // the run's block: Config's, then the template's, then the repository's
+	pol      *egress.Policy           // network resolved once, for commands without a block of their own
+	secrets  []Secret                 // the repository's and the template's secret files, delivered to every command
+	services []lifecycle.ServiceGrant // the template's host services under the run's token (services.go)
+	caller   bool
+	owned    bool           // admitted here: Finish ends it (an attached run stays open)
+	cmdNet   *Network       // RunRequest.Network: the caller's block over the run's
+	cmdPol   *egress.Policy // what the commands get: pol, or cmdNet over network, resolved once
+	rec      *record.Recorder
+	obs      Observer
 
 	postAttach string    // devcontainer.json's postAttachCommand: run before the run's first command
 	attachOnce sync.Once // guards attachErr
@@ -453,6 +454,9 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 		return err
 	}
 	r.cmdNet = rr.Network
+	if err := r.resolveServices(tpl, onHost); err != nil {
+		return err
+	}
 	if onHost { // the host passthrough cannot deliver secret files; sandbox_skipped said so
 		return nil
 	}

@@ -93,6 +93,10 @@ type Config struct {
 	HostStateHome  string   // the operator's home; "" is the process's ($HOME)
 	HostStatePaths []string // host_state auto's candidates ("~/" is HostStateHome); empty: DefaultHostStatePaths
 	Repository     RepositoryPolicy
+	// HostServices are the operator's host endpoints (name -> http://127.0.0.1:PORT[/path]) a template may offer
+	// inside its runs' sandboxes (Template.Services): at SANDKEEP_SERVICE_<NAME>_URL, behind the run's bearer
+	// token in SANDKEEP_SERVICE_<NAME>_TOKEN. At most 16; names [a-z0-9_-].
+	HostServices map[string]string
 
 	// Templates are the operator's sandbox shapes an API caller picks by name; a run that names none gets
 	// TenantTemplates[tenant], else DefaultTemplate, else the Config's own shape.
@@ -199,6 +203,10 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 	if err != nil {
 		return lifecycle.Config{}, err
 	}
+	services, err := hostServices(c.HostServices)
+	if err != nil {
+		return lifecycle.Config{}, err
+	}
 	tmpfs := map[string]string{}
 	for _, t := range c.Tmpfs {
 		target, opts, _ := strings.Cut(t, ":")
@@ -217,6 +225,7 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		Transport: transport, OnEvent: lifecycle.Sink(c.OnEvent),
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
 		EgressResolver: c.EgressResolver, EgressUpstreamRoots: c.EgressRoots, EgressRefused: refused,
+		HostServices: services,
 		SuspendAfter: c.suspendAfter(),
 	}, nil
 }

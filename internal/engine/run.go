@@ -78,7 +78,7 @@ func (r *Run) exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		StdoutLimit: req.OutputLimit, StderrLimit: req.OutputLimit,
 		Stdin: req.Stdin, Stdout: stdout, Stderr: stderr, OnEvent: r.sink, OnLog: r.logLine, OnStarted: r.obs.Started,
 		Secrets: append(slices.Clip(r.secrets), req.Secrets...), Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil,
-		Shape: r.shape, TTY: req.TTY.size(), Resize: req.TTY.resize(), Concurrent: req.Concurrent,
+		Shape: r.shape, TTY: req.TTY.size(), Resize: req.TTY.resize(), Concurrent: req.Concurrent, Services: r.services,
 	})
 	if res == nil {
 		return nil, err

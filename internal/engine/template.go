@@ -36,6 +36,9 @@ type Template struct {
 	Pool int
 	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
 	HostState string
+	// Services are host services by the operator's names (Config.HostServices) offered inside the template's
+	// runs' sandboxes, each behind the run's bearer token.
+	Services []string
 	// Requests is what each of the template's sandboxes reserves on its node, apart from what it may use (CPUs,
 	// MemoryBytes, or the Config's): the density of idle sandboxes. Zero fields reserve the limit.
 	Requests Requests
@@ -75,6 +78,9 @@ func (m *Manager) checkTemplates() error {
 				"template %q: pool %d, pool cap %d", name, t.Pool, m.cfg.PoolCap)
 		}
 		if err := m.checkRequests(name, t); err != nil {
+			return err
+		}
+		if err := m.checkServices(name, t); err != nil {
 			return err
 		}
 		if t.SuspendAfter < 0 {

@@ -51,6 +51,10 @@ const (
 	NameUIDMismatch          = "sandbox_uid_mismatch_warning"
 	NameImageEnvPlanted      = "sandbox_image_env_planted"
 	NameHostStateMounted     = "sandbox_host_state_mounted"
+	NameHostServiceOpened    = "host_service_opened"
+	NameHostServiceClosed    = "host_service_closed"
+	NameHostServiceRefused   = "host_service_refused"
+	NameHostServicesDropped  = "host_services_dropped"
 	NameReaperRemoved        = "reaper_removed"
 	NameReaperKept           = "reaper_kept"
 	NameSandboxSuspended     = "sandbox_suspended"
@@ -105,6 +109,10 @@ var payloadTypes = map[string]reflect.Type{
 	NameUIDMismatch:          reflect.TypeFor[UIDMismatch](),
 	NameImageEnvPlanted:      reflect.TypeFor[ImageEnvPlanted](),
 	NameHostStateMounted:     reflect.TypeFor[HostStateMounted](),
+	NameHostServiceOpened:    reflect.TypeFor[HostServiceOpened](),
+	NameHostServiceClosed:    reflect.TypeFor[HostServiceClosed](),
+	NameHostServiceRefused:   reflect.TypeFor[HostServiceRefused](),
+	NameHostServicesDropped:  reflect.TypeFor[HostServicesDropped](),
 	NameReaperRemoved:        reflect.TypeFor[ReaperDecision](),
 	NameReaperKept:           reflect.TypeFor[ReaperDecision](),
 	NameSandboxSuspended:     reflect.TypeFor[SandboxSuspended](),

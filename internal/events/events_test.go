@@ -50,6 +50,10 @@ func TestNewAndDecode(t *testing.T) {
 		{"uid mismatch", NameUIDMismatch, UIDMismatch{Sandbox: "s", OwnerUID: 1000, UID: 100100}},
 		{"image env planted", NameImageEnvPlanted, ImageEnvPlanted{Sandbox: "s", Image: "i", Names: []string{"PATH", "GOPATH"}, Overridden: []string{"HOME"}}},
 		{"host state mounted", NameHostStateMounted, HostStateMounted{Mode: "auto", Home: "/home/dev", Bound: []HostStatePath{{Path: "/home/dev/.gitconfig", ReadOnly: true}}, Skipped: []HostStatePath{{Path: "/home/dev/.npm", Why: "missing on the host"}}}},
+		{"host service opened", NameHostServiceOpened, HostServiceOpened{Sandbox: "s", Service: "mcp", Address: "http://127.0.0.1:3130"}},
+		{"host service closed", NameHostServiceClosed, HostServiceClosed{Sandbox: "s", Service: "mcp", Requests: 2}},
+		{"host service refused", NameHostServiceRefused, HostServiceRefused{Sandbox: "s", Service: "mcp", Reason: "token-missing"}},
+		{"host services dropped", NameHostServicesDropped, HostServicesDropped{Driver: "kubernetes", Services: []string{"mcp"}, Why: "no channel directory"}},
 		{"reaper removed", NameReaperRemoved, ReaperDecision{Kind: "container", Resource: "sandkeep-u-1", Reason: "orphaned"}},
 		{"reaper kept", NameReaperKept, ReaperDecision{Kind: "pod", Resource: "sandkeep-u-2", Reason: "store_unknown"}},
 		{"suspended", NameSandboxSuspended, SandboxSuspended{Sandbox: "s", Template: "t", IdleMS: 600000}},
@@ -89,8 +93,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 38 {
-		t.Errorf("Names() has %d names, want 38", len(Names()))
+	if len(Names()) != 42 {
+		t.Errorf("Names() has %d names, want 42", len(Names()))
 	}
 }
 

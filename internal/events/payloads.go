@@ -436,3 +436,38 @@ type ReaperDecision struct {
 	Resource string `json:"resource"`
 	Reason   string `json:"reason"`
 }
+
+// HostServiceOpened (host_service_opened): a command of the run can reach the operator's host service Service
+// inside its sandbox, at Address (SANDKEEP_SERVICE_<NAME>_URL), with the run's bearer token; the service is open
+// while the command runs. Never the token or the operator's URL.
+type HostServiceOpened struct {
+	Sandbox string `json:"sandbox"`
+	Service string `json:"service"`
+	Address string `json:"address"`
+}
+
+// HostServiceClosed (host_service_closed): the command that opened Service is over: the run's token no longer
+// reaches it; Requests counts what it let through meanwhile.
+type HostServiceClosed struct {
+	Sandbox  string `json:"sandbox"`
+	Service  string `json:"service"`
+	Requests int64  `json:"requests"`
+}
+
+// HostServiceRefused (host_service_refused): a request inside the sandbox to a host service was turned away
+// before reaching the operator's endpoint. Reason: token-missing, token-invalid (not the token of a run whose
+// command has the service open, e.g. another user's). Rate-limited.
+type HostServiceRefused struct {
+	Sandbox string `json:"sandbox"`
+	Service string `json:"service"`
+	Reason  string `json:"reason"`
+}
+
+// HostServicesDropped (host_services_dropped): the run's template offers host services that its driver cannot
+// carry into the sandbox (kubernetes, the host passthrough, gVisor: no channel directory), so its commands run
+// without them and without their variables. Once per run, at admission.
+type HostServicesDropped struct {
+	Driver   string   `json:"driver"`
+	Services []string `json:"services"`
+	Why      string   `json:"why"`
+}

@@ -155,7 +155,7 @@ type parser struct {
 // Keys of each block, in the order the messages list them.
 var (
 	fileKeys      = []string{"sandbox"}
-	sandboxKeys   = []string{"mode", "image", "build", "user", "env", "mounts", "tmpfs", "resources", "post_create", "workspace_folder", "host_state", "secret_files", "network"}
+	sandboxKeys   = []string{"mode", "image", "build", "user", "env", "mounts", "tmpfs", "resources", "post_create", "workspace_folder", "host_state", "secret_files", "network", "services", "host_services"}
 	buildKeys     = []string{"dockerfile", "context", "args"}
 	resourceKeys  = []string{"cpus", "memory", "pids", "disk", "inodes"}
 	secretKeys    = []string{"name", "path", "from_env", "from_file", "mode"}
@@ -188,6 +188,8 @@ var forms = map[string]string{
 	"sandbox.post_create":            `post_create: "make deps"`,
 	"sandbox.workspace_folder":       "workspace_folder: /workspace",
 	"sandbox.host_state":             "host_state: none",
+	"sandbox.services":               "services: [mcp] (in an operator template, not here)",
+	"sandbox.host_services":          "host_services: {mcp: {url: http://127.0.0.1:8931}} (in the operator's config, not here)",
 	"sandbox.secret_files":           "secret_files: [{name: npmrc, path: /run/secrets/npmrc, from_env: NPM_RC}]",
 	"sandbox.secret_files.name":      "name: npmrc",
 	"sandbox.secret_files.path":      "path: /run/secrets/npmrc",
@@ -279,6 +281,14 @@ func (p *parser) sandbox(n *yaml.Node, s *Sandbox) {
 			s.WorkspaceFolder, _ = p.str(v, path)
 		case "host_state":
 			s.HostState, _ = p.str(v, path)
+		case "services":
+			s.Services = p.strList(v, path)
+		case "host_services": // only its names are kept: a repository may not register any (tier.Repository)
+			if p.is(v, path, yaml.MappingNode) {
+				for i := 0; i+1 < len(v.Content); i += 2 {
+					s.HostServices = append(s.HostServices, v.Content[i].Value)
+				}
+			}
 		case "secret_files":
 			s.SecretFiles = p.secretFiles(v, path)
 		case "network":

@@ -50,6 +50,9 @@ type Sandbox struct {
 	HostState       string            `yaml:"host_state" json:"host_state,omitempty"` // "auto" | "none"
 	SecretFiles     []SecretFile      `yaml:"secret_files" json:"secret_files,omitempty"`
 	Network         *Network          `yaml:"network" json:"network,omitempty"`
+	// Services and HostServices (names) are the operator's to set: a repository's are refused (tier.Repository).
+	Services     []string `yaml:"services" json:"services,omitempty"`
+	HostServices []string `yaml:"host_services" json:"host_services,omitempty"`
 
 	// From devcontainer.json only (sandkeep.yaml has no spelling for them; Fuse sets them).
 	Volumes      []Volume `yaml:"-" json:"volumes,omitempty"`       // named volumes the sandbox owns

@@ -45,6 +45,7 @@ func Repository(sb *spec.Sandbox, root string, op Operator) diag.List {
 //	SK509 an allowing IP or CIDR rule, unless RepoNetworkIPRules
 //	SK510 host_state: auto
 //	SK512 a build, a feature or a companion build, when RepoBuilds is "refuse"
+//	SK513 services or host_services       host services are the operator's to register and offer
 //
 // A writable mount, unless RepoMountsWritable, is made read-only in sb (its string rewritten) with a SK503
 // warning rather than refused: the rule is "read-only unless the operator allows writes", and a
@@ -77,6 +78,16 @@ func RepositoryFrom(sb *spec.Sandbox, root string, op Operator, src Sources) dia
 		c.specErr(diag.TierHostState, "sandbox.host_state",
 			"remove host_state from the repository's files (or write host_state: none); binding host state is the operator's to set, in the operator's own overlay",
 			"the repository sets sandbox.host_state to auto: host state is bound in only by the operator")
+	}
+	if len(sb.HostServices) > 0 {
+		c.specErr(diag.TierHostServices, "sandbox.host_services",
+			"remove host_services from the repository's files; host services are registered by the operator (host_services in the operator's config)",
+			"the repository registers host services %s: only the operator may", strings.Join(sb.HostServices, ", "))
+	}
+	if len(sb.Services) > 0 {
+		c.specErr(diag.TierHostServices, "sandbox.services",
+			"remove services from the repository's files; the operator offers host services through a template (services: [NAME])",
+			"the repository asks for host services %s: only an operator's template may offer them", strings.Join(sb.Services, ", "))
 	}
 	for i, sf := range sb.SecretFiles {
 		c.secret(i, sf)

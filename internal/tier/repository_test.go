@@ -186,6 +186,8 @@ func TestRepository(t *testing.T) {
 		}},
 		{name: "network-ip-open-allowed", dir: "network-ip-open", op: func(_ fixture, op *Operator) { op.RepoNetworkOpen, op.RepoNetworkIPRules = true, true }},
 		{name: "host-state", want: []want{{code: diag.TierHostState, field: "sandbox.host_state", hint: "host_state", file: spec}}},
+		{name: "host-services", want: []want{{code: diag.TierHostServices, field: "sandbox.host_services", hint: "operator's config", file: spec},
+			{code: diag.TierHostServices, field: "sandbox.services", hint: "template", file: spec}}},
 		// Issue 22, finding 3: an operator who cannot accept builds' limits refuses them; allowed by default.
 		{name: "build-refused", dir: "allowed-build", op: func(_ fixture, op *Operator) { op.RepoBuilds = RepoBuildsRefuse },
 			want: []want{{code: diag.TierBuildRefused, field: "sandbox.build", hint: "repo_builds", file: spec}}},

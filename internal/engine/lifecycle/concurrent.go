@@ -27,7 +27,7 @@ import (
 
 // concurrentOK reports whether req may run concurrently in key's sandbox.
 func (m *Manager) concurrentOK(key identity.Key, req ExecRequest) bool {
-	return req.Concurrent && len(req.Secrets) == 0 && noNetwork(req.Network) && m.processChannel(key) == nil
+	return req.Concurrent && len(req.Secrets) == 0 && len(req.Services) == 0 && noNetwork(req.Network) && m.processChannel(key) == nil
 }
 
 func noNetwork(p *egress.Policy) bool { return p == nil || p.Mode == "" || p.Mode == egress.ModeNone }

@@ -132,6 +132,10 @@ type Config struct {
 	// EgressRefused are ranges the proxy refuses like private ones unless an IP rule names them (operator).
 	EgressRefused []netip.Prefix
 
+	// HostServices are the operator's host endpoints a command may be given (ExecRequest.Services), sorted by
+	// name: the i-th is at ServiceAddress(i) inside every sandbox with a channel directory (services.go).
+	HostServices []HostService
+
 	// OnEvent receives the events that belong to no caller's run (the sweeper's); may be nil.
 	OnEvent Sink
 
@@ -209,6 +213,9 @@ func (c *Config) validate() (uid, gid int, err error) {
 	}
 	uid, gid, err = parseUser(c.User)
 	if err != nil {
+		return 0, 0, err
+	}
+	if err := c.checkHostServices(); err != nil {
 		return 0, 0, err
 	}
 	if (uid == 0 || gid == 0) && !c.AllowRoot {
@@ -393,6 +400,9 @@ func (c *Config) posture(workspace, volumes, agentDir, chanDir string, uid, gid 
 	if chanDir != "" {
 		mounts = append(mounts, driver.Mount{Source: chanDir, Target: channel.MountPoint, ReadOnly: true})
 		initArgv = append(initArgv, "--channel", channel.SocketPath, "--egress", EgressListen)
+		for i := range c.HostServices {
+			initArgv = append(initArgv, "--service", ServiceAddress(i))
+		}
 	}
 	mounts = append(mounts, c.Mounts...)
 	home := c.HomeDir

@@ -50,6 +50,7 @@ type Manager struct {
 	listeners map[string]*channel.Listener // key hex -> this process's agent channel listener for that key
 	egress    map[string]*keyEgress        // key hex -> the key's egress proxy, served by this process (egress.go)
 	pools     *pools                       // the warm pools this process keeps (pool.go); nil: none
+	services  sync.Map                     // key hex -> *keyServices, the key's host services served by this process (services.go)
 
 	nextID atomic.Uint32
 	procs  procWatch // the watchers of the processes this Manager started (process.go)
@@ -120,6 +121,9 @@ type ExecRequest struct {
 	// Concurrent asks to run beside the key's other concurrent commands and processes rather than one at a time
 	// (concurrent.go); a command with secrets or a network, or a sandbox without a channel, runs alone anyway.
 	Concurrent bool
+	// Services opens these host services (Config.HostServices) for the command, under its run's token
+	// (services.go); a command with services runs alone.
+	Services []ServiceGrant
 }
 
 // ExecResult is the outcome of one command.
@@ -210,7 +214,12 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 			return nil, err
 		}
 		defer releaseNet()
-		preq.Env = append(slices.Clip(baseEnv), netEnv...)
+		svcEnv, releaseSvc, err := m.servicesFor(ctx, key, req.Services)
+		if err != nil {
+			return nil, err
+		}
+		defer releaseSvc()
+		preq.Env = append(append(slices.Clip(baseEnv), netEnv...), svcEnv...)
 		conn, err := m.takeChannel(ctx, l, fresh || decision != DecisionReuse)
 		if err != nil {
 			return nil, err
@@ -354,6 +363,7 @@ func (m *Manager) Stop(ctx context.Context, key identity.Key) error {
 	}
 	m.forget(key)
 	m.dropEgress(key)
+	m.dropServices(key)
 	return m.drv.Stop(ctx, sb, m.cfg.StopGrace)
 }
 
@@ -440,6 +450,7 @@ func (m *Manager) Close() error {
 	m.stopPools() // pool.go: members stay, for the next process to adopt
 	m.images.close()
 	m.closeEgress()
+	m.closeServices()
 	m.mu.Lock()
 	ls := m.listeners
 	m.listeners = map[string]*channel.Listener{}

@@ -162,6 +162,7 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 	}
 	m.forget(key)
 	m.dropEgress(key)
+	m.dropServices(key)
 	switch sb.State {
 	case driver.StateRunning:
 		if err := m.drv.Stop(ctx, sb, m.cfg.StopGrace); err != nil {

@@ -86,6 +86,7 @@ func (m *Manager) verifier(current func() identity.Key) channel.Verifier {
 // dropListener closes key's listener and removes its channel directory (the sandbox is gone).
 func (m *Manager) dropListener(key identity.Key) {
 	m.dropEgress(key)
+	m.dropServices(key)
 	m.mu.Lock()
 	l := m.listeners[key.Hex()]
 	delete(m.listeners, key.Hex())
