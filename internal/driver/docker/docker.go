@@ -93,7 +93,7 @@ func (d *Driver) Name() string { return d.name }
 
 // Capabilities of the Docker driver.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Build: true, HostBinds: true, NetworkPolicy: true, Persistent: true, Channel: true}
+	return driver.Capabilities{Build: true, HostBinds: true, NetworkPolicy: true, Persistent: true, Channel: true, Pools: true}
 }
 
 // Ping asks the daemon whether it is up.

@@ -128,8 +128,10 @@ func (b *box) snapshot() *driver.Sandbox {
 // Name is "fake".
 func (d *Driver) Name() string { return "fake" }
 
-// Capabilities: sandboxes persist between commands; nothing else is offered.
-func (d *Driver) Capabilities() driver.Capabilities { return driver.Capabilities{Persistent: true} }
+// Capabilities: sandboxes persist between commands and can be pooled; nothing else is offered.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Persistent: true, Pools: true}
+}
 
 // AddImage makes ref resolve to id.
 func (d *Driver) AddImage(ref, id string) {
