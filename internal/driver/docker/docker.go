@@ -114,8 +114,10 @@ func (d *Driver) ResolveImage(ctx context.Context, ref string) (string, error) {
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("pull image %q: %w", ref, ctx.Err())
 		}
-		return "", fault.Wrap(perr, fault.ImageUnavailable, "build it locally or pass --image with an image that is present",
-			"image %q is not present and could not be pulled (%v)", ref, perr)
+		// The engine's words are not repeated: they quote what the registry answered, and a repository may
+		// name the image (issue 22, finding 6). They stay in the chain for errors.Is and the operator's logs.
+		return "", fault.Wrap(perr, fault.ImageUnavailable, "build it locally or pass --image with an image that is present; `docker pull "+ref+"` on the engine's host says why the pull failed",
+			"image %q is not present and the engine could not pull it", ref)
 	}
 	img, err = d.api.ImageInspect(ctx, ref)
 	if err != nil {

@@ -215,6 +215,21 @@ func (d *Driver) Ping(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// LocalImage returns the ID ref points at without pulling (this driver never pulls); an unknown ref is
+// errdefs.ErrNotFound, as the Docker driver's.
+func (d *Driver) LocalImage(ctx context.Context, ref string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	id, ok := d.images[ref]
+	if !ok {
+		return "", fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
+	}
+	return id, nil
+}
+
 // ResolveImage returns the ID ref points at; an unknown ref is IMAGE_UNAVAILABLE.
 func (d *Driver) ResolveImage(ctx context.Context, ref string) (string, error) {
 	if err := d.enter(OpResolve); err != nil {
