@@ -70,10 +70,7 @@ type Driver struct {
 	hooks    Hooks
 }
 
-var (
-	_ driver.Driver  = (*Driver)(nil)
-	_ driver.Renamer = (*Driver)(nil)
-)
+var _ driver.Driver = (*Driver)(nil)
 
 // Option configures a Driver.
 type Option func(*Driver)
@@ -361,7 +358,9 @@ func (d *Driver) lookup(sb *driver.Sandbox) *box {
 }
 
 // Rename gives the sandbox sb (looked up by its name, as the engine does) the name name: a taken name is
-// errdefs.ErrConflict, a sandbox that no longer has sb.Name errdefs.ErrNotFound.
+// errdefs.ErrConflict, a sandbox that no longer has sb.Name errdefs.ErrNotFound. No driver contract asks for it
+// any more; tests use it to make the home an older version's warm pool claim left (the member renamed to its key's
+// name).
 func (d *Driver) Rename(ctx context.Context, sb *driver.Sandbox, name string) error {
 	if err := d.enter(OpRename); err != nil {
 		return err
