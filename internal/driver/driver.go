@@ -65,13 +65,6 @@ type PortDialer interface {
 // ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
 var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
 
-// Renamer is optional: a driver that can give a sandbox another name in place, without recreating it (Docker's
-// rename). It is atomic: a name that is taken is ErrConflict and changes nothing, a sandbox that is gone (or no
-// longer has the name sb.Name) is ErrNotFound. Warm pools need it: a claimed member takes its key's name.
-type Renamer interface {
-	Rename(ctx context.Context, sb *Sandbox, name string) error
-}
-
 // WorkspaceRemover is optional: a driver that keeps a sandbox's workspace itself (a Kubernetes claim) removes it
 // when the sandbox is removed without keeping its workspace. An absent workspace is not an error.
 type WorkspaceRemover interface {
@@ -135,6 +128,10 @@ type Capabilities struct {
 	// Channel: sandboxes see a host directory bound into them, so the agent can dial a host socket and
 	// commands can skip the engine's exec (internal/channel).
 	Channel bool
+	// Pools: a sandbox made ahead can become any key's without being recreated (warm pools): its workspace and
+	// channel directory are host files the lifecycle maps to the key (the claim record), and nothing it was
+	// created with names a key.
+	Pools bool
 }
 
 // Output receives a command's streams as they are produced. Either may be nil (discard).
