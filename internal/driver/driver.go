@@ -65,14 +65,6 @@ type PortDialer interface {
 // ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
 var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
 
-// Renamer is optional: a driver that can give a sandbox another name in place, without recreating it (Docker's
-// rename). It is atomic: a name that is taken is ErrConflict and changes nothing, a sandbox that is gone (or no
-// longer has the name sb.Name) is ErrNotFound. Warm pools' claims used it once (a claimed member took its key's
-// name); a home such a claim left behind is still read (lifecycle's inspectKey).
-type Renamer interface {
-	Rename(ctx context.Context, sb *Sandbox, name string) error
-}
-
 // WorkspaceRemover is optional: a driver that keeps a sandbox's workspace itself (a Kubernetes claim) removes it
 // when the sandbox is removed without keeping its workspace. An absent workspace is not an error.
 type WorkspaceRemover interface {
