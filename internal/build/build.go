@@ -98,6 +98,10 @@ type Request struct {
 	Context    string            // relative to Root; "" means "." (the repository root)
 	Args       map[string]string // build args (Dockerfile ARG); never logged
 	Target     string            // the stage to build ("" is the last); part of the digest when set
+	// Base, when set, is called with each image the Dockerfile builds FROM or copies from (Bases) before
+	// anything is sent: the engine pulls an absent one from the registry its name says, so a repository's
+	// build has its bases checked against the operator's image_registries. Its error stops the build as it is.
+	Base func(ctx context.Context, ref string) error
 }
 
 // Builder builds images from a Request. It is optional for drivers (the Docker driver has it); callers find it
@@ -205,6 +209,17 @@ func buildContext(ctx context.Context, req Request, lim limits) (_ io.ReadCloser
 	if err := s.planDockerfile(root, ctxRel, dfRel); err != nil {
 		return nil, "", "", err
 	}
+	if req.Base != nil {
+		bases, err := Bases(dfRel, s.dfText, req.Args)
+		if err != nil {
+			return nil, "", "", err
+		}
+		for _, b := range bases {
+			if err := req.Base(ctx, b); err != nil {
+				return nil, "", "", err
+			}
+		}
+	}
 	if err := s.readIgnore(); err != nil {
 		return nil, "", "", err
 	}
@@ -274,6 +289,7 @@ type sender struct {
 	dfName     string // the Dockerfile's name in the tar
 	dfInCtx    bool   // dfName is a regular file of the context, sent as it is
 	dfReserved []byte // otherwise: its content, sent as ReservedDockerfile
+	dfText     []byte // the Dockerfile's content, either way
 
 	ignore    *ignore
 	ignoreRaw []byte // the context's .dockerignore, nil when there is none
@@ -308,7 +324,7 @@ func (s *sender) planDockerfile(root *os.Root, ctxRel, dfRel string) error {
 			if err := CheckDockerfile(dfRel, data); err != nil {
 				return err
 			}
-			s.dfName, s.dfInCtx = inCtx, true
+			s.dfName, s.dfInCtx, s.dfText = inCtx, true, data
 			return nil
 		}
 	}
@@ -334,7 +350,7 @@ func (s *sender) planDockerfile(root *os.Root, ctxRel, dfRel string) error {
 	if err := CheckDockerfile(dfRel, data); err != nil {
 		return err
 	}
-	s.dfName, s.dfReserved = ReservedDockerfile, data
+	s.dfName, s.dfReserved, s.dfText = ReservedDockerfile, data, data
 	return nil
 }
 

@@ -188,4 +188,5 @@ const (
 	TierOperatorInvalid   Code = "SK511" // the operator's own tier settings are malformed (a secret name, a from_file, a host)
 	TierBuildRefused      Code = "SK512" // the repository asks for an image build (Dockerfile, feature, companion build) and the operator refuses them (repo_builds: refuse)
 	TierHostServices      Code = "SK513" // the repository registers or asks for host services (host_services, services): they are the operator's to offer
+	TierImageRefused      Code = "SK514" // the repository names an image (image:, a build's FROM) the engine lacks, from a registry not in image_registries
 )

@@ -65,13 +65,6 @@ type PortDialer interface {
 // ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
 var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
 
-// Renamer is optional: a driver that can give a sandbox another name in place, without recreating it (Docker's
-// rename). It is atomic: a name that is taken is ErrConflict and changes nothing, a sandbox that is gone (or no
-// longer has the name sb.Name) is ErrNotFound. Warm pools need it: a claimed member takes its key's name.
-type Renamer interface {
-	Rename(ctx context.Context, sb *Sandbox, name string) error
-}
-
 // PostureHasher is optional: a driver that applies only part of a Posture hashes that part, so that what it does
 // not apply (the host paths of its mounts, on a driver that binds none) never recycles a sandbox. Replicas of a
 // fleet with their own state homes then agree on a sandbox's posture.
@@ -142,6 +135,10 @@ type Capabilities struct {
 	// Channel: sandboxes see a host directory bound into them, so the agent can dial a host socket and
 	// commands can skip the engine's exec (internal/channel).
 	Channel bool
+	// Pools: a sandbox made ahead can become any key's without being recreated (warm pools): its workspace and
+	// channel directory are host files the lifecycle maps to the key (the claim record), and nothing it was
+	// created with names a key.
+	Pools bool
 }
 
 // Output receives a command's streams as they are produced. Either may be nil (discard).

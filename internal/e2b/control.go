@@ -142,6 +142,22 @@ func (f *Front) handleCreate(w http.ResponseWriter, r *http.Request) {
 		f.writeError(w, r, err)
 		return
 	}
+	// A template id that names one of the tenant's snapshots makes the sandbox from it (its workspace, its
+	// template), admitted and bounded as a restore through /v1 is.
+	snap, err := tenantSnapshot(r.Context(), b, tok.Tenant, tmpl)
+	if err != nil {
+		f.writeError(w, r, err)
+		return
+	}
+	if snap != nil {
+		rec.OpTemplate = snap.Template
+		sn, _ := snapshotter(b)
+		if _, err := sn.RestoreSnapshot(r.Context(), snap.Name, key, service.AdmitRequest{RequestID: f.requestID(r)}); err != nil {
+			f.cleanup(b, key)
+			f.writeError(w, r, err)
+			return
+		}
+	}
 	// The sandbox is made now (admitted as any command is: template, limits, run, events), so that a refused
 	// template or a full tenant answers here and nothing is left of a refused sandbox.
 	if _, err := f.exec(r.Context(), b, rec, []string{"true"}, nil); err != nil {

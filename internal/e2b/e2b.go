@@ -98,9 +98,10 @@ func (f *Front) Handler(b service.Backend, hooks api.E2BHooks) http.Handler {
 	mux.HandleFunc("POST /e2b/v2/sandboxes/{id}/connect", f.handleConnect)
 	mux.HandleFunc("POST /e2b/sandboxes/{id}/resume", f.handleConnect)
 	mux.HandleFunc("GET /e2b/sandboxes/{id}/metrics", f.handleMetrics)
-	mux.HandleFunc("POST /e2b/sandboxes/{id}/fork", f.unsupported("forking a sandbox"))
-	mux.HandleFunc("POST /e2b/sandboxes/{id}/snapshots", f.unsupported("snapshots"))
-	mux.HandleFunc("GET /e2b/snapshots", f.unsupported("snapshots"))
+	mux.HandleFunc("POST /e2b/sandboxes/{id}/fork", f.handleFork)
+	mux.HandleFunc("POST /e2b/sandboxes/{id}/snapshots", f.handleCreateSnapshot)
+	mux.HandleFunc("GET /e2b/snapshots", f.handleSnapshots)
+	mux.HandleFunc("DELETE /e2b/templates/{id}", f.handleDeleteSnapshot)
 	mux.HandleFunc("PUT /e2b/sandboxes/{id}/network", f.unsupported("updating a sandbox's network"))
 	// envd (the SDK's EnvdApiClient and its Connect transport).
 	mux.HandleFunc("GET /e2b/envd/health", f.envd(f.handleHealth))

@@ -181,7 +181,7 @@ func fakeHooks() api.E2BHooks {
 			if fe == nil {
 				return fault.New(fault.Internal, "", "internal"), 500
 			}
-			return fe, map[fault.Code]int{fault.Unauthenticated: 401, fault.TemplateNotFound: 404}[fe.Code]
+			return fe, map[fault.Code]int{fault.Unauthenticated: 401, fault.TemplateNotFound: 404, fault.SpecUnsupported: 422}[fe.Code]
 		},
 		RequestID: func(*http.Request) string { return "" },
 	}
@@ -252,8 +252,15 @@ func TestControlPlane(t *testing.T) {
 		{"another tenant's get", "GET", "/sandboxes/" + id, "key-globex", ``, 404, "not found"},
 		{"another tenant's kill", "DELETE", "/sandboxes/" + id, "key-globex", ``, 404, "not found"},
 		{"another tenant's connect", "POST", "/v2/sandboxes/" + id + "/connect", "key-globex", `{}`, 404, "not found"},
-		{"fork", "POST", "/sandboxes/" + id + "/fork", "key-acme", `{}`, 501, "not supported"},
-		{"snapshots", "POST", "/sandboxes/" + id + "/snapshots", "key-acme", `{}`, 501, "not supported"},
+		// Fork and snapshots are the backend's: one without them answers its code in E2B's shape.
+		{"fork without a forker", "POST", "/sandboxes/" + id + "/fork", "key-acme", `{}`, 422, "SPEC_UNSUPPORTED: this server's backend cannot fork"},
+		{"fork count past the bound", "POST", "/sandboxes/" + id + "/fork", "key-acme", `{"count":17}`, 400, "count must be 1..16"},
+		{"fork timeout past the bound", "POST", "/sandboxes/" + id + "/fork", "key-acme", `{"timeout":3601}`, 400, "past this server's bound"},
+		{"another tenant's fork", "POST", "/sandboxes/" + id + "/fork", "key-globex", `{}`, 404, "not found"},
+		{"snapshot without a snapshotter", "POST", "/sandboxes/" + id + "/snapshots", "key-acme", `{}`, 422, "SPEC_UNSUPPORTED: this server's backend keeps no snapshots"},
+		{"another tenant's snapshot", "POST", "/sandboxes/" + id + "/snapshots", "key-globex", `{}`, 404, "not found"},
+		{"snapshot list without a snapshotter", "GET", "/snapshots", "key-acme", ``, 422, "SPEC_UNSUPPORTED"},
+		{"network update", "PUT", "/sandboxes/" + id + "/network", "key-acme", `{}`, 501, "not supported"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			st, body := h.do(c.method, c.path, c.key, c.body)

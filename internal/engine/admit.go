@@ -359,6 +359,11 @@ func (r *Run) prepare(ctx context.Context, rr RunRequest, tpl *template, repo *r
 	if err := repo.fitsDriver(lc.Driver(), onHost); err != nil {
 		return err
 	}
+	if !onHost {
+		if err := m.checkRepoImages(ctx, lc.Driver(), repo); err != nil {
+			return err
+		}
+	}
 	image := ""
 	if repo.sb.Build != nil && !onHost {
 		out, flush := r.logTee(store.LogBuild, rr.BuildOutput) // runlog.go: the build's output is kept with the run
@@ -530,7 +535,7 @@ func (m *Manager) build(ctx context.Context, r *Run, lc *lifecycle.Manager, repo
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, buildBound)
 	defer cancel()
-	ref, _, err := bd.Build(ctx, build.Request{Root: repo.root, Dockerfile: b.Dockerfile, Context: b.Context, Args: b.Args, Target: b.Target}, progress)
+	ref, _, err := bd.Build(ctx, build.Request{Root: repo.root, Dockerfile: b.Dockerfile, Context: b.Context, Args: b.Args, Target: b.Target, Base: m.baseCheck(lc.Driver())}, progress)
 	took := time.Since(start).Milliseconds()
 	if err != nil {
 		code := fault.CodeOf(err)

@@ -97,7 +97,7 @@ func (m *Manager) companions(ctx context.Context, lc *lifecycle.Manager, repo *r
 			if !ok || !lc.Driver().Capabilities().Build {
 				return nil, fault.New(fault.SpecUnsupported, "give the service an image", "compose service %q needs a build, and %s does not build images", s.Name, lc.Driver().Name())
 			}
-			ref, _, err := bd.Build(ctx, build.Request{Root: repo.root, Dockerfile: s.Build.Dockerfile, Context: s.Build.Context, Args: s.Build.Args}, progress)
+			ref, _, err := bd.Build(ctx, build.Request{Root: repo.root, Dockerfile: s.Build.Dockerfile, Context: s.Build.Context, Args: s.Build.Args, Base: m.baseCheck(lc.Driver())}, progress)
 			if err != nil {
 				return nil, fmt.Errorf("compose service %s: %w", s.Name, err)
 			}

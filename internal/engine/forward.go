@@ -61,7 +61,7 @@ func (m *Manager) DialPortExec(ctx context.Context, key Key, port int) (net.Conn
 		return nil, err
 	}
 	drv := lc.Driver()
-	sb, err := drv.Inspect(ctx, key.ContainerName())
+	sb, err := lc.Sandbox(ctx, key)
 	if err != nil {
 		return nil, err
 	}

@@ -71,6 +71,13 @@ type Operator struct {
 	// and so is every redirect to one (issue 22, finding 6).
 	FeatureRegistries []string `yaml:"feature_registries,omitempty" json:"feature_registries,omitempty"`
 
+	// ImageRegistries are the registries (host or host:port; docker.io for Docker Hub's short names) the
+	// engine may pull a repository-named image from: a repository's image (sandkeep.yaml, devcontainer.json, a
+	// compose service) or a base its Dockerfile builds FROM (or COPY --from) that the engine does not have is
+	// refused (SK514) before any pull unless its registry is listed here (issue 22, finding 6). The operator's
+	// own images (Config.Image, templates) are pulled as before.
+	ImageRegistries []string `yaml:"image_registries,omitempty" json:"image_registries,omitempty"`
+
 	// LookupEnv reads the operator's environment for from_env sources; nil is os.LookupEnv. Tests inject it.
 	LookupEnv func(name string) (string, bool) `yaml:"-" json:"-"`
 }
@@ -227,9 +234,14 @@ func (op Operator) Validate() diag.List {
 			}
 		}
 	}
-	for i, r := range op.FeatureRegistries {
-		if r == "" || strings.ContainsAny(r, "/ @") {
-			add(diag.Error, fmt.Sprintf("feature_registries[%d]", i), "write a registry's host or host:port, e.g. ghcr.io or 127.0.0.1:5000", "%q is not a registry host", r)
+	for _, regs := range []struct {
+		key  string
+		list []string
+	}{{"feature_registries", op.FeatureRegistries}, {"image_registries", op.ImageRegistries}} {
+		for i, r := range regs.list {
+			if !validRegistry(r) {
+				add(diag.Error, fmt.Sprintf("%s[%d]", regs.key, i), "write a registry's host or host:port, e.g. ghcr.io or 127.0.0.1:5000", "%q is not a registry host", r)
+			}
 		}
 	}
 	switch op.RepoBuilds {

@@ -430,7 +430,8 @@ func TestBuildBounded(t *testing.T) {
 	}
 }
 
-// TestBuildLimits: a RUN step gets the sandbox's nofile and core ulimits and runs under the build's own
+// TestBuildLimits: a RUN step gets the sandbox's nofile and core ulimits, a seccomp filter (mode 2, the
+// engine's default profile: the engine takes no seccomp option for a build) and runs under the build's own
 // pids-limited cgroup (issue 22, finding 3: builds had no pids limit and the engine's ulimits); the cgroup is
 // gone once the build is.
 func TestBuildLimits(t *testing.T) {
@@ -440,7 +441,7 @@ func TestBuildLimits(t *testing.T) {
 		t.Fatalf("BuildLimits = %+v, want a pids limit of 512 on this host (cgroupfs, root)", l)
 	}
 	root := buildRepo(t, map[string]string{"Dockerfile": "FROM " + base + "\n" +
-		"RUN echo limits nofile=$(ulimit -n) core=$(ulimit -c) cgroup=$(grep pids /proc/self/cgroup | cut -d: -f3)\n"})
+		"RUN echo limits nofile=$(ulimit -n) core=$(ulimit -c) seccomp=$(grep '^Seccomp:' /proc/self/status | cut -f2) cgroup=$(grep pids /proc/self/cgroup | cut -d: -f3)\n"})
 	var progress bytes.Buffer
 	ref, _, err := d.Build(t.Context(), build.Request{Root: root}, &progress)
 	if ref != "" {
@@ -449,7 +450,7 @@ func TestBuildLimits(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, progress.String())
 	}
-	m := regexp.MustCompile(`limits nofile=8192 core=0 cgroup=/sandkeep-build/([0-9a-f]+)/`).FindStringSubmatch(progress.String())
+	m := regexp.MustCompile(`limits nofile=8192 core=0 seccomp=2 cgroup=/sandkeep-build/([0-9a-f]+)/`).FindStringSubmatch(progress.String())
 	if m == nil {
 		t.Fatalf("RUN's limits:\n%s", progress.String())
 	}

@@ -32,7 +32,6 @@ type engine interface {
 	ContainerStop(ctx context.Context, id string, opts client.ContainerStopOptions) (client.ContainerStopResult, error)
 	ContainerRemove(ctx context.Context, id string, opts client.ContainerRemoveOptions) (client.ContainerRemoveResult, error)
 	ContainerList(ctx context.Context, opts client.ContainerListOptions) (client.ContainerListResult, error)
-	ContainerRename(ctx context.Context, id string, opts client.ContainerRenameOptions) (client.ContainerRenameResult, error)
 	ExecCreate(ctx context.Context, id string, opts client.ExecCreateOptions) (client.ExecCreateResult, error)
 	ExecAttach(ctx context.Context, execID string, opts client.ExecAttachOptions) (client.ExecAttachResult, error)
 	ExecInspect(ctx context.Context, execID string, opts client.ExecInspectOptions) (client.ExecInspectResult, error)
@@ -48,10 +47,7 @@ type Driver struct {
 	buildState  // what a build's RUN steps get on this engine, found at the first build
 }
 
-var (
-	_ driver.Driver  = (*Driver)(nil)
-	_ driver.Renamer = (*Driver)(nil)
-)
+var _ driver.Driver = (*Driver)(nil)
 
 // Options configure a Driver.
 type Options struct {
@@ -93,7 +89,7 @@ func (d *Driver) Name() string { return d.name }
 
 // Capabilities of the Docker driver.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Build: true, HostBinds: true, NetworkPolicy: true, Persistent: true, Channel: true}
+	return driver.Capabilities{Build: true, HostBinds: true, NetworkPolicy: true, Persistent: true, Channel: true, Pools: true}
 }
 
 // Ping asks the daemon whether it is up.
@@ -118,8 +114,10 @@ func (d *Driver) ResolveImage(ctx context.Context, ref string) (string, error) {
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("pull image %q: %w", ref, ctx.Err())
 		}
-		return "", fault.Wrap(perr, fault.ImageUnavailable, "build it locally or pass --image with an image that is present",
-			"image %q is not present and could not be pulled (%v)", ref, perr)
+		// The engine's words are not repeated: they quote what the registry answered, and a repository may
+		// name the image (issue 22, finding 6). They stay in the chain for errors.Is and the operator's logs.
+		return "", fault.Wrap(perr, fault.ImageUnavailable, "build it locally or pass --image with an image that is present; `docker pull "+ref+"` on the engine's host says why the pull failed",
+			"image %q is not present and the engine could not pull it", ref)
 	}
 	img, err = d.api.ImageInspect(ctx, ref)
 	if err != nil {
@@ -282,22 +280,6 @@ func containerConfig(spec *driver.CreateSpec) (*container.Config, *container.Hos
 		})
 	}
 	return cfg, host
-}
-
-// Rename gives sb the name name in place (a warm pool's claim). The engine renames atomically: a taken name is
-// ErrConflict; a container that is gone, or that no longer has sb.Name (someone renamed it first), ErrNotFound.
-func (d *Driver) Rename(ctx context.Context, sb *driver.Sandbox, name string) error {
-	// By the old name, not the ID: two claims of one member race on the name, and only the first finds it.
-	if _, err := d.api.ContainerRename(ctx, sb.Name, client.ContainerRenameOptions{NewName: name}); err != nil {
-		switch {
-		case cerrdefs.IsNotFound(err):
-			return fmt.Errorf("rename %s: %w", sb.Name, cerrdefs.ErrNotFound)
-		case cerrdefs.IsConflict(err):
-			return fmt.Errorf("rename %s to %s: %w", sb.Name, name, cerrdefs.ErrConflict)
-		}
-		return fmt.Errorf("rename %s to %s: %w", sb.Name, name, err)
-	}
-	return nil
 }
 
 // Start starts a created or stopped container.

@@ -449,31 +449,66 @@ func (d *Driver) ResolveImage(ctx context.Context, ref string) (string, error) {
 	if _, ok := named.(reference.Digested); ok {
 		return named.String(), nil
 	}
-	tagged := reference.TagNameOnly(named).String()
-	nodes, err := d.api.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if apierrors.IsForbidden(err) {
-		return tagged, nil
-	}
-	if err != nil {
+	name, n, err := d.nodeImage(ctx, named)
+	switch {
+	case apierrors.IsForbidden(err):
+		return reference.TagNameOnly(named).String(), nil
+	case err != nil:
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("resolve image %q: %w", ref, ctx.Err())
 		}
 		return "", fault.Wrap(err, fault.DriverUnavailable, "check that the API server is reachable", "cannot list the nodes to resolve image %q", ref)
+	case name == "":
+		return "", fault.New(fault.ImageUnavailable, hint, "image %q is on none of the cluster's %d nodes", reference.TagNameOnly(named).String(), n)
 	}
-	for _, n := range nodes.Items {
-		for _, img := range n.Status.Images {
-			if !contains(img.Names, tagged) {
+	return name, nil
+}
+
+// LocalImage returns the name a node has ref under (its digest-pinned name when it reports one), without
+// the kubelet pulling anything; errdefs.ErrNotFound when no node has it, a digest-pinned ref included, and
+// when the driver may not list nodes (it cannot tell, so a caller that refuses absent images refuses it).
+func (d *Driver) LocalImage(ctx context.Context, ref string) (string, error) {
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return "", fmt.Errorf("%q is not an image reference: %w", ref, cerrdefs.ErrNotFound)
+	}
+	name, _, err := d.nodeImage(ctx, named)
+	switch {
+	case apierrors.IsForbidden(err):
+		return "", fmt.Errorf("image %q: the driver may not list the nodes' images: %w", ref, cerrdefs.ErrNotFound)
+	case err != nil:
+		return "", fmt.Errorf("image %q: list nodes: %w", ref, err)
+	case name == "":
+		return "", fmt.Errorf("image %q is on no node: %w", ref, cerrdefs.ErrNotFound)
+	}
+	return name, nil
+}
+
+// nodeImage looks named up in the nodes' image lists: its digest-pinned name on the first node that has it
+// (the tag itself when that node reports no digest), "" when none has it; n is the number of nodes.
+func (d *Driver) nodeImage(ctx context.Context, named reference.Named) (name string, n int, err error) {
+	nodes, err := d.api.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", 0, err
+	}
+	want := reference.TagNameOnly(named).String()
+	if dg, ok := named.(reference.Digested); ok {
+		want = named.Name() + "@" + dg.Digest().String()
+	}
+	for _, node := range nodes.Items {
+		for _, img := range node.Status.Images {
+			if !contains(img.Names, want) {
 				continue
 			}
 			for _, name := range img.Names {
 				if repo, _, ok := strings.Cut(name, "@sha256:"); ok && repo == named.Name() {
-					return name, nil
+					return name, len(nodes.Items), nil
 				}
 			}
-			return tagged, nil
+			return want, len(nodes.Items), nil
 		}
 	}
-	return "", fault.New(fault.ImageUnavailable, hint, "image %q is on none of the cluster's %d nodes", tagged, len(nodes.Items))
+	return "", len(nodes.Items), nil
 }
 
 func contains(list []string, s string) bool {

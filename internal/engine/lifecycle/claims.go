@@ -14,20 +14,22 @@ import (
 )
 
 // A claim record says that a key's sandbox is a warm pool member it claimed (pool.go): the member's container
-// took the key's name, and the member's workspace, volumes, channel directory and quota image, all named by the
+// (which keeps its name) and the member's workspace, volumes, channel directory and quota image, all named by the
 // member's key and baked into its container at create time, are the key's from then on. It is the one place
 // that maps the two; Home's path functions read it, so every caller (the lifecycle, the file API, another
-// process on the same home) finds the key's files where its sandbox has them.
+// process on the same home) finds the key's files and sandbox where they are.
 //
 // It lives in <home>/claims/<key hex>.json, with a copy under the member's key (m-<member hex>.json) so that a
-// listed container can be traced back to its key. A record is written twice: pending before the rename, done
-// after it, so a process killed between the two leaves a record that says what to check (reconcileClaim).
+// listed container can be traced back to its key. The copy is written first and the key's record last, each
+// whole through a rename: the key's record is the claim, and a copy whose key's record does not name the member
+// back (a process killed between the two) is no claim. Older versions wrote a pending record, renamed the
+// member to the key's name, then wrote it done; a pending record left by them is settled by reconcileClaim.
 type claimRecord struct {
 	Tenant   string `json:"tenant"`   // the key's
 	User     string `json:"user"`     //
 	Template string `json:"template"` // the member's pool
 	Member   string `json:"member"`   // the member's random id: identity.Member(Template, Member)
-	Done     bool   `json:"done"`     // the rename happened; false: it may or may not have
+	Done     bool   `json:"done"`     // the claim is made; false: an older version's, cut around its rename
 }
 
 func (r claimRecord) member() identity.Key { return identity.Member(r.Template, r.Member) }
@@ -84,7 +86,10 @@ func (h *Home) writeClaim(k identity.Key, rec claimRecord) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range []string{h.memberClaimPath(rec.member()), h.claimPath(k)} {
+	for i, p := range []string{h.memberClaimPath(rec.member()), h.claimPath(k)} {
+		if i == 1 && claimHook != nil {
+			claimHook("indexed")
+		}
 		if err := replaceFile(p, bytes.NewReader(b), 0o600); err != nil {
 			return fmt.Errorf("claim record: %w", err)
 		}
@@ -104,14 +109,21 @@ func (h *Home) dropClaim(k identity.Key) {
 	h.claimed.Delete(k.Hex())
 }
 
-// claimant is the key that claimed member (a done record), if any.
+// dropMemberClaim removes member's copy of a record.
+func (h *Home) dropMemberClaim(member identity.Key) { os.Remove(h.memberClaimPath(member)) }
+
+// claimant is the key that claimed member, if any: the member's copy names a key whose own done record names
+// the member back.
 func (h *Home) claimant(member identity.Key) (identity.Key, bool) {
 	rec, ok := readClaimFile(h.memberClaimPath(member))
-	if !ok || !rec.Done {
+	if !ok || !rec.Done || rec.member() != member {
 		return identity.Key{}, false
 	}
 	k, err := identity.New(rec.Tenant, rec.User)
-	if err != nil || rec.member() != member {
+	if err != nil {
+		return identity.Key{}, false
+	}
+	if own, ok := h.readClaim(k); !ok || !own.Done || own.member() != member {
 		return identity.Key{}, false
 	}
 	return k, true

@@ -60,6 +60,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 		return sb, DecisionClaim, nil
 	}
 	chanDir := m.channelDir(key)
+	m.listenerFor(key) // exec left it to the claim (mayClaim); before a create or start, the agent dials it
 	want, hash, err := m.postureOf(key, sh)
 	if err != nil {
 		return nil, "", err
@@ -77,7 +78,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 	}
 	adopted := false
 	for range 3 {
-		sb, err := m.drv.Inspect(ctx, key.ContainerName())
+		sb, err := m.inspectKey(ctx, key)
 		switch {
 		case cerrdefs.IsNotFound(err):
 			began := time.Now()

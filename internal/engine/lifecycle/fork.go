@@ -79,7 +79,7 @@ func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, op
 		if !ok { // nothing half-made: the copy, the workspace, a sandbox made for it
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time30s)
 			defer cancel()
-			if sb, err := m.drv.Inspect(cctx, to.ContainerName()); err == nil && m.checkOurs(to, sb) == nil {
+			if sb, err := m.inspectKey(cctx, to); err == nil && m.checkOurs(to, sb) == nil {
 				_ = m.drv.Remove(cctx, sb)
 			}
 			m.forget(to)
@@ -114,7 +114,7 @@ const time30s = 30 * time.Second
 
 // checkNew refuses a key that has a sandbox or a workspace.
 func (m *Manager) checkNew(ctx context.Context, key identity.Key) error {
-	_, err := m.drv.Inspect(ctx, key.ContainerName())
+	_, err := m.inspectKey(ctx, key)
 	switch {
 	case err == nil:
 		return errExists(key)

@@ -189,16 +189,22 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 	if started == nil {
 		started = func(*driver.Sandbox, Transport) {}
 	}
-	// The listener exists before the sandbox starts, so a starting agent finds it at once.
-	l, fresh := m.listenerFor(key)
+	// The listener exists before the sandbox starts, so a starting agent finds it at once; a key that may claim a
+	// pool member gets the member's (its agent connected already) or, if it does not, its own from provide.
+	var l *channel.Listener
+	fresh := m.mayClaim(key, m.shapeOf(req.Shape))
+	if !fresh {
+		l, fresh = m.listenerFor(key)
+	}
 	baseEnv := preq.Env
 	for attempt := 0; ; attempt++ {
 		sb, decision, err := m.ensure(ctx, key, m.shapeOf(req.Shape))
 		if err != nil {
 			return nil, coded(ctx, err, key)
 		}
-		if decision == DecisionClaim { // the claimed member's listener, its agent already connected, is the key's now
-			l, fresh = m.listenerFor(key)
+		if decision == DecisionClaim || l == nil {
+			got, made := m.listenerFor(key)
+			l, fresh = got, fresh || made
 		}
 		m.home.Touch(key, m.cfg.Now())
 		// The proxy is up, with this command's policy, before the command can use it (after the ensure: the
@@ -402,9 +408,15 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 	return nil
 }
 
+// Sandbox is key's sandbox as the engine reports it now (a claimed pool member's under its own name);
+// SANDBOX_NOT_FOUND when it has none, FOREIGN_CONTAINER when its name is taken by what is not ours.
+func (m *Manager) Sandbox(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
+	return m.owned(ctx, key)
+}
+
 // owned inspects key's container and checks that it is ours.
 func (m *Manager) owned(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
-	sb, err := m.drv.Inspect(ctx, key.ContainerName())
+	sb, err := m.inspectKey(ctx, key)
 	if cerrdefs.IsNotFound(err) {
 		return nil, errNoSandbox(key)
 	}

@@ -23,15 +23,18 @@ import (
 
 // A warm pool keeps sandboxes of one operator template made ahead: created, started, hardened and with their
 // agents connected, holding nothing of anyone. A new key's first command claims one (the "claim" row of ensure)
-// instead of creating a sandbox: the member's container is renamed to the key's name (atomic in the engine, so a
-// member is claimed once), a claim record maps the key to the member's files (claims.go), and the key gets the
-// member's uid. Nothing the member's container was created with names the key, so nothing is recreated: its
-// workspace, volumes, channel directory and uid were made for the member alone and become the key's.
+// instead of creating a sandbox: the member is taken from its pool under the pool's lock (one process per home
+// keeps the pools, so a member is taken once), and a claim record (claims.go), written under the key's gate (a
+// flock every process of the home takes), makes it the key's: the key's sandbox, files and uid are the member's
+// from then on. Nothing the member's container was created with names the key, so nothing is recreated, and
+// nothing of the engine is asked either: the container keeps the member's name (lookups by key go through the
+// record, inspectKey). An engine rename was the claim's step once; Docker renames running containers one at a
+// time, so 50 claims at once queued ~8 ms each behind each other (docs/BENCHMARKS.md).
 //
 // One process per state home keeps the pools (pool.lock): the daemon or `serve`. It refills in the background as
 // soon as a member is claimed, never past the operator's cap on members in all; an empty pool leaves a new key to
-// the usual create. On start it finishes or undoes claims a killed process left half-done, adopts the members it
-// finds as nobody's, and drains those whose template changed (posture or image) or is no longer pooled.
+// the usual create. On start it settles claims an older version left half-done, adopts the members it finds
+// unclaimed as nobody's, and drains those whose template changed (posture or image) or is no longer pooled.
 
 // PoolSpec is one template's warm pool: Size members of Shape (whose Template names the pool).
 type PoolSpec struct {
@@ -108,21 +111,32 @@ type PoolStatus struct {
 	Making   int
 }
 
-// nameOf is the container name of key: a key's own, or an unclaimed member's.
-func (m *Manager) nameOf(key identity.Key) string {
+// inspectKey looks key's sandbox up: an unclaimed member's by its name; a key's by the name of the member it
+// claimed (its claim record says which), else by its own (a claimed key's sandbox recreated since, or a claim
+// an older version made by renaming the member).
+func (m *Manager) inspectKey(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
 	if key.Tenant == "" {
-		return key.MemberName()
+		return m.drv.Inspect(ctx, key.MemberName())
 	}
-	return key.ContainerName()
+	if mk := m.home.phys(key); mk != key {
+		sb, err := m.drv.Inspect(ctx, mk.MemberName())
+		if err == nil && sb.Labels[driver.LabelKey] == mk.Hex() {
+			return sb, nil
+		}
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return nil, err
+		}
+	}
+	return m.drv.Inspect(ctx, key.ContainerName())
 }
 
 // StartPools keeps the warm pools specs ask for, never more than limit members in all (0: the sum of the
 // sizes). Called again, it replaces the specs: members of templates no longer pooled, or whose shape or image
 // changed, are drained. It returns false, and keeps no pool, when another process of the home keeps them.
 func (m *Manager) StartPools(ctx context.Context, specs []PoolSpec, limit int) (bool, error) {
-	if _, ok := m.drv.(driver.Renamer); !ok {
+	if !m.drv.Capabilities().Pools {
 		return false, fault.New(fault.InvalidArgument, "remove pool from the templates, or use the docker driver",
-			"the %s driver cannot keep warm pools (it cannot rename a sandbox)", m.drv.Name())
+			"the %s driver cannot keep warm pools", m.drv.Name())
 	}
 	sum := 0
 	seen := map[string]bool{}
@@ -498,7 +512,10 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 		}
 	}
 	if _, suspended := m.home.suspendedAt(key); suspended || m.home.HasWorkspace(key) {
-		return nil, false, nil // not new: its files are kept (a removal that kept the workspace, a suspend)
+		// Not new: a sandbox of its own is only ever created over its workspace (create), and a removal that kept
+		// the workspace (or a suspend) kept its files. Asking the engine as well would put a call on every claim's
+		// path.
+		return nil, false, nil
 	}
 	p.claiming.Add(1)
 	defer func() {
@@ -516,11 +533,7 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 			m.drainMember(ctx, p, mb) // made for another posture or image: the template changed
 			continue
 		}
-		sb, err := m.takeMember(ctx, key, mb)
-		if cerrdefs.IsConflict(err) {
-			p.giveBack(sh.Template, mb) // the key has a sandbox after all (another process made it)
-			return nil, false, nil
-		}
+		sb, err := m.takeMember(key, mb)
 		if err != nil {
 			m.cfg.Logger.Warn("warm pool: claim failed", "member", mb.sb.Name, "key", key.Short(), "err", err)
 			m.drainMember(ctx, p, mb)
@@ -542,35 +555,44 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 	}
 }
 
-// claimHook, when set (tests), is called at each step of a claim: "recorded" (pending record written),
-// "renamed" (the member has the key's name, the record is still pending).
+// mayClaim: key's next ensure may claim a member of sh's pool (this process keeps it, it has a ready member, and
+// this process knows no sandbox of key). Its own channel listener would then be made only to be thrown away, a
+// bind and a removal per claim under the Manager's lock.
+func (m *Manager) mayClaim(key identity.Key, sh *Shape) bool {
+	if sh.Template == "" || key.Tenant == "" {
+		return false
+	}
+	p := m.poolSet()
+	if p == nil || m.cached(key) != nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.byTpl[sh.Template]
+	return pl != nil && len(pl.ready) > 0
+}
+
+// claimHook, when set (tests), is called at each step of a claim: "indexed" (the member's copy of the record
+// written, the key's not yet), "recorded" (the key's record written: the claim is made, this process has not
+// handed the member's channel and uid over yet).
 var claimHook func(step string)
 
-// takeMember makes mb key's: a pending record, the rename (the atomic step), the record done, the member's uid
-// the key's through the record, its channel listener handed to the key.
-func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) (*driver.Sandbox, error) {
+// takeMember makes mb key's: the claim record (its one durable step: the key's record is written last, and a
+// member copy without it is no claim), then this process's view: the member's uid and channel listener are the
+// key's. No engine call: the container keeps the member's name.
+func (m *Manager) takeMember(key identity.Key, mb *member) (*driver.Sandbox, error) {
 	rec := claimRecord{Tenant: key.Tenant, User: key.User, Template: mb.sb.Labels[driver.LabelPool],
-		Member: memberIDOf(mb.key.User)}
+		Member: memberIDOf(mb.key.User), Done: true}
 	if err := m.home.writeClaim(key, rec); err != nil {
+		m.home.dropClaim(key)
+		m.home.dropMemberClaim(mb.key)
 		return nil, err
 	}
 	if claimHook != nil {
 		claimHook("recorded")
 	}
-	if err := m.drv.(driver.Renamer).Rename(ctx, mb.sb, key.ContainerName()); err != nil {
-		m.home.dropClaim(key)
-		return nil, err
-	}
-	if claimHook != nil {
-		claimHook("renamed")
-	}
-	rec.Done = true
-	if err := m.home.writeClaim(key, rec); err != nil {
-		return nil, err // pending: reconciled at the key's next command or the next start
-	}
 	m.adoptUID(key, mb.key)
 	sb := mb.sb.Clone()
-	sb.Name = key.ContainerName()
 	k := key
 	mb.owner.Store(&k)
 	m.mu.Lock()
@@ -625,8 +647,9 @@ func (p *pools) giveBack(template string, mb *member) {
 	}
 }
 
-// reconcileClaim settles key's pending record: the rename happened (the key's name is the member's container)
-// -> done; it did not -> the record goes and the member stays in its pool. done reports the first.
+// reconcileClaim settles a pending record, which only an older version wrote (before renaming the member to the
+// key's name): the rename happened (the key's name is the member's container) -> done; it did not -> the record
+// goes and the member stays in its pool. done reports the first.
 func (m *Manager) reconcileClaim(ctx context.Context, key identity.Key, rec claimRecord) (done bool, err error) {
 	sb, err := m.drv.Inspect(ctx, key.ContainerName())
 	switch {
@@ -682,8 +705,12 @@ func (m *Manager) adoptMembers(ctx context.Context, p *pools) error {
 		}
 		mk := identity.Member(tpl, memberIDOf(sb.Labels[driver.LabelUser]))
 		if mk.Hex() != sb.Labels[driver.LabelKey] || sb.Name != mk.MemberName() {
-			continue // claimed (it has its key's name), or not a member we made
+			continue // renamed to its key's name by an older version's claim, or not a member we made
 		}
+		if _, claimed := m.home.claimant(mk); claimed {
+			continue // its key's
+		}
+		m.home.dropMemberClaim(mk) // a copy without its key's record (a claim cut before its record): no claim
 		mb := &member{key: mk, sb: sb}
 		p.mu.Lock()
 		pl := p.byTpl[tpl]
@@ -715,7 +742,8 @@ func memberIDOf(user string) string {
 	return ""
 }
 
-// claimantOf is the key that claimed the pool member sb, if it was claimed and carries that key's name.
+// claimantOf is the key that claimed the pool member sb, if it was claimed: sb keeps the member's name (or, claimed
+// by an older version, has the key's).
 func (m *Manager) claimantOf(sb *driver.Sandbox) (identity.Key, bool) {
 	tpl := sb.Labels[driver.LabelPool]
 	mk := identity.Member(tpl, memberIDOf(sb.Labels[driver.LabelUser]))
@@ -723,7 +751,7 @@ func (m *Manager) claimantOf(sb *driver.Sandbox) (identity.Key, bool) {
 		return identity.Key{}, false
 	}
 	k, ok := m.home.claimant(mk)
-	if !ok || k.ContainerName() != sb.Name {
+	if !ok || (sb.Name != mk.MemberName() && sb.Name != k.ContainerName()) {
 		return identity.Key{}, false
 	}
 	return k, true

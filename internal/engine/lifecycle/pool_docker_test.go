@@ -93,7 +93,7 @@ func TestPoolDocker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb, err := w.drv.Inspect(t.Context(), a.ContainerName())
+		sb, err := m.inspectKey(t.Context(), a)
 		if err != nil || sb.Labels[driver.LabelPosture] != hash {
 			t.Fatalf("claimed sandbox %+v (%v): posture is not the template's for the key (%s)", sb, err, hash)
 		}
@@ -165,7 +165,7 @@ func TestPoolDocker(t *testing.T) {
 	})
 }
 
-// listPool lists the unclaimed members.
+// listPool lists the unclaimed members (a claimed one keeps its name: its claim record says whose it is).
 func listPool(t *testing.T, w *dockerPoolWorld) []*driver.Sandbox {
 	t.Helper()
 	sbs, err := w.drv.List(t.Context(), w.home.Installation)
@@ -174,7 +174,8 @@ func listPool(t *testing.T, w *dockerPoolWorld) []*driver.Sandbox {
 	}
 	var out []*driver.Sandbox
 	for _, sb := range sbs {
-		if sb.Labels[driver.LabelPool] != "" && strings.HasPrefix(sb.Name, identity.PoolPrefix) {
+		mk := identity.Member(sb.Labels[driver.LabelPool], memberIDOf(sb.Labels[driver.LabelUser]))
+		if _, claimed := w.home.claimant(mk); !claimed && sb.Labels[driver.LabelPool] != "" && strings.HasPrefix(sb.Name, identity.PoolPrefix) {
 			out = append(out, sb)
 		}
 	}
@@ -184,14 +185,15 @@ func listPool(t *testing.T, w *dockerPoolWorld) []*driver.Sandbox {
 const envPoolHelper = "SANDKEEP_TEST_POOL_CLAIM_KILL" // home dir:step; the helper process below
 
 // TestPoolClaimKilledDocker kills a process (SIGKILL) in the middle of a claim, at each step, and checks that the
-// next process leaves no half-claimed member: cut before the rename, the member is back in the pool and the key
-// has nothing; cut after it, the key has the member (and its next command reuses it).
+// next process leaves no half-claimed member: cut after the member's copy of the record but before the key's, the
+// member is back in the pool and the key has nothing; cut after the key's record, the key has the member (and its
+// next command reuses it).
 func TestPoolClaimKilledDocker(t *testing.T) {
 	if spec := os.Getenv(envPoolHelper); spec != "" {
 		poolClaimHelper(t, spec)
 		return
 	}
-	for _, step := range []string{"recorded", "renamed"} {
+	for _, step := range []string{"indexed", "recorded"} {
 		t.Run(step, func(t *testing.T) {
 			dir := t.TempDir()
 			w := newDockerPoolWorld(t, dir)
@@ -215,18 +217,18 @@ func TestPoolClaimKilledDocker(t *testing.T) {
 				t.Fatal(ok, err)
 			}
 			switch step {
-			case "recorded":
+			case "indexed":
 				if _, ok := w.home.readClaim(k); ok {
-					t.Fatal("the cut claim's record is still there")
+					t.Fatal("the cut claim has a record")
 				}
-				if _, err := w.drv.Inspect(t.Context(), k.ContainerName()); !cerrdefs.IsNotFound(err) {
-					t.Fatalf("the key has a sandbox after a claim cut before the rename: %v", err)
+				if _, err := m3.inspectKey(t.Context(), k); !cerrdefs.IsNotFound(err) {
+					t.Fatalf("the key has a sandbox after a claim cut before its record: %v", err)
 				}
 				waitReady(t, m3, "pooled", 1)
 				if got := listPool(t, w); len(got) != 1 || got[0].ID != member.ID {
 					t.Fatalf("pool after restart %v, want the member %s adopted back", got, member.ID)
 				}
-			case "renamed":
+			case "recorded":
 				if rec, ok := w.home.readClaim(k); !ok || !rec.Done {
 					t.Fatalf("record %+v %v, want the claim completed", rec, ok)
 				}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/fake"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
@@ -118,19 +119,35 @@ func TestPoolClaim(t *testing.T) {
 	for _, sb := range e.list() {
 		members[sb.ID] = true
 	}
+	// The claim itself asks nothing of the engine but whether the key has a sandbox: no create, no start, no
+	// rename (Docker renames running containers one at a time, so a burst of claims queued on it).
+	engineBefore := map[fake.Op]int{}
+	for _, op := range []fake.Op{fake.OpCreate, fake.OpStart, fake.OpRename, fake.OpStop, fake.OpRemove} {
+		engineBefore[op] = e.drv.Calls(op)
+	}
 	res, claimed, out := claimedOut(t, m, k, sh, "ls -A; echo hi > mine")
 	if !claimed || !members[res.Sandbox.ID] || out != "" {
 		t.Fatalf("first command of a new key: claimed %v, a member %v, workspace listing %q", claimed, members[res.Sandbox.ID], out)
 	}
-	if res.Sandbox.Name != k.ContainerName() || res.Sandbox.Labels[driver.LabelPool] != "small" {
-		t.Fatalf("claimed sandbox %s (labels %v), want the key's name and a pool label", res.Sandbox.Name, res.Sandbox.Labels)
+	for op, n := range engineBefore {
+		if op == fake.OpCreate || op == fake.OpStart {
+			continue // the refill makes a member at once
+		}
+		if got := e.drv.Calls(op); got != n {
+			t.Errorf("the claim called the engine's %s %d times", op, got-n)
+		}
+	}
+	if res.Sandbox.Labels[driver.LabelPool] != "small" {
+		t.Fatalf("claimed sandbox %s (labels %v), want a pool label", res.Sandbox.Name, res.Sandbox.Labels)
 	}
 	_, hash, err := m.postureOf(k, poolShape(t, m, "small"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := e.inspect(k).Labels[driver.LabelPosture]; got != hash {
-		t.Fatalf("claimed sandbox's posture hash %s, the template's for the key is %s", got, hash)
+	got, err := m.inspectKey(t.Context(), k)
+	if err != nil || got.ID != res.Sandbox.ID || got.Labels[driver.LabelPosture] != hash {
+		t.Fatalf("the key's sandbox as the lifecycle finds it: %+v (%v), want %s with the template's posture hash for the key %s",
+			got, err, res.Sandbox.ID, hash)
 	}
 	ws := m.home.Workspace(k)
 	if filepath.Base(ws) == k.Hex() {
@@ -293,4 +310,45 @@ func (e *env) list() []*driver.Sandbox {
 		e.t.Fatal(err)
 	}
 	return sbs
+}
+
+// TestPoolClaimedRecreated: a claimed key whose template changed gets a new sandbox under its own name, over the
+// member's files (its claim record stays), and its next commands and another process find that one, not a
+// second; List shows the key once.
+func TestPoolClaimedRecreated(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	startPool(t, m, poolShape(t, m, "small", "V=1"), 1)
+	k := key(t, "acme", "carol")
+	first, claimed, _ := claimedOut(t, m, k, poolShape(t, m, "small", "V=1"), "echo kept > f")
+	if !claimed {
+		t.Fatal("not claimed")
+	}
+	sh2 := poolShape(t, m, "small", "V=2")
+	res, claimed2, out := claimedOut(t, m, k, sh2, "cat f; echo $V")
+	if claimed2 || res.Sandbox.ID == first.Sandbox.ID || res.Sandbox.Name != k.ContainerName() || out != "kept\n2\n" {
+		t.Fatalf("after the template changed: claimed %v, sandbox %s %s (first %s), output %q",
+			claimed2, res.Sandbox.Name, res.Sandbox.ID, first.Sandbox.ID, out)
+	}
+	if _, err := e.drv.Inspect(t.Context(), first.Sandbox.Name); err == nil {
+		t.Fatalf("the claimed member %s outlived its recreation", first.Sandbox.Name)
+	}
+	m2 := e.manager()
+	res2, claimed3, out2 := claimedOut(t, m2, k, sh2, "cat f")
+	if claimed3 || res2.Sandbox.ID != res.Sandbox.ID || out2 != "kept\n" {
+		t.Fatalf("another process: claimed %v, sandbox %s (want %s), output %q", claimed3, res2.Sandbox.ID, res.Sandbox.ID, out2)
+	}
+	infos, err := m2.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, in := range infos {
+		if in.Key.Hex() == k.Hex() {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("List shows the key %d times: %+v", n, infos)
+	}
 }

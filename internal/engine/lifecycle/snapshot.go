@@ -96,7 +96,7 @@ func (m *Manager) Restore(ctx context.Context, to identity.Key, sh *Shape, r io.
 func (m *Manager) undoNew(ctx context.Context, key identity.Key) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time30s)
 	defer cancel()
-	if sb, err := m.drv.Inspect(cctx, key.ContainerName()); err == nil && m.checkOurs(key, sb) == nil {
+	if sb, err := m.inspectKey(cctx, key); err == nil && m.checkOurs(key, sb) == nil {
 		_ = m.drv.Remove(cctx, sb)
 	}
 	m.forget(key)

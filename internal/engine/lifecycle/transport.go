@@ -78,7 +78,7 @@ func (m *Manager) verifier(current func() identity.Key) channel.Verifier {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		key := current()
-		sb, err := m.drv.Inspect(ctx, m.nameOf(key))
+		sb, err := m.inspectKey(ctx, key)
 		return err == nil && sb.State == driver.StateRunning && sb.Pid == pid && m.checkOurs(key, sb) == nil
 	}, time.Second)
 }
