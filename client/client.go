@@ -586,13 +586,19 @@ func (c *Client) Events(ctx context.Context, id string, after int64) ([]Event, e
 // A stream the server ended early (it was draining) is an error wrapping io.ErrUnexpectedEOF: call again with
 // the Seq of the last event fn saw.
 func (c *Client) FollowEvents(ctx context.Context, id string, after int64, fn func(Event) error) error {
+	return follow(ctx, c, "/v1/runs/"+escape(id)+"/events", after, fn)
+}
+
+// follow reads the SSE stream of path?follow=1&after=after, calling fn with each message decoded as a T, until
+// the stream's end message (nil), an error message or fn's error (that error), or ctx ends.
+func follow[T any](ctx context.Context, c *Client, path string, after int64, fn func(T) error) error {
 	q := url.Values{"follow": {"1"}}
 	if after > 0 {
 		q.Set("after", strconv.FormatInt(after, 10))
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	resp, err := c.do(ctx, "GET", "/v1/runs/"+escape(id)+"/events", q, nil, http.Header{"Accept": {"text/event-stream"}})
+	resp, err := c.do(ctx, "GET", path, q, nil, http.Header{"Accept": {"text/event-stream"}})
 	if err != nil {
 		return err
 	}
@@ -610,9 +616,9 @@ func (c *Client) FollowEvents(ctx context.Context, id string, after int64, fn fu
 			}
 			return true, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: m.Error.fault()}
 		}
-		var e Event
+		var e T
 		if err := json.Unmarshal(data, &e); err != nil {
-			return true, fmt.Errorf("client: decode event: %w", err)
+			return true, fmt.Errorf("client: decode a %s message: %w", event, err)
 		}
 		return false, fn(e)
 	})

@@ -29,3 +29,11 @@ func (c *Client) RunLogs(ctx context.Context, id string, after int64, limit int)
 	err := c.call(ctx, "GET", "/v1/runs/"+escape(id)+"/logs", q, nil, nil, &out)
 	return out.Logs, err
 }
+
+// FollowRunLogs calls fn with each entry of run id's log after sequence number after, as it is written, until the
+// run is finished and its whole log was delivered (nil), fn returns an error (that error), or ctx ends. A stream
+// the server ended early (it was draining) is an error wrapping io.ErrUnexpectedEOF: call again with the Seq of
+// the last entry fn saw.
+func (c *Client) FollowRunLogs(ctx context.Context, id string, after int64, fn func(RunLog) error) error {
+	return follow(ctx, c, "/v1/runs/"+escape(id)+"/logs", after, fn)
+}

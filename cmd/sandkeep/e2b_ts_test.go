@@ -54,6 +54,9 @@ func TestE2BTypeScript(t *testing.T) {
 	if c.kc == nil { // fork and snapshots are required on Docker; on kubernetes they may answer FILES_UNAVAILABLE
 		cmd.Env = append(cmd.Env, "E2B_EXPECT_FORK=1")
 	}
+	if c.processesServed() { // commands run beside a background one (elsewhere one at a time: docs/E2B.md)
+		cmd.Env = append(cmd.Env, "E2B_CONCURRENT=1")
+	}
 	out, err := cmd.CombinedOutput()
 	t.Logf("e2b suite:\n%s", out)
 	if ctx.Err() != nil {

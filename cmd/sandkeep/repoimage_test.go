@@ -39,11 +39,12 @@ func registryProbe(t *testing.T) (string, *atomic.Int64) {
 }
 
 // TestRepoImageRegistries: a repository-named image the engine does not have (sandkeep.yaml's image:,
-// devcontainer.json's image, a Dockerfile's FROM and COPY --from) is refused before any pull, as TIER_REFUSED
-// with SK514 naming image_registries, unless the operator lists its registry there; a refused one is never
-// asked of its registry (a loopback listener of the test's counts no connection), an allowed one is (the engine
-// tries to pull it: it is not a registry, so IMAGE_UNAVAILABLE, not repeating what the engine said of it). An image the engine has runs from any
-// registry name. Issue 22, finding 6: the engine pulled a repository's absent image from any registry.
+// devcontainer.json's image, a compose companion's, a Dockerfile's FROM and COPY --from) is refused before any
+// pull, as TIER_REFUSED with SK514 naming image_registries, unless the operator lists its registry there; a
+// refused one is never asked of its registry (a loopback listener of the test's counts no connection), an
+// allowed one is (the engine tries to pull it: it is not a registry, so IMAGE_UNAVAILABLE, not repeating what
+// the engine said of it). An image the engine has runs from any registry name. Issue 22, finding 6: the engine
+// pulled a repository's absent image from any registry.
 func TestRepoImageRegistries(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
@@ -68,10 +69,14 @@ func TestRepoImageRegistries(t *testing.T) {
 	write("copy/Dockerfile", "FROM "+testutil.TestImage(t)+"\nCOPY --from="+absent+" /x /x\n")
 	write("dc/.devcontainer/devcontainer.json", `{"image": "`+absent+`"}`)
 	specDC := write("dc/sandkeep.yaml", "sandbox:\n  mode: inline\n")
+	write("compose/.devcontainer/devcontainer.json", `{"dockerComposeFile": ["compose.yml"], "service": "app", "runServices": ["db"]}`)
+	write("compose/.devcontainer/compose.yml", "services:\n  app:\n    image: "+testutil.TestImage(t)+"\n  db:\n    image: "+absent+"\n")
+	specCompose := write("compose/sandkeep.yaml", "sandbox:\n  mode: inline\n")
 
 	for _, tc := range []struct{ name, spec, field string }{
 		{"spec image", specImage, "image"},
 		{"devcontainer image", specDC, "image"},
+		{"compose companion image", specCompose, "services.db.image"},
 		{"build FROM", specBuild, "build FROM"},
 		{"build COPY --from", specCopy, "build FROM"},
 	} {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 
@@ -16,9 +17,10 @@ type RunLogList struct {
 }
 
 // handleRunLogs answers GET /v1/runs/{id}/logs: the log of a run of the caller's tenant (another tenant's run is
-// RUN_NOT_FOUND, as a missing one), paged with after and limit.
+// RUN_NOT_FOUND, as a missing one), paged with after and limit; with follow=1, streamed as SSE (one `log` message
+// per entry, its seq as the id) until the run is over and its whole log was sent, then `end`.
 func (s *Server) handleRunLogs(w http.ResponseWriter, r *http.Request) {
-	after, limit, err := parseRunLogsQuery(r.URL.Query())
+	after, limit, follow, err := parseRunLogsQuery(r.URL.Query())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -26,6 +28,27 @@ func (s *Server) handleRunLogs(w http.ResponseWriter, r *http.Request) {
 	run, err := s.runOf(r.Context(), tenantOf(r), r.PathValue("id"))
 	if err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	if follow {
+		if after, err = lastEventID(r, after); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if _, err := s.runLogs(r.Context(), store.RunLogFilter{RunID: run.ID, AfterSeq: after, Limit: 1}); err != nil {
+			s.writeError(w, r, err) // a backend without run logs answers before the stream starts
+			return
+		}
+		s.follow(w, r, run, after, func(ctx context.Context, after int64) ([]sseItem, error) {
+			logs, err := s.runLogs(ctx, store.RunLogFilter{RunID: run.ID, AfterSeq: after, Limit: maxPage})
+			items := make([]sseItem, 0, len(logs))
+			for _, l := range logs {
+				if line, err := json.Marshal(l); err == nil {
+					items = append(items, sseItem{seq: l.Seq, name: "log", data: line})
+				}
+			}
+			return items, err
+		})
 		return
 	}
 	logs, err := s.runLogs(r.Context(), store.RunLogFilter{RunID: run.ID, AfterSeq: after, Limit: limit})
@@ -39,21 +62,24 @@ func (s *Server) handleRunLogs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, RunLogList{Logs: logs})
 }
 
-func parseRunLogsQuery(q url.Values) (after int64, limit int, err error) {
-	if err := checkQuery(q, "after", "limit"); err != nil {
-		return 0, 0, err
+func parseRunLogsQuery(q url.Values) (after int64, limit int, follow bool, err error) {
+	if err := checkQuery(q, "after", "limit", "follow"); err != nil {
+		return 0, 0, false, err
 	}
 	if after, err = intParam(q, "after", 0, 1<<62); err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	n, err := intParam(q, "limit", maxPage, 10*maxPage)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	if n == 0 {
 		n = maxPage
 	}
-	return after, int(n), nil
+	if follow, err = boolParam(q, "follow"); err != nil {
+		return 0, 0, false, err
+	}
+	return after, int(n), follow, nil
 }
 
 // RunLogs reads a run's log through the backend; a backend that keeps no run logs has none for any run

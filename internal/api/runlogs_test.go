@@ -33,7 +33,7 @@ func TestRunLogs(t *testing.T) {
 		t.Errorf("answer names the other tenant: %+v", a)
 	}
 	wantError(t, e.req("GET", "/v1/runs/nope/logs", e.tok, nil), http.StatusNotFound, "RUN_NOT_FOUND")
-	for _, q := range []string{"follow=1", "after=-1", "limit=x"} {
+	for _, q := range []string{"follow=x", "tail=1", "after=-1", "limit=x"} {
 		wantError(t, e.req("GET", "/v1/runs/"+mine.ID+"/logs?"+q, e.tok, nil), http.StatusBadRequest, "REQUEST_INVALID")
 	}
 }

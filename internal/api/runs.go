@@ -110,21 +110,50 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, EventList{Events: evs})
 		return
 	}
-	// A reconnecting EventSource sends the id of the last event it saw.
-	if v := r.Header.Get("Last-Event-ID"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			s.writeError(w, r, invalid("send the id of an event this stream sent", "Last-Event-ID %q is not a sequence number", v))
-			return
-		}
-		q.after = max(q.after, n)
+	after, err := lastEventID(r, q.after)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
-	s.follow(w, r, run, q.after)
+	s.follow(w, r, run, after, func(ctx context.Context, after int64) ([]sseItem, error) {
+		evs, err := s.backend.Events(ctx, store.EventFilter{RunID: run.ID, AfterSeq: after, Limit: maxPage})
+		items := make([]sseItem, 0, len(evs))
+		for _, e := range evs {
+			line, err := json.Marshal(e)
+			if err != nil {
+				continue // a stored payload is compact JSON (store.PrepareEvent); this cannot happen
+			}
+			items = append(items, sseItem{seq: e.Seq, name: sseName(e.Name), data: line})
+		}
+		return items, err
+	})
 }
 
-// follow streams run's events after seq as SSE until the run is over and every event of it was sent, the
-// client leaves, or the server drains. It polls the backend every PollInterval.
-func (s *Server) follow(w http.ResponseWriter, r *http.Request, run store.Run, after int64) {
+// lastEventID is after, raised to the id a reconnecting EventSource sends of the last message it saw.
+func lastEventID(r *http.Request, after int64) (int64, error) {
+	v := r.Header.Get("Last-Event-ID")
+	if v == "" {
+		return after, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, invalid("send the id of a message this stream sent", "Last-Event-ID %q is not a sequence number", v)
+	}
+	return max(after, n), nil
+}
+
+// sseItem is one message of a followed stream: its sequence number (the SSE id), event name and JSON data.
+type sseItem struct {
+	seq  int64
+	name string
+	data []byte
+}
+
+// follow streams run's records after seq (a page of at most maxPage at a time: its events, its log) as SSE
+// until the run is over and every record of it was sent, the client leaves, or the server drains. It polls the
+// backend every PollInterval.
+func (s *Server) follow(w http.ResponseWriter, r *http.Request, run store.Run, after int64,
+	page func(ctx context.Context, after int64) ([]sseItem, error)) {
 	ctx := r.Context()
 	h := w.Header()
 	h.Set("Content-Type", ctSSE)
@@ -151,21 +180,17 @@ func (s *Server) follow(w http.ResponseWriter, r *http.Request, run store.Run, a
 			run.Status = cur.Status
 			finished = store.Finished(cur.Status)
 		}
-		evs, err := s.backend.Events(ctx, store.EventFilter{RunID: run.ID, AfterSeq: after, Limit: maxPage})
+		evs, err := page(ctx, after)
 		if err != nil {
 			s.streamError(w, r, err)
 			return
 		}
 		var buf bytes.Buffer
 		for _, e := range evs {
-			line, err := json.Marshal(e)
-			if err != nil {
-				continue // a stored payload is compact JSON (store.PrepareEvent); this cannot happen
-			}
-			buf.WriteString("id: " + strconv.FormatInt(e.Seq, 10) + "\nevent: " + sseName(e.Name) + "\ndata: ")
-			buf.Write(line)
+			buf.WriteString("id: " + strconv.FormatInt(e.seq, 10) + "\nevent: " + e.name + "\ndata: ")
+			buf.Write(e.data)
 			buf.WriteString("\n\n")
-			after = e.Seq
+			after = e.seq
 		}
 		done := finished && len(evs) == 0
 		if done {
