@@ -16,6 +16,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/e2b/proto/process"
 	"github.com/sandkeep/sandkeep/internal/e2b/proto/process/processconnect"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/mcpserver"
 )
 
 // e2bHeaders sets the envd headers the e2b SDK sends on every call.
@@ -45,7 +46,7 @@ func (h e2bHeaders) WrapStreamingHandler(next connect.StreamingHandlerFunc) conn
 }
 
 // TestE2BProcessesShared: the E2B front's processes are the engine's. A command started through E2B's
-// process.Process (background, tagged) is listed by the native API (the Go SDK) under the sandbox's user
+// process.Process (background, tagged) is listed by the native API (the Go SDK) and MCP under the sandbox's user
 // (e2b-<id>), its output read there, and its start and end recorded as process_started and process_ended in a
 // run of the store; a process started through the native API is listed by E2B, connected to for its output and
 // killed through E2B, which the native API then reports killed. Where the engine has no processes (the
@@ -93,6 +94,15 @@ func TestE2BProcessesShared(t *testing.T) {
 	ps, err := cl.Processes(ctx, user)
 	if err != nil || len(ps) != 1 || ps[0].PID != pid || ps[0].Tag != "dev" || !ps[0].Running {
 		t.Fatalf("the native API lists %+v (%v), want the E2B process %d", ps, err, pid)
+	}
+	// MCP's list_processes for the same user shows it too.
+	cs, err := s.mcpHTTP(t, map[string]string{"Authorization": "Bearer " + tok, "Sandkeep-User": user})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml := mcpOut[mcpserver.ProcessList](t, mcpCall(t, cs, mcpserver.ToolProcesses, map[string]any{}))
+	if len(ml.Processes) != 1 || ml.Processes[0].PID != pid || !ml.Processes[0].Running {
+		t.Fatalf("MCP lists %+v, want the E2B process %d", ml.Processes, pid)
 	}
 	var out strings.Builder
 	if _, err := cl.ProcessOutput(ctx, user, client.ProcessRef{Tag: "dev"}, client.AttachOptions{}, &out, nil); err != nil || out.String() != "ready\n" {

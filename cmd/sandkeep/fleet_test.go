@@ -77,6 +77,13 @@ func postgresSchema(t *testing.T) string {
 // the store at dsn, the same Docker engine, installation id and secret, with leases of ttl.
 func (c *cli) fleetOf(t *testing.T, n int, ttl time.Duration) ([]*server, func() *server) {
 	t.Helper()
+	return c.fleetWith(t, n, ttl, "", "")
+}
+
+// fleetWith is fleetOf with extra lines of the fleet block (fleetLines, each indented by two spaces) and of the
+// server config (extra: templates, say) in every replica's file.
+func (c *cli) fleetWith(t *testing.T, n int, ttl time.Duration, fleetLines, extra string) ([]*server, func() *server) {
+	t.Helper()
 	var secret [24]byte
 	_, _ = rand.Read(secret[:])
 	env := []string{"SANDKEEP_FLEET_SECRET=" + hex.EncodeToString(secret[:])}
@@ -88,7 +95,7 @@ func (c *cli) fleetOf(t *testing.T, n int, ttl time.Duration) ([]*server, func()
 		}
 		started++
 		cfg := filepath.Join(t.TempDir(), "sandkeep-server.yaml")
-		yaml := fmt.Sprintf("fleet:\n  listen: 127.0.0.1:0\n  secret_env: SANDKEEP_FLEET_SECRET\n  lease_ttl: %s\n  installation: %s\nsweep:\n  interval: \"0\"\n", ttl, c.installation)
+		yaml := fmt.Sprintf("fleet:\n  listen: 127.0.0.1:0\n  secret_env: SANDKEEP_FLEET_SECRET\n  lease_ttl: %s\n  installation: %s\n%ssweep:\n  interval: \"0\"\n%s", ttl, c.installation, fleetLines, extra)
 		if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 			t.Fatal(err)
 		}

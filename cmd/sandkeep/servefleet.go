@@ -30,11 +30,15 @@ import (
 // labels its sandboxes with (so that one replica can take over another's).
 type fleetConfig struct {
 	Listen       string `yaml:"listen"`        // the internal address, e.g. 0.0.0.0:7879; empty: no fleet
-	Advertise    string `yaml:"advertise"`     // what other replicas dial (host:port); default: Listen
+	Advertise    string `yaml:"advertise"`     // what other replicas dial (host:port, ${VAR} expanded); default: Listen
 	SecretEnv    string `yaml:"secret_env"`    // the environment variable holding the shared secret (16 bytes or more)
 	LeaseTTL     string `yaml:"lease_ttl"`     // default 10s
 	Installation string `yaml:"installation"`  // 32 lower-case hex digits, the same on every replica
 	ReapInterval string `yaml:"reap_interval"` // how often the leading replica reaps (default 1m; "0": never)
+	// Leader is how the reaping replica is chosen and what it reaps: "store" (default: a lease in the store; the
+	// Docker engine's containers) or "kubernetes" (a coordination.k8s.io Lease through client-go's leader
+	// election; the sandbox namespace's records and pods, servefleet_kube.go).
+	Leader string `yaml:"leader"`
 }
 
 var installationRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -89,9 +93,14 @@ func (g *globals) openFleet(fc fleetConfig) (*fleetSetup, error) {
 	if err != nil {
 		return nil, fault.Wrap(err, fault.InvalidArgument, "choose a free address for fleet.listen", "cannot listen on %s", fc.Listen)
 	}
-	addr := fc.Advertise
+	// The advertised address may name the environment (`$(POD_IP)` is not expanded in a file from a Secret, so
+	// deploy/ writes `${POD_IP}:7879`): each replica's own address from one config every replica shares.
+	addr := os.ExpandEnv(fc.Advertise)
 	if addr == "" {
 		addr = ln.Addr().String()
+	}
+	if fc.Leader != "" && fc.Leader != leaderStore && fc.Leader != leaderKubernetes {
+		return nil, bad("set fleet.leader to store or kubernetes", "leader %q", fc.Leader)
 	}
 	if fc.ReapInterval != "" && fc.ReapInterval != "0" {
 		if d, err := time.ParseDuration(fc.ReapInterval); err != nil || d < time.Second {
@@ -143,7 +152,9 @@ func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.S
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hs.Serve(f.ln) })
 	wg.Go(func() { _ = f.replica.Run(ctx) })
-	if every := duration(f.cfg.ReapInterval, time.Minute); every > 0 && !sandboxOff {
+	if every := duration(f.cfg.ReapInterval, time.Minute); every > 0 && !sandboxOff && f.cfg.Leader == leaderKubernetes {
+		wg.Go(func() { f.reapKube(ctx, st, every, log) })
+	} else if every > 0 && !sandboxOff {
 		// The reaper of the Docker engine's containers; one replica at a time (the store lease "reaper").
 		if docker, err := client.New(client.FromEnv); err != nil {
 			fmt.Fprintf(log, "sandkeep: fleet: no reaper: %v\n", err)

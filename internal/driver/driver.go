@@ -65,6 +65,13 @@ type PortDialer interface {
 // ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
 var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
 
+// PostureHasher is optional: a driver that applies only part of a Posture hashes that part, so that what it does
+// not apply (the host paths of its mounts, on a driver that binds none) never recycles a sandbox. Replicas of a
+// fleet with their own state homes then agree on a sandbox's posture.
+type PostureHasher interface {
+	PostureHash(p Posture) string
+}
+
 // WorkspaceRemover is optional: a driver that keeps a sandbox's workspace itself (a Kubernetes claim) removes it
 // when the sandbox is removed without keeping its workspace. An absent workspace is not an error.
 type WorkspaceRemover interface {

@@ -251,3 +251,20 @@ func (r *Reaper) RunLeader(ctx context.Context, st LeaderStore, owner string, tt
 		}
 	}
 }
+
+// RunPasses makes a pass at once and then every interval until ctx ends, for a caller that leads by other means
+// (a Kubernetes Lease through client-go's leader election: ctx ends when the lead is lost).
+func (r *Reaper) RunPasses(ctx context.Context, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		if rep, err := r.Once(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("reaper: pass", "err", err, "removed", len(rep.Removed))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -48,7 +48,7 @@ type access struct {
 	inSystem                         bool // in the system namespace rather than the sandbox namespace
 }
 
-// driverAccess is every call internal/driver/kube makes, in the sandbox namespace: the Role must allow these and
+// driverAccess is every call internal/driver/kube (and the fleet's leader election) makes, in the sandbox namespace: the Role must allow these and
 // nothing else (TestDeployManifests compares the Role's rules with this list too).
 var driverAccess = []access{
 	{verb: "get", resource: "pods"}, {verb: "list", resource: "pods"}, {verb: "watch", resource: "pods"},
@@ -61,6 +61,9 @@ var driverAccess = []access{
 	{verb: "delete", group: "networking.k8s.io", resource: "networkpolicies"},
 	{verb: "get", resource: "namespaces", name: "@sandbox"},
 	{verb: "list", resource: "resourcequotas"}, // SANDBOX_CAPACITY: which quota refused a pod (kube.go overQuota)
+	// the fleet's reaper leader election (cmd/sandkeep servefleet_kube.go, client-go's LeaseLock)
+	{verb: "get", group: "coordination.k8s.io", resource: "leases"}, {verb: "create", group: "coordination.k8s.io", resource: "leases"},
+	{verb: "update", group: "coordination.k8s.io", resource: "leases"},
 }
 
 // deniedAccess must be refused: secrets, other verbs, other namespaces, anything cluster-wide.
@@ -78,6 +81,8 @@ var deniedAccess = []access{
 	{verb: "delete", resource: "namespaces", name: "@sandbox"}, {verb: "create", resource: "namespaces"},
 	{verb: "get", resource: "namespaces", name: "default"},
 	{verb: "list", resource: "nodes"}, {verb: "create", resource: "persistentvolumes"},
+	{verb: "delete", group: "coordination.k8s.io", resource: "leases"},
+	{verb: "update", group: "coordination.k8s.io", resource: "leases", inSystem: true},
 }
 
 // TestDeployManifests applies deploy/kubernetes to the test cluster (its namespaces renamed to the test's): the

@@ -268,6 +268,9 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 	}
 	p.Companions = companionsHash(sh.cfg.Companions) // companions.go; "" without companions
 	kp := keyPosture{posture: p, hash: p.Hash()}
+	if ph, ok := m.drv.(driver.PostureHasher); ok {
+		kp.hash = ph.PostureHash(p)
+	}
 	sh.postures.store(key.Hex(), kp)
 	return kp.posture, kp.hash, nil
 }
