@@ -638,15 +638,6 @@ func (p *pools) take(template string) *member {
 	return mb
 }
 
-// giveBack returns an unclaimed member to its pool.
-func (p *pools) giveBack(template string, mb *member) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pl := p.byTpl[template]; pl != nil {
-		pl.ready = append(pl.ready, mb)
-	}
-}
-
 // reconcileClaim settles a pending record, which only an older version wrote (before renaming the member to the
 // key's name): the rename happened (the key's name is the member's container) -> done; it did not -> the record
 // goes and the member stays in its pool. done reports the first.
