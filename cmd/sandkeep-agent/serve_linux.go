@@ -47,7 +47,9 @@ func serve(in io.Reader, out io.Writer) int {
 			s.closeForwards()
 			s.stop()
 			s.stopSupervisors()
-			if errors.Is(err, io.EOF) {
+			if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+				// A reset is the host closing its end with frames of ours still unread (a report, forwarded
+				// bytes): it left, as with EOF, and broke nothing.
 				return 0
 			}
 			s.log.Printf("read: %v", err)
