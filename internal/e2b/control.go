@@ -27,6 +27,20 @@ func (f *Front) authControl(r *http.Request, scope string) (store.Token, error) 
 	return hooks.Authenticate(r, r.Header.Get("X-API-KEY"), scope)
 }
 
+// ownedBy authenticates a control-plane call with scope and finds the sandbox of its path, answering the error
+// itself when either fails (ok false).
+func (f *Front) ownedBy(w http.ResponseWriter, r *http.Request, scope string) (tok store.Token, rec *record, ok bool) {
+	tok, err := f.authControl(r, scope)
+	if err == nil {
+		rec, err = f.owned(r, tok)
+	}
+	if err != nil {
+		f.writeError(w, r, err)
+		return tok, nil, false
+	}
+	return tok, rec, true
+}
+
 // owned returns the record of the path's sandbox if the request's tenant owns it; another tenant's sandbox
 // answers exactly as one that does not exist.
 func (f *Front) owned(r *http.Request, tok store.Token) (*record, error) {
@@ -300,28 +314,16 @@ func matches(have, want map[string]string) bool {
 }
 
 func (f *Front) handleGet(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeRead)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	rec, err := f.owned(r, tok)
-	if err != nil {
-		f.writeError(w, r, err)
+	_, rec, ok := f.ownedBy(w, r, auth.ScopeRead)
+	if !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, f.describe(rec, true))
 }
 
 func (f *Front) handleKill(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeExec)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	rec, err := f.owned(r, tok)
-	if err != nil {
-		f.writeError(w, r, err)
+	_, rec, ok := f.ownedBy(w, r, auth.ScopeExec)
+	if !ok {
 		return
 	}
 	b, _ := f.backend()
@@ -333,14 +335,8 @@ func (f *Front) handleKill(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *Front) handleTimeout(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeExec)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	rec, err := f.owned(r, tok)
-	if err != nil {
-		f.writeError(w, r, err)
+	_, rec, ok := f.ownedBy(w, r, auth.ScopeExec)
+	if !ok {
 		return
 	}
 	var body struct {
@@ -368,14 +364,8 @@ func (f *Front) handleTimeout(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *Front) handlePause(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeExec)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	rec, err := f.owned(r, tok)
-	if err != nil {
-		f.writeError(w, r, err)
+	_, rec, ok := f.ownedBy(w, r, auth.ScopeExec)
+	if !ok {
 		return
 	}
 	if rec.Paused {
@@ -393,14 +383,8 @@ func (f *Front) handlePause(w http.ResponseWriter, r *http.Request) {
 // handleConnect resumes a paused sandbox (its workspace kept; processes do not survive a pause) and extends
 // its timeout; a running one only gets the new timeout, when it is later than its end.
 func (f *Front) handleConnect(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeExec)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	rec, err := f.owned(r, tok)
-	if err != nil {
-		f.writeError(w, r, err)
+	_, rec, ok := f.ownedBy(w, r, auth.ScopeExec)
+	if !ok {
 		return
 	}
 	var body struct {
@@ -441,13 +425,7 @@ func (f *Front) handleConnect(w http.ResponseWriter, r *http.Request) {
 
 // handleMetrics answers no samples: the engine's stats are not yet read through the service.
 func (f *Front) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeRead)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	if _, err := f.owned(r, tok); err != nil {
-		f.writeError(w, r, err)
+	if _, _, ok := f.ownedBy(w, r, auth.ScopeRead); !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, []any{})

@@ -72,14 +72,8 @@ func tenantSnapshot(ctx context.Context, b service.Backend, tenant, id string) (
 // handleCreateSnapshot is POST /sandboxes/{id}/snapshots: a snapshot of the sandbox's workspace, named by the
 // caller or by sandkeep.
 func (f *Front) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeExec)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	rec, err := f.owned(r, tok)
-	if err != nil {
-		f.writeError(w, r, err)
+	_, rec, ok := f.ownedBy(w, r, auth.ScopeExec)
+	if !ok {
 		return
 	}
 	var body struct {
@@ -196,14 +190,8 @@ type errorJSON struct {
 // template, metadata and env vars, and a timeout of their own. Each fork succeeds or fails on its own (a failed
 // one leaves nothing behind); the answer lists each one's outcome.
 func (f *Front) handleFork(w http.ResponseWriter, r *http.Request) {
-	tok, err := f.authControl(r, auth.ScopeExec)
-	if err != nil {
-		f.writeError(w, r, err)
-		return
-	}
-	src, err := f.owned(r, tok)
-	if err != nil {
-		f.writeError(w, r, err)
+	tok, src, ok := f.ownedBy(w, r, auth.ScopeExec)
+	if !ok {
 		return
 	}
 	var body struct {
