@@ -77,14 +77,7 @@ func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, op
 	ok := false
 	defer func() {
 		if !ok { // nothing half-made: the copy, the workspace, a sandbox made for it
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time30s)
-			defer cancel()
-			if sb, err := m.inspectKey(cctx, to); err == nil && m.checkOurs(to, sb) == nil {
-				_ = m.drv.Remove(cctx, sb)
-			}
-			m.forget(to)
-			m.dropListener(to)
-			_ = m.home.RemoveWorkspace(to)
+			m.undoNew(ctx, to)
 		}
 	}()
 	dst, err := m.ensureWorkspace(ctx, to, sh, true)
