@@ -87,7 +87,20 @@ func (k Key) MemberName() string { return PoolPrefix + k.Short() }
 func (k Key) IsZero() bool { return k.hash == [sha256.Size]byte{} }
 
 // Hex is the full key, 64 hex digits; it names the workspace directory and the lock file.
-func (k Key) Hex() string { return hex.EncodeToString(k.hash[:]) }
+func (k Key) Hex() string {
+	sum := k.sum()
+	return hex.EncodeToString(sum[:])
+}
+
+// sum is the key's hash. A Key written as a literal (Key{Tenant: t, User: u}, which the library's public alias
+// allows) has none stored: it gets the one New would give it, never the all-zero hash every such key would
+// otherwise share (one sandbox, one workspace for all of them).
+func (k Key) sum() [sha256.Size]byte {
+	if k.hash == ([sha256.Size]byte{}) {
+		return Hash(k.Tenant, k.User)
+	}
+	return k.hash
+}
 
 // Short is the first 24 hex digits of the key, used in the container name and in messages.
 func (k Key) Short() string { return k.Hex()[:24] }

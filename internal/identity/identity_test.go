@@ -208,3 +208,19 @@ func FuzzNew(f *testing.F) {
 		}
 	})
 }
+
+// TestLiteralKeyHash: a Key written as a literal (the library's public alias allows it) names the sandbox New's
+// key names, not one all-zero name every literal key would share.
+func TestLiteralKeyHash(t *testing.T) {
+	made, err := New("acme", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, bob := Key{Tenant: "acme", User: "alice"}, Key{Tenant: "acme", User: "bob"}
+	if alice.Hex() != made.Hex() || alice.ContainerName() != made.ContainerName() {
+		t.Fatalf("literal %s, made %s", alice.ContainerName(), made.ContainerName())
+	}
+	if alice.Hex() == bob.Hex() {
+		t.Fatalf("two literal keys share %s", alice.ContainerName())
+	}
+}
