@@ -422,4 +422,3 @@ func (f *Front) handleConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, status, f.describe(rec, true))
 }
-
