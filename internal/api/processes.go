@@ -11,6 +11,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 // The process routes: commands that outlive their call (a dev server), started detached, listed, followed,
@@ -45,13 +46,13 @@ type ProcessBody struct {
 
 // ProcessResponse is one process and the request's id.
 type ProcessResponse struct {
-	*sandkeep.Process
+	*processes.Process
 	RequestID string `json:"request_id,omitempty"`
 }
 
 // ProcessList is the answer of GET /v1/sandboxes/{user}/processes.
 type ProcessList struct {
-	Processes []sandkeep.Process `json:"processes"`
+	Processes []processes.Process `json:"processes"`
 }
 
 // InputBody writes Data (UTF-8) or DataB64 (any bytes) to a process's stdin, then closes it when Close is set.
@@ -73,15 +74,15 @@ type ResizeBody struct {
 }
 
 // request turns b into the library's start request; the command's fields are read as an exec's.
-func (b ProcessBody) request() (sandkeep.StartRequest, error) {
+func (b ProcessBody) request() (processes.StartRequest, error) {
 	if b.Lifetime < 0 || b.Lifetime > maxTimeoutSeconds || math.IsNaN(b.Lifetime) {
-		return sandkeep.StartRequest{}, fault.New(fault.InvalidTimeout, "give lifetime in seconds, 1 to 86400", "lifetime %g is out of range", b.Lifetime)
+		return processes.StartRequest{}, fault.New(fault.InvalidTimeout, "give lifetime in seconds, 1 to 86400", "lifetime %g is out of range", b.Lifetime)
 	}
 	ereq, _, err := ExecBody{Argv: b.Argv, Command: b.Command, Workdir: b.Workdir, Env: b.Env}.request()
 	if err != nil {
-		return sandkeep.StartRequest{}, err
+		return processes.StartRequest{}, err
 	}
-	req := sandkeep.StartRequest{Argv: ereq.Argv, Workdir: ereq.Workdir, Env: ereq.Env,
+	req := processes.StartRequest{Argv: ereq.Argv, Workdir: ereq.Workdir, Env: ereq.Env,
 		Lifetime: time.Duration(b.Lifetime * float64(time.Second)), Stdin: b.Stdin, Tag: b.Tag, BufferLimit: b.BufferLimit,
 		RunID: b.RunID, Template: b.Template, Trust: b.Trust}
 	if b.TTY != nil {
@@ -91,18 +92,18 @@ func (b ProcessBody) request() (sandkeep.StartRequest, error) {
 }
 
 // refOf reads {ref}: a pid when it is all digits, else a tag.
-func refOf(r *http.Request) (sandkeep.ProcessRef, error) {
+func refOf(r *http.Request) (processes.Ref, error) {
 	s := r.PathValue("ref")
 	if s == "" {
-		return sandkeep.ProcessRef{}, invalid("name the process by pid or tag", "no process named")
+		return processes.Ref{}, invalid("name the process by pid or tag", "no process named")
 	}
 	if n, err := strconv.Atoi(s); err == nil {
 		if n <= 0 {
-			return sandkeep.ProcessRef{}, invalid("name the process by pid or tag", "pid %d is out of range", n)
+			return processes.Ref{}, invalid("name the process by pid or tag", "pid %d is out of range", n)
 		}
-		return sandkeep.ProcessRef{PID: n}, nil
+		return processes.Ref{PID: n}, nil
 	}
-	return sandkeep.ProcessRef{Tag: s}, nil
+	return processes.Ref{Tag: s}, nil
 }
 
 func (s *Server) processes() service.ProcessBackend { return s.backend.(service.ProcessBackend) }
@@ -148,7 +149,7 @@ func (s *Server) handleProcesses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ps == nil {
-		ps = []sandkeep.Process{}
+		ps = []processes.Process{}
 	}
 	writeJSON(w, http.StatusOK, ProcessList{Processes: ps})
 }
@@ -191,7 +192,7 @@ func (s *Server) handleProcessOutput(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st := &streamer{w: w, sse: streamFormat(r) == ctSSE}
-	opts := sandkeep.AttachOptions{Stdout: st.writer("stdout"), Stderr: st.writer("stderr"), Replay: replay || !follow, Snapshot: !follow}
+	opts := processes.AttachOptions{Stdout: st.writer("stdout"), Stderr: st.writer("stderr"), Replay: replay || !follow, Snapshot: !follow}
 	p, err := s.processes().AttachProcess(r.Context(), key, ref, opts)
 	if !st.end() {
 		if err != nil {
@@ -214,7 +215,7 @@ func (s *Server) handleProcessOutput(w http.ResponseWriter, r *http.Request) {
 
 // processCall is the shape of the routes that act on one process and answer 204.
 func (s *Server) processCall(w http.ResponseWriter, r *http.Request, body any,
-	act func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error) {
+	act func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error) {
 	key, err := keyOf(r)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -240,7 +241,7 @@ func (s *Server) processCall(w http.ResponseWriter, r *http.Request, body any,
 
 func (s *Server) handleProcessInput(w http.ResponseWriter, r *http.Request) {
 	var b InputBody
-	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
 		data := []byte(b.Data)
 		if b.DataB64 != "" {
 			if b.Data != "" {
@@ -268,8 +269,8 @@ func (s *Server) handleProcessInput(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleProcessSignal(w http.ResponseWriter, r *http.Request) {
 	var b SignalBody
-	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
-		sig, err := sandkeep.ParseSignal(b.Signal)
+	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
+		sig, err := processes.ParseSignal(b.Signal)
 		if err != nil {
 			return err
 		}
@@ -278,14 +279,14 @@ func (s *Server) handleProcessSignal(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleProcessKill(w http.ResponseWriter, r *http.Request) {
-	s.processCall(w, r, nil, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+	s.processCall(w, r, nil, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
 		return pb.KillProcess(ctx, key, ref)
 	})
 }
 
 func (s *Server) handleProcessResize(w http.ResponseWriter, r *http.Request) {
 	var b ResizeBody
-	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
 		return pb.ResizeProcess(ctx, key, ref, sandkeep.WindowSize{Rows: b.Rows, Cols: b.Cols})
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 // SnapshotBody is the JSON of POST /v1/sandboxes/{user}/snapshots.
@@ -22,7 +23,7 @@ type RestoreBody struct {
 
 // SnapshotList is the answer of GET /v1/snapshots.
 type SnapshotList struct {
-	Snapshots []sandkeep.Snapshot `json:"snapshots"`
+	Snapshots []snapshots.Snapshot `json:"snapshots"`
 }
 
 func (s *Server) snapshotter() (service.Snapshotter, error) {
@@ -46,7 +47,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	sn, err := s.snapshotter()
 	if err == nil {
-		var out sandkeep.Snapshot
+		var out snapshots.Snapshot
 		if out, err = sn.CreateSnapshot(r.Context(), key, b.Name, infoOf(r).id); err == nil {
 			writeJSON(w, http.StatusCreated, out)
 			return
@@ -71,7 +72,7 @@ func (s *Server) handleSnapshots(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if list == nil {
-		list = []sandkeep.Snapshot{}
+		list = []snapshots.Snapshot{}
 	}
 	writeJSON(w, http.StatusOK, SnapshotList{Snapshots: list})
 }
@@ -127,16 +128,16 @@ func (g *guarded) inner() (service.Snapshotter, error) {
 }
 
 // CreateSnapshot is the backend's.
-func (g *guarded) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (sandkeep.Snapshot, error) {
+func (g *guarded) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (snapshots.Snapshot, error) {
 	sn, err := g.inner()
 	if err != nil {
-		return sandkeep.Snapshot{}, err
+		return snapshots.Snapshot{}, err
 	}
 	return sn.CreateSnapshot(ctx, key, name, requestID)
 }
 
 // Snapshots is the backend's.
-func (g *guarded) Snapshots(ctx context.Context, tenant string) ([]sandkeep.Snapshot, error) {
+func (g *guarded) Snapshots(ctx context.Context, tenant string) ([]snapshots.Snapshot, error) {
 	sn, err := g.inner()
 	if err != nil {
 		return nil, err
