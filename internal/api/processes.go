@@ -12,6 +12,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/processes"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // The process routes: commands that outlive their call (a dev server), started detached, listed, followed,
@@ -28,57 +29,29 @@ import (
 // {ref} is a pid (digits) or a tag.
 
 // ProcessBody is the JSON of POST /v1/sandboxes/{user}/processes: an exec's command fields, and the process's.
-type ProcessBody struct {
-	Argv     []string          `json:"argv,omitempty"`
-	Command  string            `json:"command,omitempty"`
-	Workdir  string            `json:"workdir,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
-	Lifetime float64           `json:"lifetime,omitempty"` // seconds, at most 86400; 0 or absent: 3600
-	Stdin    bool              `json:"stdin,omitempty"`    // keep its stdin open for input
-	TTY      *ResizeBody       `json:"tty,omitempty"`      // run it on a pseudo-terminal of this size
-	Tag      string            `json:"tag,omitempty"`
-	// BufferLimit is its output ring per stream, in bytes (0: 1 MiB, at most 16 MiB).
-	BufferLimit int64  `json:"buffer_limit,omitempty"`
-	RunID       string `json:"run_id,omitempty"`
-	Template    string `json:"template,omitempty"`
-	Trust       string `json:"trust,omitempty"`
-}
+type ProcessBody = wire.ProcessStart
 
 // ProcessResponse is one process and the request's id.
-type ProcessResponse struct {
-	*processes.Process
-	RequestID string `json:"request_id,omitempty"`
-}
+type ProcessResponse = wire.Process
 
 // ProcessList is the answer of GET /v1/sandboxes/{user}/processes.
-type ProcessList struct {
-	Processes []processes.Process `json:"processes"`
-}
+type ProcessList = wire.ProcessList
 
 // InputBody writes Data (UTF-8) or DataB64 (any bytes) to a process's stdin, then closes it when Close is set.
-type InputBody struct {
-	Data    string `json:"data,omitempty"`
-	DataB64 string `json:"data_b64,omitempty"`
-	Close   bool   `json:"close,omitempty"`
-}
+type InputBody = wire.ProcessInput
 
 // SignalBody names a signal as kill(1) does: TERM, SIGINT, 9...
-type SignalBody struct {
-	Signal string `json:"signal"`
-}
+type SignalBody = wire.ProcessSignal
 
 // ResizeBody is a terminal's size.
-type ResizeBody struct {
-	Rows uint16 `json:"rows"`
-	Cols uint16 `json:"cols"`
-}
+type ResizeBody = wire.WindowSize
 
 // request turns b into the library's start request; the command's fields are read as an exec's.
-func (b ProcessBody) request() (processes.StartRequest, error) {
+func startRequest(b ProcessBody) (processes.StartRequest, error) {
 	if b.Lifetime < 0 || b.Lifetime > maxTimeoutSeconds || math.IsNaN(b.Lifetime) {
 		return processes.StartRequest{}, fault.New(fault.InvalidTimeout, "give lifetime in seconds, 1 to 86400", "lifetime %g is out of range", b.Lifetime)
 	}
-	ereq, _, err := ExecBody{Argv: b.Argv, Command: b.Command, Workdir: b.Workdir, Env: b.Env}.request()
+	ereq, _, err := execRequest(ExecBody{Argv: b.Argv, Command: b.Command, Workdir: b.Workdir, Env: b.Env})
 	if err != nil {
 		return processes.StartRequest{}, err
 	}
@@ -119,7 +92,7 @@ func (s *Server) handleStartProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req, err := b.request()
+	req, err := startRequest(b)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -130,7 +103,7 @@ func (s *Server) handleStartProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, ProcessResponse{Process: p, RequestID: req.RequestID})
+	writeJSON(w, http.StatusCreated, wireProcess(p, req.RequestID))
 }
 
 func (s *Server) handleProcesses(w http.ResponseWriter, r *http.Request) {
@@ -151,7 +124,7 @@ func (s *Server) handleProcesses(w http.ResponseWriter, r *http.Request) {
 	if ps == nil {
 		ps = []processes.Process{}
 	}
-	writeJSON(w, http.StatusOK, ProcessList{Processes: ps})
+	writeJSON(w, http.StatusOK, ProcessList{Processes: wireProcesses(ps)})
 }
 
 // boolQuery reads a query flag: 1/true or 0/false; def when absent.
@@ -207,10 +180,10 @@ func (s *Server) handleProcessOutput(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		fe, _ := s.classify(r, err)
-		st.final("error", map[string]errorBody{"error": {Code: fe.Code, Message: fe.Message, Hint: fe.Hint}})
+		st.final("error", map[string]errorBody{"error": wireError(fe)})
 		return
 	}
-	st.final("result", map[string]ProcessResponse{"result": {Process: p, RequestID: infoOf(r).id}})
+	st.final("result", map[string]ProcessResponse{"result": wireProcess(p, infoOf(r).id)})
 }
 
 // processCall is the shape of the routes that act on one process and answer 204.

@@ -8,23 +8,17 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/snapshots"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // SnapshotBody is the JSON of POST /v1/sandboxes/{user}/snapshots.
-type SnapshotBody struct {
-	Name string `json:"name,omitempty"` // "" for a fresh name
-}
+type SnapshotBody = wire.SnapshotCreate
 
 // RestoreBody is the JSON of POST /v1/snapshots/{name}/restore: the new user of the token's tenant.
-type RestoreBody struct {
-	User  string `json:"user"`
-	Trust string `json:"trust,omitempty"`
-}
+type RestoreBody = wire.SnapshotRestore
 
 // SnapshotList is the answer of GET /v1/snapshots.
-type SnapshotList struct {
-	Snapshots []snapshots.Snapshot `json:"snapshots"`
-}
+type SnapshotList = wire.SnapshotList
 
 func (s *Server) snapshotter() (service.Snapshotter, error) {
 	sn, ok := s.backend.(service.Snapshotter)
@@ -74,7 +68,7 @@ func (s *Server) handleSnapshots(w http.ResponseWriter, r *http.Request) {
 	if list == nil {
 		list = []snapshots.Snapshot{}
 	}
-	writeJSON(w, http.StatusOK, SnapshotList{Snapshots: list})
+	writeJSON(w, http.StatusOK, SnapshotList{Snapshots: wireSnapshots(list)})
 }
 
 func (s *Server) handleDeleteSnapshot(w http.ResponseWriter, r *http.Request) {
