@@ -114,7 +114,8 @@ func (c *cli) fleetWith(t *testing.T, n int, ttl time.Duration, fleetLines, extr
 // PostgreSQL and one Docker engine. Any replica accepts any request; the key's owner runs it (the other forwards
 // it, output streamed through); one container per key. Then SIGKILL of the replica that owns a busy key
 // mid-command: the caller gets a typed outcome (OWNER_LOST, never a success), the next command for that key
-// succeeds through the other replica within the lease's expiry plus 5 s, and the store holds every run once.
+// succeeds through the other replica within the lease's expiry plus 5 s in the same container (adopted, not
+// recreated: the replicas share fleet.sandbox_dir) with its workspace, and the store holds every run once.
 func TestFleetDocker(t *testing.T) {
 	dsn := postgresSchema(t)
 	c := newCLI(t)
@@ -123,7 +124,7 @@ func TestFleetDocker(t *testing.T) {
 	}
 	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off")
 	const ttl = 3 * time.Second
-	reps, _ := c.fleetOf(t, 2, ttl)
+	reps, _ := c.fleetWith(t, 2, ttl, "  sandbox_dir: "+t.TempDir()+"\n", "")
 	tenant := c.ten("fleet")
 	tok := c.createToken(t, tenant, "fleet", "")
 	cls := []*sdk.Client{reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)}
@@ -198,6 +199,12 @@ func TestFleetDocker(t *testing.T) {
 	if victim < 0 {
 		t.Fatalf("no replica is %s, the owner of u1", l.Owner)
 	}
+	// u1's workspace holds a file, and its container is this one.
+	if res, err := cls[victim].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo kept > before-kill.txt"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("write u1's file: %+v %v", res, err)
+	}
+	ok++
+	before := containerIDs(t, c)[key.Hex()]
 	type outcome struct {
 		res *sdk.ExecResult
 		err error
@@ -226,7 +233,7 @@ func TestFleetDocker(t *testing.T) {
 	tries := 0
 	for {
 		tries++
-		res, err := cls[survivor].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo after"})
+		res, err := cls[survivor].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo after; cat before-kill.txt"})
 		if err == nil {
 			after = res
 			break
@@ -240,8 +247,8 @@ func TestFleetDocker(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	took := time.Since(killed)
-	if after.Stdout != "after\n" || after.ExitCode != 0 {
-		t.Fatalf("exec after the takeover: %+v", after)
+	if after.Stdout != "after\nkept\n" || after.ExitCode != 0 {
+		t.Fatalf("exec after the takeover: %+v; want the workspace's file", after)
 	}
 	if took > ttl+5*time.Second {
 		t.Fatalf("the takeover took %s, want at most %s", took, ttl+5*time.Second)
@@ -250,6 +257,9 @@ func TestFleetDocker(t *testing.T) {
 	ok++
 	if n := containersPerKey(t, c)[key.Hex()]; n != 1 {
 		t.Errorf("after the takeover u1 has %d containers, want 1", n)
+	}
+	if ids := containerIDs(t, c)[key.Hex()]; len(ids) != 1 || len(before) != 1 || ids[0] != before[0] {
+		t.Errorf("u1's container was %v before the kill and %v after: want the same one, adopted", before, ids)
 	}
 
 	// The store: every answered command is one succeeded or failed run (exit 3 is a result, not a failure of
@@ -343,6 +353,16 @@ func waitRunning(t *testing.T, st store.Store, tenant, user string) {
 // containersPerKey counts this installation's containers by their key label.
 func containersPerKey(t *testing.T, c *cli) map[string]int {
 	t.Helper()
+	out := map[string]int{}
+	for k, ids := range containerIDs(t, c) {
+		out[k] = len(ids)
+	}
+	return out
+}
+
+// containerIDs lists this installation's containers by their key label.
+func containerIDs(t *testing.T, c *cli) map[string][]string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	list, err := testutil.Docker(t).ContainerList(ctx, client.ContainerListOptions{
@@ -351,9 +371,9 @@ func containersPerKey(t *testing.T, c *cli) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
+	out := map[string][]string{}
 	for _, it := range list.Items {
-		out[it.Labels[driver.LabelKey]]++
+		out[it.Labels[driver.LabelKey]] = append(out[it.Labels[driver.LabelKey]], it.ID)
 	}
 	return out
 }
