@@ -258,23 +258,18 @@ func runAsServiceAccount(ctx context.Context, t *testing.T, d *kube.Driver, kc *
 	if err := d.Start(ctx, sb); err != nil {
 		t.Fatalf("Start as the service account: %v", err)
 	}
-	// Commands through the API server's exec or over the pod's channel (which needs the pods watch): the driver
-	// says which way each went (Output.Started), which is what ExecResult.Transport reports.
+	// Commands through the API server's exec and over the pod's channel (which needs the pods watch).
+	var out bytes.Buffer
+	res, err := d.Exec(ctx, sb, request("sh", "-c", "echo hi > /workspace/f; cat /workspace/f"), driver.Output{Stdout: &out})
+	if err != nil || res.ExitCode != 0 || out.String() != "hi\n" {
+		t.Fatalf("Exec as the service account: %+v, %q, %v", res, out.String(), err)
+	}
 	overChannel := false
-	for i := 0; i < 40 && !overChannel; i++ {
-		var out bytes.Buffer
-		var via []bool
-		res, err := d.Exec(ctx, sb, request("sh", "-c", "echo hi > /workspace/f; cat /workspace/f"),
-			driver.Output{Stdout: &out, Started: func(ch bool) { via = append(via, ch) }})
-		if err != nil || res.ExitCode != 0 || out.String() != "hi\n" {
-			t.Fatalf("Exec %d as the service account: %+v, %q, %v", i, res, out.String(), err)
-		}
-		if len(via) != 1 {
-			t.Fatalf("Exec %d: Output.Started called %d times, want once", i, len(via))
-		}
-		overChannel = via[0]
-		if !overChannel {
-			time.Sleep(100 * time.Millisecond)
+	for i := 0; i < 10 && !overChannel; i++ {
+		var r result
+		r, overChannel = runVia(t, ctx, d, sb, "cat", "/workspace/f")
+		if r.exit != 0 || r.stdout != "hi\n" {
+			t.Fatalf("command %d as the service account: %+v", i, r)
 		}
 	}
 	if !overChannel || d.ChannelStats() == (kube.ChannelStats{}) {
