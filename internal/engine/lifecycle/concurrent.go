@@ -134,6 +134,9 @@ func (m *Manager) channelShared(ctx context.Context, key identity.Key, sb *drive
 			"another process serves the agent channel of the sandbox for %s", key)
 	}
 	d := channelWaitFresh
+	if m.offersChannel() {
+		d = channelWaitFreshNet // the pod's agent may still be dialling, or waiting for the informer to see the pod
+	}
 	if wait == waitLong || fresh {
 		d = channelWaitForce
 	}
