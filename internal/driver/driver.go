@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -110,6 +111,24 @@ type Capacity struct {
 	Source      string
 }
 
+// StatsReporter is optional: a driver that reads a running sandbox's resource use from its engine (Docker's
+// container stats). A sandbox that is not running is ErrConflict, as for Exec.
+type StatsReporter interface {
+	Stats(ctx context.Context, sb *Sandbox) (Stats, error)
+}
+
+// Stats is one sample of a sandbox's resource use as its engine counts it. CPUTime is cumulative since the
+// sandbox started; CPUs is what it may use (its limit, else the host's online CPUs); MemoryLimit is its limit,
+// else the host's memory; MemoryCache is the page cache counted in its memory (not in MemoryUsed).
+type Stats struct {
+	At          time.Time
+	CPUTime     time.Duration
+	CPUs        float64
+	MemoryUsed  int64
+	MemoryLimit int64
+	MemoryCache int64
+}
+
 // NoNetworkChecker is optional: a driver whose network "none" rests on enforcement it has to prove (the
 // kubernetes driver: a NetworkPolicy the cluster's plugin may not enforce) says whether a command that asked for
 // network none may run in sb. It returns nil where sb has no network, and an error (NETWORK_UNENFORCED, with the
@@ -148,17 +167,18 @@ type Output struct {
 	Stdin  io.Reader // nil: the command's stdin is /dev/null. Exec may return before a blocked Read does.
 	// Resize carries a TTY command's window size changes (agentproto.RunOptions.Resize); nil: none.
 	Resize <-chan agentproto.WindowSize
-	// Started, when set, is called by a ChannelReporter driver's Exec, synchronously and before Exec returns,
-	// each time the command goes out: overChannel says whether the driver's own agent channel carries it (else
-	// the engine's exec does). Other drivers never call it.
-	Started func(overChannel bool)
 }
 
-// ChannelReporter is optional: a driver whose Exec may carry a command over an agent channel of its own (the
-// kubernetes driver's pod channel) reports which way each command went through Output.Started, so that
-// exec_started, exec_finished and ExecResult.Transport say the truth.
-type ChannelReporter interface {
-	ReportsChannel() bool
+// AgentChannels is optional: a driver whose sandboxes' agents connect to the driver itself (the kubernetes
+// driver: over the pod network, verified by a per-pod token) offers each sandbox's channel as a channel.Slot,
+// the same session side the Docker driver's Unix socket channel installs into. The driver only accepts and
+// verifies connections; the lifecycle alone decides whether a command goes over the channel or through Exec.
+type AgentChannels interface {
+	// HasAgentChannel reports whether the driver serves its sandboxes' channels at all (it may be configured
+	// without).
+	HasAgentChannel() bool
+	// AgentChannel returns sb's channel, or nil when the driver serves none (Exec is then the only way in).
+	AgentChannel(sb *Sandbox) *channel.Slot
 }
 
 // State is a sandbox's engine state, normalised across drivers.
