@@ -803,7 +803,6 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 		return err
 	}
 	if d.ch != nil {
-		d.ch.noteStarted(sb.Name)
 		if err := d.startIsolated(ctx, sb, created.UID); err != nil {
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer ccancel()
@@ -1017,7 +1016,7 @@ func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Durati
 	wctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
 	defer cancel()
 	if d.ch != nil {
-		d.ch.forget(sb.Name)
+		d.ch.forget(sb.Name, false)
 	}
 	if err := d.deletePod(wctx, pod, grace); err != nil {
 		return fmt.Errorf("stop %s: %w", sb.Name, err)
@@ -1042,7 +1041,7 @@ func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
 	}
 	if err == nil && ownedBy(pod, types.UID(sb.ID)) {
 		if d.ch != nil {
-			d.ch.forget(sb.Name)
+			d.ch.forget(sb.Name, true)
 		}
 		if err := d.deletePod(ctx, pod, 0); err != nil {
 			return fmt.Errorf("remove %s: %w", sb.Name, err)

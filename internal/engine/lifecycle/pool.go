@@ -682,7 +682,7 @@ func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) 
 	m.mu.Unlock()
 	if own != nil && own != l {
 		own.Close()
-		_ = os.RemoveAll(filepath.Join(m.home.Dir, "chan", key.Short()))
+		_ = os.RemoveAll(filepath.Join(m.home.sandboxes(), "chan", key.Short()))
 	}
 	return sb, nil
 }
