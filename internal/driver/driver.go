@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -166,17 +167,18 @@ type Output struct {
 	Stdin  io.Reader // nil: the command's stdin is /dev/null. Exec may return before a blocked Read does.
 	// Resize carries a TTY command's window size changes (agentproto.RunOptions.Resize); nil: none.
 	Resize <-chan agentproto.WindowSize
-	// Started, when set, is called by a ChannelReporter driver's Exec, synchronously and before Exec returns,
-	// each time the command goes out: overChannel says whether the driver's own agent channel carries it (else
-	// the engine's exec does). Other drivers never call it.
-	Started func(overChannel bool)
 }
 
-// ChannelReporter is optional: a driver whose Exec may carry a command over an agent channel of its own (the
-// kubernetes driver's pod channel) reports which way each command went through Output.Started, so that
-// exec_started, exec_finished and ExecResult.Transport say the truth.
-type ChannelReporter interface {
-	ReportsChannel() bool
+// AgentChannels is optional: a driver whose sandboxes' agents connect to the driver itself (the kubernetes
+// driver: over the pod network, verified by a per-pod token) offers each sandbox's channel as a channel.Slot,
+// the same session side the Docker driver's Unix socket channel installs into. The driver only accepts and
+// verifies connections; the lifecycle alone decides whether a command goes over the channel or through Exec.
+type AgentChannels interface {
+	// HasAgentChannel reports whether the driver serves its sandboxes' channels at all (it may be configured
+	// without).
+	HasAgentChannel() bool
+	// AgentChannel returns sb's channel, or nil when the driver serves none (Exec is then the only way in).
+	AgentChannel(sb *Sandbox) *channel.Slot
 }
 
 // State is a sandbox's engine state, normalised across drivers.

@@ -785,7 +785,6 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 		return err
 	}
 	if d.ch != nil {
-		d.ch.noteStarted(sb.Name)
 		if err := d.startIsolated(ctx, sb, created.UID); err != nil {
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer ccancel()
@@ -999,7 +998,7 @@ func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Durati
 	wctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
 	defer cancel()
 	if d.ch != nil {
-		d.ch.forget(sb.Name)
+		d.ch.forget(sb.Name, false)
 	}
 	if err := d.deletePod(wctx, pod, grace); err != nil {
 		return fmt.Errorf("stop %s: %w", sb.Name, err)
@@ -1024,7 +1023,7 @@ func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
 	}
 	if err == nil && ownedBy(pod, types.UID(sb.ID)) {
 		if d.ch != nil {
-			d.ch.forget(sb.Name)
+			d.ch.forget(sb.Name, true)
 		}
 		if err := d.deletePod(ctx, pod, 0); err != nil {
 			return fmt.Errorf("remove %s: %w", sb.Name, err)

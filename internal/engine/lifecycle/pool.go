@@ -609,7 +609,7 @@ func (m *Manager) takeMember(key identity.Key, mb *member) (*driver.Sandbox, err
 	m.mu.Unlock()
 	if own != nil && own != l {
 		own.Close()
-		_ = os.RemoveAll(filepath.Join(m.home.Dir, "chan", key.Short()))
+		_ = os.RemoveAll(filepath.Join(m.home.sandboxes(), "chan", key.Short()))
 	}
 	return sb, nil
 }
