@@ -275,7 +275,7 @@ type Template struct {
 	Secrets []TemplateSecret
 	// Tenants may use the template; empty: every tenant.
 	Tenants []string
-	// Pool is how many sandboxes of the template a warm pool keeps made ahead (Manager.WarmPools); 0: none.
+	// Pool is how many sandboxes of the template a warm pool keeps made ahead (package pools); 0: none.
 	Pool int
 	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
 	HostState string

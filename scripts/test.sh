@@ -109,6 +109,9 @@ k8s_stage_run() {
 	k8s_suites_start=$(date +%s)
 	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
 		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
+	# warm pools on the node (issue 23): members, claims through two replicas, SIGKILL mid-claim, drain
+	env "${kube_env[@]}" go test -race -count=1 -timeout 20m -run '^(TestPoolKube|TestPoolClaimKilledKube)$' ./internal/engine/lifecycle \
+		|| fail "go test (warm pools on kubernetes; node logs in $k8s_log_dir)"
 	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestServeProcesses|TestServeProcessesMCP|TestFleetKube)$' ./cmd/sandkeep \
 		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"

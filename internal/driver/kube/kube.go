@@ -305,7 +305,7 @@ func (d *Driver) Namespace() string { return d.opts.Namespace }
 // cluster enforces it; the isolation policy is applied regardless.
 func (d *Driver) Capabilities() driver.Capabilities {
 	enforced, _ := d.NetworkPolicy()
-	return driver.Capabilities{Persistent: true, NetworkPolicy: enforced}
+	return driver.Capabilities{Persistent: true, NetworkPolicy: enforced, Pools: true}
 }
 
 // Ping asks the API server for its version and ensures the namespace.
@@ -569,6 +569,11 @@ func fromObjects(cm *corev1.ConfigMap, pod *corev1.Pod) *driver.Sandbox {
 	if t, err := time.Parse(time.RFC3339Nano, cm.Annotations[AnnotationFinish]); err == nil {
 		sb.FinishedAt = t
 	}
+	if c, ok := claimOf(cm); ok { // claim.go
+		sb.Labels[driver.LabelClaimedBy] = c.Key
+		sb.Labels[driver.LabelClaimTenant] = c.Tenant
+		sb.Labels[driver.LabelClaimUser] = c.User
+	}
 	if pod != nil && ownedBy(pod, cm.UID) {
 		sb.State = podState(pod)
 		if st := containerStatus(pod, ContainerName); st != nil {
@@ -646,6 +651,14 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 		Labels:      kubeLabels(spec.Labels),
 		Annotations: map[string]string{AnnotationLabels: string(labelsJSON), AnnotationRecord: string(recJSON)},
 	}}
+	if spec.Claim != nil { // claim.go: born claimed
+		raw, err := json.Marshal(spec.Claim)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: %w", spec.Name, err)
+		}
+		cm.Annotations[AnnotationClaim] = string(raw)
+		cm.Labels[LabelClaim] = claimLabel(spec.Claim.Key)
+	}
 	ns := d.opts.Namespace
 	created, err := d.api.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
 	if err != nil {
@@ -667,11 +680,21 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 
 // ensureClaim creates the key's workspace claim unless it exists.
 func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error {
-	ns, name := d.opts.Namespace, ClaimName(spec.Name)
+	ns, pvc := d.opts.Namespace, d.claimFor(spec.Name, spec.Labels)
+	_, err := d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
+	if err == nil || apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return fault.Wrap(err, fault.SandboxFailed, "check sandkeep's RBAC on persistentvolumeclaims in "+ns+" and the storage class",
+		"the cluster could not make the workspace claim %s", pvc.Name)
+}
+
+// claimFor is the workspace claim of the sandbox named name, labelled with its identity labels.
+func (d *Driver) claimFor(name string, labels map[string]string) *corev1.PersistentVolumeClaim {
 	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: kubeLabels(map[string]string{
-			driver.LabelInstallation: spec.Labels[driver.LabelInstallation], driver.LabelKey: spec.Labels[driver.LabelKey],
-			driver.LabelTenant: spec.Labels[driver.LabelTenant], driver.LabelUser: spec.Labels[driver.LabelUser],
+		ObjectMeta: metav1.ObjectMeta{Name: ClaimName(name), Labels: kubeLabels(map[string]string{
+			driver.LabelInstallation: labels[driver.LabelInstallation], driver.LabelKey: labels[driver.LabelKey],
+			driver.LabelTenant: labels[driver.LabelTenant], driver.LabelUser: labels[driver.LabelUser],
 		})},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -682,12 +705,7 @@ func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error
 		sc := d.opts.StorageClass
 		pvc.Spec.StorageClassName = &sc
 	}
-	_, err := d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
-	if err == nil || apierrors.IsAlreadyExists(err) {
-		return nil
-	}
-	return fault.Wrap(err, fault.SandboxFailed, "check sandkeep's RBAC on persistentvolumeclaims in "+ns+" and the storage class",
-		"the cluster could not make the workspace claim %s", name)
+	return pvc
 }
 
 // RemoveWorkspace deletes the workspace claim of the sandbox named name (what `rm` without keeping the workspace

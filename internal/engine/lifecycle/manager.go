@@ -382,7 +382,13 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 	if !keepWorkspace {
 		m.home.clearSuspended(key)                         // its workspace goes: the next sandbox is new, not resumed
 		if wr, ok := m.drv.(driver.WorkspaceRemover); ok { // a workspace the driver keeps (a Kubernetes claim)
-			if err := wr.RemoveWorkspace(ctx, key.ContainerName()); err != nil {
+			name := key.ContainerName()
+			if sb != nil {
+				name = sb.Name // a claimed pool member's keeps the member's name
+			} else if mk := m.home.phys(key); mk != key {
+				name = mk.MemberName()
+			}
+			if err := wr.RemoveWorkspace(ctx, name); err != nil {
 				return err
 			}
 		}
