@@ -205,6 +205,19 @@ func TestFleetDocker(t *testing.T) {
 	}
 	ok++
 	before := containerIDs(t, c)[key.Hex()]
+	// Its run's finish is written after the answer: waitRunning below must see the busy command's run, not this one.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		running, err := st.ListRuns(t.Context(), store.RunFilter{Tenant: tenant, User: "u1", Status: store.StatusRunning})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(running) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("u1's runs still running 30s after their answers: %+v", running)
+		}
+	}
 	type outcome struct {
 		res *sdk.ExecResult
 		err error
