@@ -38,6 +38,7 @@ func labels(t *testing.T, installation, tenant, user string) map[string]string {
 func TestDecide(t *testing.T) {
 	boom := errors.New("boom")
 	none := Facts{}
+	now := time.Date(2026, 12, 3, 19, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name   string
 		res    Resource
@@ -62,9 +63,25 @@ func TestDecide(t *testing.T) {
 		{"lease error beats a known run", Resource{Labels: labels(t, ours, "acme", "a"), State: "exited"}, Facts{LeaseErr: boom, RunActive: false}, false, ReasonLeaseUnknown},
 		{"store error", Resource{Labels: labels(t, ours, "acme", "a"), State: "exited"}, Facts{RunErr: boom}, false, ReasonStoreUnknown},
 		{"running run", Resource{Labels: labels(t, ours, "acme", "a"), State: "exited"}, Facts{RunActive: true}, false, ReasonRunActive},
+		{"running pod of a dead owner", Resource{Labels: labels(t, ours, "acme", "a"), State: "running", ReapRunning: true}, none, true, ReasonOrphaned},
+		{"running pod of a live owner", Resource{Labels: labels(t, ours, "acme", "a"), State: "running", ReapRunning: true}, Facts{LeaseLive: true}, false, ReasonLeased},
+		{"paused, even where running is reapable", Resource{Labels: labels(t, ours, "acme", "a"), State: "paused", ReapRunning: true}, none, false, ReasonActive},
+		{"a hold of the source", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Hold: ReasonWorkspaceKept}, none, false, ReasonWorkspaceKept},
+		{"a hold does not make another installation's ours", Resource{Labels: labels(t, "ffffffffffffffffffffffffffffffff", "acme", "a"), Hold: ReasonInUse}, none, false, ReasonForeign},
+		{"claim within its grace", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, Facts{LastActive: now.Add(-time.Minute)}, false, ReasonRecent},
+		{"claim past its grace", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, Facts{LastActive: now.Add(-2 * time.Hour)}, true, ReasonOrphaned},
+		{"claim never used, grace", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, none, true, ReasonOrphaned},
+		{"grace does not beat a store error", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, Facts{RunErr: boom}, false, ReasonStoreUnknown},
+		{"keyless abandoned", Resource{Kind: "networkpolicy", Keyless: true, State: "exited"}, none, true, ReasonOrphaned},
+		{"keyless in use", Resource{Kind: "networkpolicy", Keyless: true, Hold: ReasonInUse}, none, false, ReasonInUse},
+		{"keyless of another installation", Resource{Kind: "networkpolicy", Keyless: true, Labels: map[string]string{driver.LabelInstallation: "ff"}}, none, false, ReasonForeign},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := Decide(ours, tc.res, func(identity.Key) Facts { return tc.facts })
+			asked := false
+			v := Decide(ours, tc.res, now, func(identity.Key) Facts { asked = true; return tc.facts })
+			if tc.res.Keyless && asked {
+				t.Errorf("a keyless resource's key facts were asked")
+			}
 			if v.Remove != tc.remove || v.Reason != tc.reason {
 				t.Errorf("Decide = %+v, want remove %v, reason %s", v, tc.remove, tc.reason)
 			}
@@ -276,5 +293,52 @@ func TestLeader(t *testing.T) {
 	wg.Wait()
 	if src.overlap.Load() {
 		t.Errorf("two replicas reaped at once")
+	}
+}
+
+// leaseCheckingSource is one orphaned resource of key whose Remove looks at the key's lease meanwhile.
+type leaseCheckingSource struct {
+	t      *testing.T
+	st     store.Store
+	key    identity.Key
+	done   bool
+	during store.Lease
+	claim  error // a replica's claim of the key during the removal
+}
+
+func (s *leaseCheckingSource) List(context.Context) ([]Resource, error) {
+	if s.done {
+		return nil, nil
+	}
+	return []Resource{{Kind: "pod", Name: s.key.ContainerName(), Labels: labels(s.t, ours, s.key.Tenant, s.key.User), State: "running", ReapRunning: true}}, nil
+}
+
+func (s *leaseCheckingSource) Remove(ctx context.Context, _ Resource) error {
+	s.during, _ = s.st.GetLease(ctx, LeaseName(s.key))
+	_, s.claim = s.st.AcquireLease(ctx, LeaseName(s.key), "replica", "10.0.0.1:7879", time.Minute)
+	s.done = true
+	return nil
+}
+
+// TestRemoveUnderLease: a dead owner's running resource is removed under its key's lease, taken by the reaper
+// first (a replica's claim meanwhile is refused: it cannot adopt what is being removed) and released after (the
+// next claim takes the key at once).
+func TestRemoveUnderLease(t *testing.T) {
+	st := openStore(t)
+	key, _ := identity.New("acme", "dead")
+	src := &leaseCheckingSource{t: t, st: st, key: key}
+	r := New(Config{Installation: ours, Source: src, Store: st, Owner: "the-reaper"})
+	rep, err := r.Once(t.Context())
+	if err != nil || len(rep.Removed) != 1 {
+		t.Fatalf("Once = %+v, %v; want the one resource removed", rep, err)
+	}
+	if src.during.Owner != "the-reaper" || !src.during.Live {
+		t.Errorf("the key's lease during the removal: %+v; want the reaper's, live", src.during)
+	}
+	if !errors.Is(src.claim, store.ErrLeaseHeld) {
+		t.Errorf("a replica's claim during the removal: %v; want ErrLeaseHeld", src.claim)
+	}
+	if l, err := st.AcquireLease(t.Context(), LeaseName(key), "replica", "10.0.0.1:7879", time.Minute); err != nil || l.Owner != "replica" {
+		t.Errorf("a claim after the pass: %+v, %v; want the key taken", l, err)
 	}
 }
