@@ -268,6 +268,7 @@ if [ "$k8s_stage" = 1 ]; then
 	phase "kubernetes: scripts/k8s-up.sh"
 	kubeconfig=$(bash scripts/k8s-up.sh) || fail "scripts/k8s-up.sh (logs in $k8s_log_dir)"
 	trap 'k8s_cleanup; bash scripts/k8s-down.sh >&2 || true' EXIT
+	# The driver's suite includes TestReaperKube (issue 27: the reaper on the node) and TestDeployManifests.
 	phase "tier 3: go test -race (kubernetes) ./internal/driver/kube/..."
 	KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
 		go test -race -count=1 -timeout 20m ./internal/driver/kube/... || fail "go test (kubernetes; node logs in $k8s_log_dir)"
@@ -285,11 +286,11 @@ if [ "$k8s_stage" = 1 ]; then
 	# starts; one at a time, so no import lands under another binary's running tests.
 	not_on_kube='^(TestDevcontainerAsWritten|TestPortForwardChannel|TestLibraryRuns|TestDegradedRunProceeds)$'
 	kube_env=(SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG="$kubeconfig" SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1)
-	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestFleetKube"
+	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestFleetKube, TestDoctorCapacityKube"
 	k8s_suites_start=$(date +%s)
 	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
 		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
-	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestFleetKube)$' ./cmd/sandkeep \
+	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestFleetKube|TestDoctorCapacityKube)$' ./cmd/sandkeep \
 		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"

@@ -37,7 +37,7 @@ type fleetConfig struct {
 	ReapInterval string `yaml:"reap_interval"` // how often the leading replica reaps (default 1m; "0": never)
 	// Leader is how the reaping replica is chosen and what it reaps: "store" (default: a lease in the store; the
 	// Docker engine's containers) or "kubernetes" (a coordination.k8s.io Lease through client-go's leader
-	// election; the sandbox namespace's records and pods, servefleet_kube.go).
+	// election; the sandbox namespace's pods, records, claims and NetworkPolicies, servefleet_kube.go).
 	Leader string `yaml:"leader"`
 }
 

@@ -37,7 +37,7 @@ const (
 	retryPeriod   = 2 * time.Second
 )
 
-// reapKube reaps the sandbox namespace (records and pods, kube.ReapSource) while this replica holds ReaperLease,
+// reapKube reaps the sandbox namespace (pods, records, claims, NetworkPolicies: kube.ReapSource) while this replica holds ReaperLease,
 // through client-go's leader election, until ctx ends; the lease is released then (ReleaseOnCancel), so the next
 // replica leads at once.
 func (f *fleetSetup) reapKube(ctx context.Context, st store.Store, every time.Duration, log io.Writer) {
