@@ -211,7 +211,7 @@ type Report struct {
 
 // maxRounds bounds the rounds of a pass: a removal can free what depended on it (a claim once its sandbox is
 // gone, a channel policy once no pod dials it), which the next round's listing sees.
-const maxRounds = 3
+const maxRounds = 4
 
 // Once makes one pass: every listed resource decided, the orphans removed, in rounds until one removes nothing.
 func (r *Reaper) Once(ctx context.Context) (Report, error) {

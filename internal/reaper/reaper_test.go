@@ -11,10 +11,13 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/store"
@@ -183,6 +186,33 @@ func TestReaperDocker(t *testing.T) {
 	storeErr := make("storeerr", inst, false)
 	running := make("running", inst, true)
 	other := make("other", foreign, false)
+	// Compose companions (running, with a named volume): the dead sandbox's go with it (the next rounds see its
+	// sandbox gone, then the volume unused); the leased sandbox's stay.
+	companion := func(of string) (string, string) {
+		t.Helper()
+		name, vol := of+"-c-db", of+"-v-data"
+		lbl := map[string]string{docker.LabelCompanionOf: of, docker.LabelCompanionService: "db"}
+		if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: vol, Labels: lbl}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name,
+			Config: &container.Config{Image: image, Cmd: []string{"sleep", "3600"}, Labels: lbl},
+			HostConfig: &container.HostConfig{NetworkMode: "none",
+				Mounts: []mount.Mount{{Type: mount.TypeVolume, Source: vol, Target: "/data"}}}})
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		t.Cleanup(func() {
+			_, _ = cli.ContainerRemove(context.Background(), c.ID, client.ContainerRemoveOptions{Force: true})
+			_, _ = cli.VolumeRemove(context.Background(), vol, client.VolumeRemoveOptions{Force: true})
+		})
+		if _, err := cli.ContainerStart(ctx, c.ID, client.ContainerStartOptions{}); err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+		return name, vol
+	}
+	deadComp, deadVol := companion(dead)
+	leasedComp, leasedVol := companion(leased)
 	time.Sleep(10 * time.Millisecond) // the dead owner's 1ms lease is over
 
 	r := New(Config{Installation: inst, Source: Docker{API: cli}, Store: faultyStore{Store: st, leaseFails: "leaseerr", runFails: "storeerr"}})
@@ -207,6 +237,24 @@ func TestReaperDocker(t *testing.T) {
 		if exists := ierr == nil; exists == (want == ReasonOrphaned) {
 			t.Errorf("%s: exists %v after the pass (inspect: %v); want removed only when orphaned", name, exists, ierr)
 		}
+	}
+	for name, want := range map[string]string{deadComp: ReasonOrphaned, deadVol: ReasonOrphaned, leasedComp: ReasonInUse, leasedVol: ReasonInUse} {
+		got := rep.Kept[name]
+		if removed[name] {
+			got = ReasonOrphaned
+		}
+		if got != want {
+			t.Errorf("companion's %s: %q, want %q", name, got, want)
+		}
+	}
+	if _, err := cli.ContainerInspect(ctx, deadComp, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the dead sandbox's companion after the pass: %v, want it removed", err)
+	}
+	if _, err := cli.VolumeInspect(ctx, deadVol, client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the dead sandbox's companion volume after the pass: %v, want it removed", err)
+	}
+	if _, err := cli.ContainerInspect(ctx, leasedComp, client.ContainerInspectOptions{}); err != nil {
+		t.Errorf("the leased sandbox's companion after the pass: %v, want it kept", err)
 	}
 	evs, err := st.ListEvents(ctx, store.EventFilter{})
 	if err != nil {
