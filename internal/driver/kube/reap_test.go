@@ -108,7 +108,9 @@ func TestReaperKube(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	policy := func(d *kube.Driver) string { return kube.ChannelPolicyPrefix + policySuffix(t, ctx, kc, ns, d.ChannelAddr()) }
+	policy := func(d *kube.Driver) string {
+		return kube.ChannelPolicyPrefix + policySuffix(t, ctx, kc, ns, d.ChannelAddr())
+	}
 
 	// dead: its replica died (SIGKILL: nothing released) while its sandbox ran; the lease expired, the run ended.
 	dead := mk(deadD, "dead", inst)
