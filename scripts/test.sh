@@ -227,6 +227,14 @@ phase "tier 2: go test -race (the exec transport) -run '$exec_group' ."
 env "${docker_env[@]}" SANDKEEP_TRANSPORT=exec go test -race -count=1 -timeout 30m -run "$exec_group" . \
 	|| fail "go test (the exec transport)"
 
+# 2e: the unit tests -short leaves out (tier 1 runs -short), in packages without end-to-end tests, which 2a does
+# not run: bounded memory while streaming 100 MiB files and resolving 150 MiB features, the file API's suite a
+# second time through the agent's wire. A package whose tests use internal/testutil ran them whole in 2a.
+long_units='^(TestLargeFileStreamsWithBoundedMemory|TestStreamsWithBoundedMemory|TestViaAgent|TestResolveMemoryBounded)$'
+phase "tier 2: go test -race (the unit tests -short leaves out) -run '$long_units'"
+go test -race -count=1 -timeout 15m -run "$long_units" ./internal/api/ ./internal/files/ ./internal/devcontainer/feature/ \
+	|| fail "go test (the unit tests -short leaves out)"
+
 # 2d, last and alone: a test that restarts the Docker daemon (every container stops), which would disturb any
 # test running beside it.
 phase "tier 2: go test -race: the daemon restarts under a long-lived manager (alone)"

@@ -197,10 +197,14 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 				Authorize: func(r *http.Request, tool string) error { return h.Authorize(r, mcpserver.Scope(tool)) },
 			})
 		},
-		E2B: front.Handler,
+		E2B:     front.Handler,
+		Forward: forwardOf(fl),
 	})
 	if err != nil {
 		return err
+	}
+	if fl != nil {
+		fl.internal.SetAPI(srv.Handler())
 	}
 	ln, err := net.Listen("tcp", sc.Listen)
 	if err != nil {

@@ -45,13 +45,15 @@ var installationRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // fleetSetup is what serve needs of a fleet before it opens its Manager.
 type fleetSetup struct {
-	cfg     fleetConfig
-	secret  string
-	ttl     time.Duration
-	ln      net.Listener
-	address string
-	replica *fleet.Replica // made when the store is open (mutate)
-	wait    func()         // set by run
+	cfg      fleetConfig
+	secret   string
+	ttl      time.Duration
+	ln       net.Listener
+	address  string
+	replica  *fleet.Replica  // made when the store is open (mutate)
+	proxy    *fleet.Proxy    // set by run: api.Config.Forward
+	internal *fleet.Internal // set by run
+	wait     func()          // set by run
 }
 
 // openFleet checks the fleet block, pins the home's installation id to the fleet's and opens the internal
@@ -150,9 +152,14 @@ func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
 // run serves the internal wire, renews the leases and, unless sandboxing is off, reaps while this replica leads,
 // until ctx ends. The returned func shuts the wire down, waiting (bounded by its ctx) for the calls in flight;
 // f.wait then waits for everything run started, once ctx has ended.
+//
+// The internal address serves the public API too, for the requests another replica hands over whole
+// (f.proxy): f.internal.SetAPI once the API is built.
 func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.Store, sandboxOff bool, log io.Writer) (*fleet.Backend, func(context.Context)) {
 	b := fleet.NewBackend(local, f.replica, fleet.NewForwarder(nil, f.secret))
-	hs := &http.Server{Handler: fleet.NewHandler(b, f.secret), ReadHeaderTimeout: 10 * time.Second}
+	f.proxy = fleet.NewProxy(f.replica, f.secret)
+	f.internal = fleet.NewInternal(fleet.NewHandler(b, f.secret), f.secret)
+	hs := &http.Server{Handler: f.internal, ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hs.Serve(f.ln) })
 	wg.Go(func() { _ = f.replica.Run(ctx) })
@@ -176,4 +183,13 @@ func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.S
 		wg.Wait()
 	}
 	return b, func(ctx context.Context) { _ = hs.Shutdown(ctx) }
+}
+
+// forwardOf is the API's Forward of a fleet replica (nil without a fleet): requests that hold a stream to a key's
+// sandbox go to its owner whole.
+func forwardOf(f *fleetSetup) func(http.ResponseWriter, *http.Request, sandkeep.Key) (bool, error) {
+	if f == nil {
+		return nil
+	}
+	return f.proxy.Forward
 }

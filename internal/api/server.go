@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
 )
@@ -78,6 +79,12 @@ type Config struct {
 	// draining applied.
 	E2B func(b service.Backend, hooks E2BHooks) http.Handler
 
+	// Forward, when set, is asked first by the routes that hold a stream to one key's sandbox or its files (a
+	// TTY, port forwarding, processes, files), once the token is checked: when it serves the request itself it
+	// returns true (a fleet replica hands the request to the key's owner); an error is answered as every error
+	// is, before anything was written. false and nil: the route serves the request here.
+	Forward func(w http.ResponseWriter, r *http.Request, key sandkeep.Key) (bool, error)
+
 	// PollInterval is how often GET /v1/runs/{id}/events?follow=1 asks the backend for new events; default 500ms.
 	PollInterval time.Duration
 
@@ -116,6 +123,7 @@ type Server struct {
 	upRate      int64         // bytes per second; 0: no minimum
 	upWindow    time.Duration // over which upRate is averaged
 	poll        time.Duration
+	forward     func(http.ResponseWriter, *http.Request, sandkeep.Key) (bool, error) // Config.Forward
 	metricsT    string
 	metricsOpen bool // Config.MetricsOpen
 
@@ -153,7 +161,7 @@ func New(cfg Config) (*Server, error) {
 		maxBody: orDefault(cfg.MaxBodyBytes, DefaultMaxBodyBytes), maxUp: orDefault(cfg.MaxUploadBytes, DefaultMaxUploadBytes),
 		maxHead: int(orDefault(int64(cfg.MaxHeaderBytes), DefaultMaxHeaderBytes)),
 		poll:    time.Duration(orDefault(int64(cfg.PollInterval), int64(DefaultPollInterval))), metricsT: cfg.MetricsToken, metricsOpen: cfg.MetricsOpen,
-		mux: http.NewServeMux(),
+		mux: http.NewServeMux(), forward: cfg.Forward,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -219,16 +227,16 @@ func orDefault(v, def int64) int64 {
 // register mounts every route. Patterns are Go 1.22 ServeMux patterns; {path...} takes the rest of the path.
 func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b func(service.Backend, E2BHooks) http.Handler) {
 	s.handle("POST /v1/sandboxes/{user}/exec", authToken, s.handleExec, ScopeExec)
-	s.handle("GET /v1/sandboxes/{user}/exec/tty", authToken, s.handleExecTTY, ScopeExec)
-	s.handle("GET /v1/sandboxes/{user}/ports/{port}", authToken, s.handlePortForward, ScopeExec)
+	s.handle("GET /v1/sandboxes/{user}/exec/tty", authToken, s.owned(s.handleExecTTY), ScopeExec)
+	s.handle("GET /v1/sandboxes/{user}/ports/{port}", authToken, s.owned(s.handlePortForward), ScopeExec)
 	s.handle("GET /v1/sandboxes/{user}/ports", authToken, s.handleForwardPorts, ScopeRead)
-	s.handle("POST /v1/sandboxes/{user}/processes", authToken, s.handleStartProcess, ScopeExec)
-	s.handle("GET /v1/sandboxes/{user}/processes", authToken, s.handleProcesses, ScopeRead)
-	s.handle("GET /v1/sandboxes/{user}/processes/{ref}/output", authToken, s.handleProcessOutput, ScopeExec)
-	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/input", authToken, s.handleProcessInput, ScopeExec)
-	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/signal", authToken, s.handleProcessSignal, ScopeExec)
-	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/kill", authToken, s.handleProcessKill, ScopeExec)
-	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/resize", authToken, s.handleProcessResize, ScopeExec)
+	s.handle("POST /v1/sandboxes/{user}/processes", authToken, s.owned(s.handleStartProcess), ScopeExec)
+	s.handle("GET /v1/sandboxes/{user}/processes", authToken, s.owned(s.handleProcesses), ScopeRead)
+	s.handle("GET /v1/sandboxes/{user}/processes/{ref}/output", authToken, s.owned(s.handleProcessOutput), ScopeExec)
+	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/input", authToken, s.owned(s.handleProcessInput), ScopeExec)
+	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/signal", authToken, s.owned(s.handleProcessSignal), ScopeExec)
+	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/kill", authToken, s.owned(s.handleProcessKill), ScopeExec)
+	s.handle("POST /v1/sandboxes/{user}/processes/{ref}/resize", authToken, s.owned(s.handleProcessResize), ScopeExec)
 	s.handle("GET /v1/sandboxes", authToken, s.handleSandboxes, ScopeRead)
 	s.handle("GET /v1/sandboxes/{user}", authToken, s.handleSandbox, ScopeRead)
 	s.handle("POST /v1/sandboxes/{user}/stop", authToken, s.handleStop, ScopeAdmin)
@@ -238,8 +246,8 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b 
 	s.handle("DELETE /v1/snapshots/{name}", authToken, s.handleDeleteSnapshot, ScopeExec)
 	s.handle("POST /v1/snapshots/{name}/restore", authToken, s.handleRestoreSnapshot, ScopeExec)
 	s.handle("DELETE /v1/sandboxes/{user}", authToken, s.handleRemove, ScopeAdmin)
-	s.handle("PUT /v1/sandboxes/{user}/files/{path...}", authToken, s.handlePutFile, ScopeFiles)
-	s.handle("GET /v1/sandboxes/{user}/files/{path...}", authToken, s.handleGetFile, ScopeFiles)
+	s.handle("PUT /v1/sandboxes/{user}/files/{path...}", authToken, s.owned(s.handlePutFile), ScopeFiles)
+	s.handle("GET /v1/sandboxes/{user}/files/{path...}", authToken, s.owned(s.handleGetFile), ScopeFiles)
 	s.handle("POST /v1/sandboxes/{user}/runs", authToken, s.handleStartRun, ScopeExec)
 	s.handle("POST /v1/runs/{id}/finish", authToken, s.handleFinishRun, ScopeExec)
 	s.handle("GET /v1/templates", authToken, s.handleTemplates, ScopeRead)
@@ -265,6 +273,28 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b 
 		s.writeError(w, r, &httpError{status: http.StatusNotFound, fe: fault.New(fault.RequestInvalid,
 			"see /v1/openapi.json for the routes", "no route %s %s", r.Method, r.URL.Path)})
 	})
+}
+
+// owned wraps a route of one key's sandbox (a {user} in its path) that Config.Forward may serve elsewhere.
+func (s *Server) owned(h http.HandlerFunc) http.HandlerFunc {
+	if s.forward == nil {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, err := keyOf(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		served, err := s.forward(w, r, key)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !served {
+			h(w, r)
+		}
+	}
 }
 
 func (s *Server) handle(pattern string, auth authKind, h http.HandlerFunc, scopes ...string) {

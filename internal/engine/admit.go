@@ -117,6 +117,11 @@ type Run struct {
 //
 // Input that is not understood (a malformed spec, an unknown template, a bad trust) is an error without a run.
 func (m *Manager) Admit(ctx context.Context, rr RunRequest) (*Run, error) {
+	// A key may be a literal of the public alias rather than identity.New's: its parts are checked here, once,
+	// for every entry point, before anything is decided or recorded.
+	if err := rr.Key.Check(); err != nil {
+		return nil, err
+	}
 	if rr.RunID != "" {
 		return m.attach(ctx, rr)
 	}

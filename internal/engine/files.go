@@ -39,6 +39,9 @@ func (m *Manager) Files(key Key, create bool, lim FileLimits) (*Files, error) {
 // is started (its claim kept the files), a drifted one recreated. Without create, a key that has no sandbox is
 // FILE_NOT_FOUND; with create, its sandbox is made.
 func (m *Manager) FilesContext(ctx context.Context, key Key, create bool, lim FileLimits) (*Files, error) {
+	if err := key.Check(); err != nil {
+		return nil, err
+	}
 	var dir string
 	var uid, gid int
 	var err error

@@ -18,7 +18,8 @@ import (
 // Backend is the service.Backend of a replica: every call about a key goes to the key's owner, this replica
 // (the local Service, once the lease is claimed) or another (forwarded). Calls about no key (lists, runs,
 // events, templates, readiness) are answered here from the shared store and driver. Optional capabilities
-// that are not forwarded yet (files, port forwarding) are served only for keys this replica owns.
+// that hold a stream (files, port forwarding, processes) are served only for keys this replica owns: the HTTP
+// API hands their requests for other keys over whole (Proxy).
 type Backend struct {
 	local *service.Service
 	r     *Replica
@@ -34,6 +35,7 @@ var (
 	_ service.Backend           = (*Backend)(nil)
 	_ service.PortDialer        = (*Backend)(nil)
 	_ service.ForwardPortLister = (*Backend)(nil)
+	_ service.ProcessBackend    = (*Backend)(nil)
 )
 
 // route claims key: it returns nil when this replica serves it, else the owner to forward to.
@@ -241,28 +243,28 @@ func (b *Backend) endRunHere(ctx context.Context, key sandkeep.Key, id string, f
 	return b.local.EndRun(ctx, id, failed)
 }
 
-// Workspace implements service.Backend for keys this replica owns; file access is not forwarded yet.
+// Workspace implements service.Backend for keys this replica owns. The HTTP API hands file requests of other
+// replicas' keys over whole (Proxy); other entry points get FILES_UNAVAILABLE for them.
 func (b *Backend) Workspace(ctx context.Context, key sandkeep.Key, create bool) (*files.FS, error) {
 	to, err := b.route(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	if to != nil {
-		return nil, fault.New(fault.FilesUnavailable, "send file requests to the replica that owns the key",
-			"the workspace of %s is served by replica %s; file access is not forwarded between replicas yet", key, to.Owner)
+		return nil, errNotOwner(fault.FilesUnavailable, "the files", to)
 	}
 	return b.local.Workspace(ctx, key, create)
 }
 
-// DialPort implements service.PortDialer for keys this replica owns.
+// DialPort implements service.PortDialer for keys this replica owns (the HTTP API hands other keys' port
+// forwards over whole).
 func (b *Backend) DialPort(ctx context.Context, key sandkeep.Key, port int, pf sandkeep.PortForward) (net.Conn, error) {
 	to, err := b.route(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	if to != nil {
-		return nil, fault.New(fault.PortForwardUnavailable, "send port forwards to the replica that owns the key",
-			"the sandbox of %s is served by replica %s; port forwarding is not forwarded between replicas yet", key, to.Owner)
+		return nil, errNotOwner(fault.PortForwardUnavailable, "the ports", to)
 	}
 	return b.local.DialPort(ctx, key, port, pf)
 }

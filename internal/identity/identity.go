@@ -17,22 +17,29 @@ const MaxPartLen = 256
 // ContainerPrefix starts the name of every sandbox container.
 const ContainerPrefix = "sandkeep-u-"
 
-// Key identifies one sandbox: the hash of its (tenant, user). The zero Key is invalid.
+// Key identifies one sandbox: the hash of its (tenant, user). The zero Key is invalid. The hash is derived from
+// the two fields, never stored: a Key written as a literal (Key{Tenant: t, User: u}, which the library's public
+// alias allows) is equal to New's, names the same sandbox and finds the same gate in a map.
 type Key struct {
 	Tenant string
 	User   string
-	hash   [sha256.Size]byte
 }
 
 // New validates tenant and user and returns their Key.
 func New(tenant, user string) (Key, error) {
-	if err := ValidatePart("tenant", tenant); err != nil {
+	k := Key{Tenant: tenant, User: user}
+	if err := k.Check(); err != nil {
 		return Key{}, err
 	}
-	if err := ValidatePart("user", user); err != nil {
-		return Key{}, err
+	return k, nil
+}
+
+// Check validates a key's parts as New does; admission calls it for keys that did not come from New.
+func (k Key) Check() error {
+	if err := ValidatePart("tenant", k.Tenant); err != nil {
+		return err
 	}
-	return Key{Tenant: tenant, User: user, hash: Hash(tenant, user)}, nil
+	return ValidatePart("user", k.User)
 }
 
 // Hash is the SHA-256 over the framing ("tenant", t), ("user", u), each field as an 8-byte big-endian length
@@ -77,29 +84,19 @@ const PoolPrefix = "sandkeep-p-"
 // channel directory and uid until a key claims it, and then keeps naming them for that key (the claim record).
 func Member(template, id string) Key {
 	user := "pool/" + template + "/" + id
-	return Key{User: user, hash: Hash("", user)}
+	return Key{User: user}
 }
 
 // MemberName is the container name of the unclaimed pool member k.
 func (k Key) MemberName() string { return PoolPrefix + k.Short() }
 
-// IsZero reports whether k was never made by New.
-func (k Key) IsZero() bool { return k.hash == [sha256.Size]byte{} }
+// IsZero reports whether k is the zero Key (neither part set).
+func (k Key) IsZero() bool { return k == Key{} }
 
 // Hex is the full key, 64 hex digits; it names the workspace directory and the lock file.
 func (k Key) Hex() string {
-	sum := k.sum()
+	sum := Hash(k.Tenant, k.User)
 	return hex.EncodeToString(sum[:])
-}
-
-// sum is the key's hash. A Key written as a literal (Key{Tenant: t, User: u}, which the library's public alias
-// allows) has none stored: it gets the one New would give it, never the all-zero hash every such key would
-// otherwise share (one sandbox, one workspace for all of them).
-func (k Key) sum() [sha256.Size]byte {
-	if k.hash == ([sha256.Size]byte{}) {
-		return Hash(k.Tenant, k.User)
-	}
-	return k.hash
 }
 
 // Short is the first 24 hex digits of the key, used in the container name and in messages.

@@ -223,4 +223,11 @@ func TestLiteralKeyHash(t *testing.T) {
 	if alice.Hex() == bob.Hex() {
 		t.Fatalf("two literal keys share %s", alice.ContainerName())
 	}
+	// Equal as values too: a map keyed by Key (the gates, the process tables) finds one entry for both.
+	if alice != made {
+		t.Fatalf("literal %#v != made %#v", alice, made)
+	}
+	if err := (Key{Tenant: "acme"}).Check(); err == nil {
+		t.Fatal("a literal key without a user passed Check")
+	}
 }
