@@ -16,6 +16,7 @@ import (
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
+	"github.com/sandkeep/sandkeep/internal/build"
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/events"
@@ -213,9 +214,36 @@ func TestReaperDocker(t *testing.T) {
 	}
 	deadComp, deadVol := companion(dead)
 	leasedComp, leasedVol := companion(leased)
+	// Build images (of a digest of this test's own: the engine is shared): one no container uses, removed (no
+	// grace here); one a container was made from, kept.
+	digest := "reapertest-" + inst
+	src, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{Image: image, Cmd: []string{"true"}},
+		HostConfig: &container.HostConfig{NetworkMode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := func(tag string) string {
+		t.Helper()
+		res, err := cli.ContainerCommit(ctx, src.ID, client.ContainerCommitOptions{Reference: tag,
+			Changes: []string{"LABEL " + build.LabelDigest + "=" + digest, "LABEL reapertest=" + tag}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = cli.ImageRemove(context.Background(), res.ID, client.ImageRemoveOptions{Force: true}) })
+		return tag
+	}
+	unusedImg, usedImg := commit("sandkeep-reapertest-unused:"+suffix), commit("sandkeep-reapertest-used:"+suffix)
+	user, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{Image: usedImg, Cmd: []string{"true"}},
+		HostConfig: &container.HostConfig{NetworkMode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{src.ID, user.ID} {
+		t.Cleanup(func() { _, _ = cli.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true}) })
+	}
 	time.Sleep(10 * time.Millisecond) // the dead owner's 1ms lease is over
 
-	r := New(Config{Installation: inst, Source: Docker{API: cli}, Store: faultyStore{Store: st, leaseFails: "leaseerr", runFails: "storeerr"}})
+	r := New(Config{Installation: inst, Source: Docker{API: cli, ImageGrace: -1, onlyDigest: digest}, Store: faultyStore{Store: st, leaseFails: "leaseerr", runFails: "storeerr"}})
 	rep, err := r.Once(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +266,8 @@ func TestReaperDocker(t *testing.T) {
 			t.Errorf("%s: exists %v after the pass (inspect: %v); want removed only when orphaned", name, exists, ierr)
 		}
 	}
-	for name, want := range map[string]string{deadComp: ReasonOrphaned, deadVol: ReasonOrphaned, leasedComp: ReasonInUse, leasedVol: ReasonInUse} {
+	for name, want := range map[string]string{deadComp: ReasonOrphaned, deadVol: ReasonOrphaned, leasedComp: ReasonInUse, leasedVol: ReasonInUse,
+		unusedImg: ReasonOrphaned, usedImg: ReasonInUse} {
 		got := rep.Kept[name]
 		if removed[name] {
 			got = ReasonOrphaned
@@ -252,6 +281,12 @@ func TestReaperDocker(t *testing.T) {
 	}
 	if _, err := cli.VolumeInspect(ctx, deadVol, client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Errorf("the dead sandbox's companion volume after the pass: %v, want it removed", err)
+	}
+	if _, err := cli.ImageInspect(ctx, unusedImg); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the unused build image after the pass: %v, want it removed", err)
+	}
+	if _, err := cli.ImageInspect(ctx, usedImg); err != nil {
+		t.Errorf("the build image a container uses after the pass: %v, want it kept", err)
 	}
 	if _, err := cli.ContainerInspect(ctx, leasedComp, client.ContainerInspectOptions{}); err != nil {
 		t.Errorf("the leased sandbox's companion after the pass: %v, want it kept", err)
