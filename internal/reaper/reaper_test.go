@@ -239,7 +239,9 @@ func TestReaperDocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{src.ID, user.ID} {
-		t.Cleanup(func() { _, _ = cli.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true}) })
+		t.Cleanup(func() {
+			_, _ = cli.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true})
+		})
 	}
 	time.Sleep(10 * time.Millisecond) // the dead owner's 1ms lease is over
 
