@@ -139,6 +139,12 @@ type Config struct {
 	egressRoots    *x509.CertPool  // tests: which upstream roots it trusts
 }
 
+// SnapshotQuota bounds one tenant's snapshots (package snapshots): how many, and their archives' bytes.
+type SnapshotQuota struct {
+	Count int
+	Bytes int64
+}
+
 // Store is where runs, events and API tokens are recorded (package sandkeep/stores opens one).
 type Store = store.Store
 
@@ -226,7 +232,7 @@ func (c Config) engine() engine.Config {
 		MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, NoSweeper: c.NoSweeper, SweepInterval: c.SweepInterval, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
 		SandboxDefault: c.SandboxDefault, Spec: c.Spec, HostState: c.HostState, HostStateHome: c.HostStateHome, HostStatePaths: c.HostStatePaths, Repository: c.Repository, HostServices: c.HostServices, DefaultTemplate: c.DefaultTemplate,
-		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: c.SnapshotQuota, MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
+		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: engine.SnapshotQuota(c.SnapshotQuota), MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
 		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
 		OnEvent: engine.EventFunc(c.OnEvent), Logger: c.Logger, EnvErr: c.envErr,

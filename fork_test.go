@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 // TestForkDocker: a fork on the real driver. The new key's sandbox runs its source's template and holds the
@@ -43,7 +44,7 @@ func TestForkDocker(t *testing.T) {
 			mu.Unlock()
 		}
 	}}}
-	sb, err := s.m.Fork(ctx, a, rr, sandkeep.ForkLimits{})
+	sb, err := snapshots.Fork(ctx, s.m, a, rr, snapshots.ForkLimits{})
 	if err != nil {
 		t.Fatalf("Fork: %v", err)
 	}
@@ -85,16 +86,16 @@ func TestForkDocker(t *testing.T) {
 			t.Fatalf("%s left a workspace: %v", what, err)
 		}
 	}
-	_, err = s.m.Fork(ctx, a, sandkeep.RunRequest{Key: b}, sandkeep.ForkLimits{})
+	_, err = snapshots.Fork(ctx, s.m, a, sandkeep.RunRequest{Key: b}, snapshots.ForkLimits{})
 	if sandkeep.CodeOf(err) != "SANDBOX_EXISTS" {
 		t.Fatalf("fork onto an existing key: %v, want SANDBOX_EXISTS", err)
 	}
-	_, err = s.m.Fork(ctx, s.key("fork", "nobody"), sandkeep.RunRequest{Key: c}, sandkeep.ForkLimits{})
+	_, err = snapshots.Fork(ctx, s.m, s.key("fork", "nobody"), sandkeep.RunRequest{Key: c}, snapshots.ForkLimits{})
 	refused("a fork of a key without a sandbox", err, "SANDBOX_NOT_FOUND")
-	_, err = s.m.Fork(ctx, a, sandkeep.RunRequest{Key: c, Template: "other"}, sandkeep.ForkLimits{})
+	_, err = snapshots.Fork(ctx, s.m, a, sandkeep.RunRequest{Key: c, Template: "other"}, snapshots.ForkLimits{})
 	refused("a fork into another template", err, "INVALID_ARGUMENT")
-	_, err = s.m.Fork(ctx, a, sandkeep.RunRequest{Key: c}, sandkeep.ForkLimits{Bytes: 100000})
+	_, err = snapshots.Fork(ctx, s.m, a, sandkeep.RunRequest{Key: c}, snapshots.ForkLimits{Bytes: 100000})
 	refused("a fork past its byte limit", err, "QUOTA_EXCEEDED")
-	_, err = s.m.Fork(ctx, a, sandkeep.RunRequest{Key: c}, sandkeep.ForkLimits{Inodes: 4})
+	_, err = snapshots.Fork(ctx, s.m, a, sandkeep.RunRequest{Key: c}, snapshots.ForkLimits{Inodes: 4})
 	refused("a fork past its file limit", err, "QUOTA_EXCEEDED")
 }

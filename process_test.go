@@ -15,6 +15,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 // processesHere: processes need the Docker driver's agent channel under runc; the kubernetes driver, gVisor and
@@ -69,7 +70,7 @@ func TestProcessBesideCommands(t *testing.T) {
 	key := s.key("proc", "u1")
 	ctx := t.Context()
 	var log eventLog
-	p, err := s.m.StartProcess(ctx, key, sandkeep.StartRequest{
+	p, err := processes.Start(ctx, s.m, key, processes.StartRequest{
 		Argv: []string{"sh", "-c", "echo ready; while read line; do echo got $line; done; echo stdin closed; sleep 600"},
 		Tag:  "dev", Stdin: true, OnEvent: log.add,
 	})
@@ -82,7 +83,7 @@ func TestProcessBesideCommands(t *testing.T) {
 			t.Fatalf("command %d beside the process: %q", i, out)
 		}
 	}
-	ps, err := s.m.Processes(ctx, key)
+	ps, err := processes.List(ctx, s.m, key)
 	if err != nil || len(ps) != 1 || ps[0].PID != p.PID || !ps[0].Running || !ps[0].Stdin {
 		var agentLog bytes.Buffer
 		if rc, lerr := s.logs(key); lerr == nil {
@@ -93,36 +94,36 @@ func TestProcessBesideCommands(t *testing.T) {
 		defer log.mu.Unlock()
 		t.Fatalf("Processes: %+v %v; events %v %+v; the sandbox's log: %q", ps, err, log.all, log.end, agentLog.String())
 	}
-	if err := s.m.SendInput(ctx, key, sandkeep.ProcessRef{Tag: "dev"}, []byte("one\n")); err != nil {
+	if err := processes.SendInput(ctx, s.m, key, processes.Ref{Tag: "dev"}, []byte("one\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.m.CloseStdin(ctx, key, sandkeep.ProcessRef{PID: p.PID}); err != nil {
+	if err := processes.CloseStdin(ctx, s.m, key, processes.Ref{PID: p.PID}); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	got, err := s.m.AttachProcess(actx, key, sandkeep.ProcessRef{Tag: "dev"}, sandkeep.AttachOptions{Stdout: &out, Replay: true})
+	got, err := processes.Attach(actx, s.m, key, processes.Ref{Tag: "dev"}, processes.AttachOptions{Stdout: &out, Replay: true})
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) || got == nil || !got.Running || out.String() != "ready\ngot one\nstdin closed\n" {
 		t.Fatalf("attach: %+v %v %q", got, err, out.String())
 	}
-	if err := s.m.SendInput(ctx, key, sandkeep.ProcessRef{PID: p.PID}, []byte("x")); !fault.Is(err, fault.InvalidArgument) {
+	if err := processes.SendInput(ctx, s.m, key, processes.Ref{PID: p.PID}, []byte("x")); !fault.Is(err, fault.InvalidArgument) {
 		t.Fatalf("input after close: %v", err)
 	}
-	if err := s.m.KillProcess(ctx, key, sandkeep.ProcessRef{Tag: "dev"}); err != nil {
+	if err := processes.Kill(ctx, s.m, key, processes.Ref{Tag: "dev"}); err != nil {
 		t.Fatal(err)
 	}
-	got, err = s.m.AttachProcess(ctx, key, sandkeep.ProcessRef{PID: p.PID}, sandkeep.AttachOptions{})
+	got, err = processes.Attach(ctx, s.m, key, processes.Ref{PID: p.PID}, processes.AttachOptions{})
 	if err != nil || got.Running || !got.Killed {
 		t.Fatalf("after kill: %+v %v", got, err)
 	}
 	if e := log.ended(t, p.PID); e.Reason != events.ProcessKilled || e.Tag != "dev" {
 		t.Fatalf("process_ended: %+v", e)
 	}
-	if err := s.m.SignalProcess(ctx, key, sandkeep.ProcessRef{PID: p.PID}, syscall.SIGTERM); !fault.Is(err, fault.ProcessExited) {
+	if err := processes.Signal(ctx, s.m, key, processes.Ref{PID: p.PID}, syscall.SIGTERM); !fault.Is(err, fault.ProcessExited) {
 		t.Fatalf("signal to an exited process: %v", err)
 	}
-	if err := s.m.KillProcess(ctx, key, sandkeep.ProcessRef{Tag: "no-such"}); !fault.Is(err, fault.ProcessNotFound) {
+	if err := processes.Kill(ctx, s.m, key, processes.Ref{Tag: "no-such"}); !fault.Is(err, fault.ProcessNotFound) {
 		t.Fatalf("unknown tag: %v", err)
 	}
 	log.mu.Lock()
@@ -142,11 +143,11 @@ func TestProcessEnds(t *testing.T) {
 	key := s.key("proc", "u2")
 	ctx := t.Context()
 	var log eventLog
-	bounded, err := s.m.StartProcess(ctx, key, sandkeep.StartRequest{Argv: []string{"sleep", "600"}, Lifetime: 2 * time.Second, OnEvent: log.add})
+	bounded, err := processes.Start(ctx, s.m, key, processes.StartRequest{Argv: []string{"sleep", "600"}, Lifetime: 2 * time.Second, OnEvent: log.add})
 	if err != nil {
 		t.Fatal(err)
 	}
-	long, err := s.m.StartProcess(ctx, key, sandkeep.StartRequest{Argv: []string{"sh", "-c", "sleep 600 & sleep 600"}, OnEvent: log.add})
+	long, err := processes.Start(ctx, s.m, key, processes.StartRequest{Argv: []string{"sh", "-c", "sleep 600 & sleep 600"}, OnEvent: log.add})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestProcessEnds(t *testing.T) {
 	}
 	// The sandbox starts again for the next command, without the process.
 	s.sh(key, "true")
-	ps, err := s.m.Processes(ctx, key)
+	ps, err := processes.List(ctx, s.m, key)
 	if err != nil || len(ps) != 0 {
 		t.Fatalf("after a restart: %+v %v", ps, err)
 	}
@@ -225,7 +226,7 @@ func TestProcessUnavailable(t *testing.T) {
 	}
 	s := newSuite(t, cfg)
 	key := s.key("proc", "u4")
-	_, err := s.m.StartProcess(t.Context(), key, sandkeep.StartRequest{Argv: []string{"sleep", "60"}})
+	_, err := processes.Start(t.Context(), s.m, key, processes.StartRequest{Argv: []string{"sleep", "60"}})
 	if !fault.Is(err, fault.ProcessUnavailable) {
 		t.Fatalf("StartProcess: %v", err)
 	}

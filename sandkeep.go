@@ -46,9 +46,11 @@ type Code = fault.Code
 func CodeOf(err error) Code { return fault.CodeOf(err) }
 
 func init() {
-	// The engine's views for doctor (internal/doctor), which the public API leaves out.
+	// The engine's views for packages processes and snapshots and for doctor (internal/doctor).
 	engine.Facade.Manager = func(m any) *engine.Manager { return m.(*Manager).e }
+	engine.Facade.Run = func(r any) *engine.Run { return r.(*Run).r }
 	engine.Facade.RunRequest = func(rr any) engine.RunRequest { return rr.(RunRequest).engine() }
+	engine.Facade.Sandbox = func(sb engine.Sandbox) any { return sandboxOf(sb) }
 }
 
 // Manager admits runs and runs their commands in per-key sandboxes. It is safe for concurrent use, and several

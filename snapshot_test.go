@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 // TestSnapshotsDocker: a snapshot on the real driver. It keeps the workspace as it was (contents, modes, links),
@@ -43,7 +44,7 @@ func TestSnapshotsDocker(t *testing.T) {
 	const look = "find . | sort; md5sum blob src/f; stat -c '%n %a' tool; readlink link"
 	before := sh(a, look)
 
-	sn, err := s.m.CreateSnapshot(ctx, a, "base", sandkeep.SnapshotEvents{})
+	sn, err := snapshots.Create(ctx, s.m, a, "base", snapshots.Events{})
 	if err != nil {
 		t.Fatalf("CreateSnapshot: %v", err)
 	}
@@ -51,21 +52,21 @@ func TestSnapshotsDocker(t *testing.T) {
 		t.Fatalf("snapshot %+v", sn)
 	}
 	sh(a, "echo two > src/f") // after the snapshot: not in it
-	if _, err := s.m.CreateSnapshot(ctx, a, "base", sandkeep.SnapshotEvents{}); sandkeep.CodeOf(err) != "SNAPSHOT_EXISTS" {
+	if _, err := snapshots.Create(ctx, s.m, a, "base", snapshots.Events{}); sandkeep.CodeOf(err) != "SNAPSHOT_EXISTS" {
 		t.Fatalf("a second snapshot named base: %v, want SNAPSHOT_EXISTS", err)
 	}
-	auto, err := s.m.CreateSnapshot(ctx, a, "", sandkeep.SnapshotEvents{})
+	auto, err := snapshots.Create(ctx, s.m, a, "", snapshots.Events{})
 	if err != nil || auto.Name == "" || auto.Digest == sn.Digest {
 		t.Fatalf("a snapshot without a name: %+v, %v", auto, err)
 	}
-	if _, err := s.m.CreateSnapshot(ctx, a, "third", sandkeep.SnapshotEvents{}); sandkeep.CodeOf(err) != "QUOTA_EXCEEDED" {
+	if _, err := snapshots.Create(ctx, s.m, a, "third", snapshots.Events{}); sandkeep.CodeOf(err) != "QUOTA_EXCEEDED" {
 		t.Fatalf("a snapshot past the tenant's quota of 2: %v, want QUOTA_EXCEEDED", err)
 	}
-	list, err := s.m.Snapshots(tenant)
+	list, err := snapshots.List(s.m, tenant)
 	if err != nil || len(list) != 2 || list[0].Name != "base" {
 		t.Fatalf("Snapshots: %+v, %v", list, err)
 	}
-	if other, _ := s.m.Snapshots("another-" + tenant); len(other) != 0 {
+	if other, _ := snapshots.List(s.m, "another-"+tenant); len(other) != 0 {
 		t.Fatalf("another tenant sees %+v", other)
 	}
 
@@ -74,7 +75,7 @@ func TestSnapshotsDocker(t *testing.T) {
 	}
 	b := s.key("snap", "b")
 	var restored []string
-	sb, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: b, Observer: sandkeep.Observer{Event: func(name string, _ any) {
+	sb, err := snapshots.Restore(ctx, s.m, "base", sandkeep.RunRequest{Key: b, Observer: sandkeep.Observer{Event: func(name string, _ any) {
 		restored = append(restored, name)
 	}}})
 	if err != nil {
@@ -94,33 +95,33 @@ func TestSnapshotsDocker(t *testing.T) {
 	}
 	sh(b, "echo changed > src/f")
 	c := s.key("snap", "c")
-	if _, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: c}); err != nil {
+	if _, err := snapshots.Restore(ctx, s.m, "base", sandkeep.RunRequest{Key: c}); err != nil {
 		t.Fatal(err)
 	}
 	if got := sh(c, "cat src/f"); got != "one\n" {
 		t.Fatalf("a change after a restore reached the snapshot: %q", got)
 	}
-	if _, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: b}); sandkeep.CodeOf(err) != "SANDBOX_EXISTS" {
+	if _, err := snapshots.Restore(ctx, s.m, "base", sandkeep.RunRequest{Key: b}); sandkeep.CodeOf(err) != "SANDBOX_EXISTS" {
 		t.Fatalf("a restore onto an existing key: %v, want SANDBOX_EXISTS", err)
 	}
 	d := s.key("snap", "d")
-	if _, err := s.m.RestoreSnapshot(ctx, "nope", sandkeep.RunRequest{Key: d}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
+	if _, err := snapshots.Restore(ctx, s.m, "nope", sandkeep.RunRequest{Key: d}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
 		t.Fatalf("an unknown snapshot: %v, want SNAPSHOT_NOT_FOUND", err)
 	}
 	if _, err := s.m.Sandbox(ctx, d); sandkeep.CodeOf(err) != "SANDBOX_NOT_FOUND" {
 		t.Fatalf("a refused restore left a sandbox: %v", err)
 	}
 
-	if err := s.m.DeleteSnapshot(ctx, tenant, "base", sandkeep.SnapshotEvents{}); err != nil {
+	if err := snapshots.Delete(ctx, s.m, tenant, "base", snapshots.Events{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.m.DeleteSnapshot(ctx, tenant, "base", sandkeep.SnapshotEvents{}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
+	if err := snapshots.Delete(ctx, s.m, tenant, "base", snapshots.Events{}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
 		t.Fatalf("deleting it again: %v, want SNAPSHOT_NOT_FOUND", err)
 	}
-	if _, err := s.m.RestoreSnapshot(ctx, "base", sandkeep.RunRequest{Key: d}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
+	if _, err := snapshots.Restore(ctx, s.m, "base", sandkeep.RunRequest{Key: d}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
 		t.Fatalf("a deleted snapshot: %v, want SNAPSHOT_NOT_FOUND", err)
 	}
-	if _, err := s.m.CreateSnapshot(ctx, c, "third", sandkeep.SnapshotEvents{}); err != nil {
+	if _, err := snapshots.Create(ctx, s.m, c, "third", snapshots.Events{}); err != nil {
 		t.Fatalf("a snapshot once the quota has room again: %v", err)
 	}
 	mu.Lock()

@@ -28,6 +28,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // Client calls one sandkeep server with one token. It is safe for concurrent use.
@@ -96,80 +97,30 @@ type ExecRequest struct {
 }
 
 // Network is a caller's network block: it may only narrow the template's (NETWORK_WIDENED otherwise).
-type Network struct {
-	Mode   string   `json:"mode,omitempty"` // none or allowlist
-	Preset string   `json:"preset,omitempty"`
-	Rules  []string `json:"rules,omitempty"`
-}
+type Network = wire.Network
 
-func (r ExecRequest) body() ([]byte, error) {
-	type wire struct {
-		Argv        []string          `json:"argv,omitempty"`
-		Command     string            `json:"command,omitempty"`
-		Workdir     string            `json:"workdir,omitempty"`
-		Env         map[string]string `json:"env,omitempty"`
-		Timeout     float64           `json:"timeout,omitempty"`
-		Stdin       *string           `json:"stdin,omitempty"`
-		OutputLimit int64             `json:"output_limit,omitempty"`
-		RunID       string            `json:"run_id,omitempty"`
-		Template    string            `json:"template,omitempty"`
-		Trust       string            `json:"trust,omitempty"`
-		Network     *Network          `json:"network,omitempty"`
-	}
-	w := wire{Argv: r.Argv, Command: r.Command, Workdir: r.Workdir, Env: r.Env, Timeout: r.Timeout.Seconds(),
+func (r ExecRequest) toWire() wire.ExecRequest {
+	w := wire.ExecRequest{Argv: r.Argv, Command: r.Command, Workdir: r.Workdir, Env: r.Env, Timeout: r.Timeout.Seconds(),
 		OutputLimit: r.OutputLimit, RunID: r.RunID, Template: r.Template, Trust: r.Trust, Network: r.Network}
 	if r.Stdin != "" {
 		w.Stdin = &r.Stdin
 	}
-	return json.Marshal(w)
+	return w
 }
+
+func (r ExecRequest) body() ([]byte, error) { return json.Marshal(r.toWire()) }
 
 // ExecResult is the outcome of one command: the fields of `sandkeep exec --json`, and the request id.
-type ExecResult struct {
-	ExitCode        int        `json:"exit_code"` // 0..255; 128+N when killed by signal N; 124 when TimedOut
-	TimedOut        bool       `json:"timed_out"` // the deadline passed and the process tree was killed
-	Stdout          string     `json:"stdout"`    // empty with ExecStream
-	Stderr          string     `json:"stderr"`    // empty with ExecStream
-	StdoutTruncated bool       `json:"stdout_truncated"`
-	StderrTruncated bool       `json:"stderr_truncated"`
-	DurationMS      int64      `json:"duration_ms"`
-	Transport       string     `json:"transport"`
-	Sandbox         SandboxRef `json:"sandbox"`
-	RequestID       string     `json:"request_id"`
-}
+type ExecResult = wire.ExecResult
 
 // SandboxRef names the sandbox a command ran in.
-type SandboxRef struct {
-	Name   string `json:"name"`
-	ID     string `json:"id"`
-	Driver string `json:"driver"`
-	Tenant string `json:"tenant"`
-	User   string `json:"user"`
-}
+type SandboxRef = wire.SandboxRef
 
 // Sandbox describes one sandbox, as `sandkeep ps` shows it.
-type Sandbox struct {
-	Tenant    string     `json:"tenant"`
-	User      string     `json:"user"`
-	Key       string     `json:"key"`
-	Name      string     `json:"name"`
-	ID        string     `json:"id"`
-	State     string     `json:"state"`
-	Image     string     `json:"image"`
-	Template  string     `json:"template,omitempty"` // the operator template it was made for
-	CreatedAt time.Time  `json:"created_at"`
-	LastUsed  time.Time  `json:"last_used,omitzero"`
-	IdleFor   string     `json:"idle_for"`
-	Disk      *DiskUsage `json:"disk,omitempty"` // the workspace quota's use; nil without one
-}
+type Sandbox = wire.Sandbox
 
 // DiskUsage is a workspace quota's use, in bytes and inodes, and its limits.
-type DiskUsage struct {
-	Bytes       int64 `json:"bytes"`
-	BytesLimit  int64 `json:"bytes_limit"`
-	Inodes      int64 `json:"inodes"`
-	InodesLimit int64 `json:"inodes_limit"`
-}
+type DiskUsage = wire.DiskUsage
 
 // APIError is a failure the server answered. It unwraps to the *sandkeep.Error (a *fault.Error) with the
 // server's Code, Message and Hint.
@@ -187,14 +138,10 @@ func (e *APIError) Error() string { return e.Err.Error() }
 func (e *APIError) Unwrap() error { return e.Err }
 
 // errorBody is the JSON of an error answer.
-type errorBody struct {
-	Code    fault.Code `json:"code"`
-	Message string     `json:"message"`
-	Hint    string     `json:"hint"`
-}
+type errorBody = wire.Error
 
-func (b errorBody) fault() *fault.Error {
-	return &fault.Error{Code: b.Code, Message: b.Message, Hint: b.Hint}
+func faultOf(b errorBody) *fault.Error {
+	return &fault.Error{Code: fault.Code(b.Code), Message: b.Message, Hint: b.Hint}
 }
 
 // apiError reads a failure answer. A body that is not the server's JSON (a proxy's page, net/http's 431)
@@ -207,7 +154,7 @@ func apiError(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var b errorBody
 	if json.Unmarshal(raw, &b) == nil && b.Code != "" {
-		e.Err = b.fault()
+		e.Err = faultOf(b)
 		return e
 	}
 	code := fault.Internal
@@ -349,7 +296,7 @@ func readStream[R any](ctx context.Context, resp *http.Response, stdout, stderr 
 		case m.Result != nil:
 			return m.Result, nil
 		case m.Error != nil:
-			return nil, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: m.Error.fault()}
+			return nil, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: faultOf(*m.Error)}
 		}
 		data := m.DataB64
 		if m.Data != nil {
@@ -462,9 +409,7 @@ func (c *Client) List(ctx context.Context, user, path string) ([]Entry, error) {
 
 // Sandboxes lists the tenant's sandboxes, sorted by user.
 func (c *Client) Sandboxes(ctx context.Context) ([]Sandbox, error) {
-	var out struct {
-		Sandboxes []Sandbox `json:"sandboxes"`
-	}
+	var out wire.SandboxList
 	err := c.call(ctx, "GET", "/v1/sandboxes", nil, nil, nil, &out)
 	return out.Sandboxes, err
 }
@@ -487,25 +432,12 @@ func (c *Client) Remove(ctx context.Context, user string) error {
 }
 
 // AdmittedRun is a run as admission recorded it: commands attach to it with ExecRequest.RunID.
-type AdmittedRun struct {
-	ID        string   `json:"id"`
-	Tenant    string   `json:"tenant"`
-	User      string   `json:"user"`
-	Mode      string   `json:"mode"`
-	Source    string   `json:"source"`
-	Trust     string   `json:"trust"`
-	Driver    string   `json:"driver"`
-	Admission string   `json:"admission"`
-	Template  string   `json:"template,omitempty"`
-	Warnings  []string `json:"warnings,omitempty"`
-	Notice    string   `json:"notice,omitempty"`
-	RequestID string   `json:"request_id"`
-}
+type AdmittedRun = wire.RunAdmitted
 
 // StartRun admits a run for user (the same admission as an exec's own run), with a template ("" the tenant's
 // default) and a trust ("untrusted" lowers the token's). It needs the exec scope.
 func (c *Client) StartRun(ctx context.Context, user, template, trust string) (AdmittedRun, error) {
-	b, err := json.Marshal(map[string]string{"template": template, "trust": trust})
+	b, err := json.Marshal(wire.RunStart{Template: template, Trust: trust})
 	if err != nil {
 		return AdmittedRun{}, err
 	}
@@ -516,7 +448,7 @@ func (c *Client) StartRun(ctx context.Context, user, template, trust string) (Ad
 
 // FinishRun closes a running run as succeeded, or failed (CALLER_FAILED).
 func (c *Client) FinishRun(ctx context.Context, id string, failed bool) (Run, error) {
-	b, _ := json.Marshal(map[string]bool{"failed": failed})
+	b, _ := json.Marshal(wire.RunFinish{Failed: failed})
 	var r Run
 	err := c.call(ctx, "POST", "/v1/runs/"+escape(id)+"/finish", nil, bytes.NewReader(b), jsonBody(), &r)
 	return r, err
@@ -524,9 +456,7 @@ func (c *Client) FinishRun(ctx context.Context, id string, failed bool) (Run, er
 
 // Templates lists the operator templates the token's tenant may use.
 func (c *Client) Templates(ctx context.Context) ([]string, error) {
-	var out struct {
-		Templates []string `json:"templates"`
-	}
+	var out wire.TemplateList
 	err := c.call(ctx, "GET", "/v1/templates", nil, nil, nil, &out)
 	return out.Templates, err
 }
@@ -614,7 +544,7 @@ func follow[T any](ctx context.Context, c *Client, path string, after int64, fn 
 			if err := json.Unmarshal(data, &m); err != nil {
 				return true, fmt.Errorf("client: decode an event stream error: %w", err)
 			}
-			return true, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: m.Error.fault()}
+			return true, &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Err: faultOf(m.Error)}
 		}
 		var e T
 		if err := json.Unmarshal(data, &e); err != nil {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // Fork makes to, a new user of the token's tenant, a sandbox with a copy of user's workspace in user's template;
@@ -11,7 +13,7 @@ import (
 // without a sandbox is SANDBOX_NOT_FOUND, a to that has one SANDBOX_EXISTS, a copy past the quota or the tenant's
 // sandbox bound QUOTA_EXCEEDED (nothing is made).
 func (c *Client) Fork(ctx context.Context, user, to string) (Sandbox, error) {
-	b, err := json.Marshal(map[string]string{"to": to})
+	b, err := json.Marshal(wire.ForkRequest{To: to})
 	if err != nil {
 		return Sandbox{}, err
 	}

@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // StartRequest starts a process: a command that outlives the call (a dev server), run beside the user's
@@ -34,27 +36,7 @@ type StartRequest struct {
 }
 
 // Process is one process of a sandbox, as the server describes it.
-type Process struct {
-	PID     int       `json:"pid"`
-	Tag     string    `json:"tag,omitempty"`
-	Argv    []string  `json:"argv"`
-	Workdir string    `json:"workdir,omitempty"`
-	TTY     bool      `json:"tty,omitempty"`
-	Stdin   bool      `json:"stdin,omitempty"` // its stdin is open for input
-	Started time.Time `json:"started"`
-	Running bool      `json:"running"`
-	// Once not Running: its exit code (128+signal when a signal killed it), whether its lifetime passed or a
-	// caller killed it, and why it never ran (exit 126/127).
-	ExitCode      int    `json:"exit_code"`
-	Signal        int    `json:"signal,omitempty"`
-	TimedOut      bool   `json:"timed_out,omitempty"`
-	Killed        bool   `json:"killed,omitempty"`
-	StartError    string `json:"start_error,omitempty"`
-	StdoutDropped int64  `json:"stdout_dropped,omitempty"`
-	StderrDropped int64  `json:"stderr_dropped,omitempty"`
-	Sandbox       string `json:"sandbox"`
-	RequestID     string `json:"request_id,omitempty"`
-}
+type Process = wire.Process
 
 // ProcessRef names a process by its pid, or by its tag when PID is zero.
 type ProcessRef struct {
@@ -80,21 +62,7 @@ func (r ProcessRef) path(user string) (string, error) {
 // StartProcess starts req in user's sandbox and returns once it runs, with its pid. A command that cannot start
 // comes back not running, with exit 127 or 126 and StartError.
 func (c *Client) StartProcess(ctx context.Context, user string, req StartRequest) (*Process, error) {
-	type wire struct {
-		Argv        []string          `json:"argv,omitempty"`
-		Command     string            `json:"command,omitempty"`
-		Workdir     string            `json:"workdir,omitempty"`
-		Env         map[string]string `json:"env,omitempty"`
-		Lifetime    float64           `json:"lifetime,omitempty"`
-		Stdin       bool              `json:"stdin,omitempty"`
-		TTY         *WindowSize       `json:"tty,omitempty"`
-		Tag         string            `json:"tag,omitempty"`
-		BufferLimit int64             `json:"buffer_limit,omitempty"`
-		RunID       string            `json:"run_id,omitempty"`
-		Template    string            `json:"template,omitempty"`
-		Trust       string            `json:"trust,omitempty"`
-	}
-	body, err := json.Marshal(wire{Argv: req.Argv, Command: req.Command, Workdir: req.Workdir, Env: req.Env,
+	body, err := json.Marshal(wire.ProcessStart{Argv: req.Argv, Command: req.Command, Workdir: req.Workdir, Env: req.Env,
 		Lifetime: req.Lifetime.Seconds(), Stdin: req.Stdin, TTY: req.TTY, Tag: req.Tag, BufferLimit: req.BufferLimit,
 		RunID: req.RunID, Template: req.Template, Trust: req.Trust})
 	if err != nil {
@@ -111,9 +79,7 @@ func (c *Client) StartProcess(ctx context.Context, user string, req StartRequest
 
 // Processes lists user's processes, running and recently ended.
 func (c *Client) Processes(ctx context.Context, user string) ([]Process, error) {
-	var out struct {
-		Processes []Process `json:"processes"`
-	}
+	var out wire.ProcessList
 	if err := c.call(ctx, "GET", "/v1/sandboxes/"+escape(user)+"/processes", nil, nil, nil, &out); err != nil {
 		return nil, err
 	}
@@ -172,17 +138,17 @@ func (c *Client) post(ctx context.Context, user string, ref ProcessRef, route st
 
 // Input writes data to ref's stdin (a process started with Stdin).
 func (c *Client) Input(ctx context.Context, user string, ref ProcessRef, data []byte) error {
-	return c.post(ctx, user, ref, "input", map[string]string{"data_b64": base64.StdEncoding.EncodeToString(data)})
+	return c.post(ctx, user, ref, "input", wire.ProcessInput{DataB64: base64.StdEncoding.EncodeToString(data)})
 }
 
 // CloseStdin closes ref's stdin: it reads EOF.
 func (c *Client) CloseStdin(ctx context.Context, user string, ref ProcessRef) error {
-	return c.post(ctx, user, ref, "input", map[string]bool{"close": true})
+	return c.post(ctx, user, ref, "input", wire.ProcessInput{Close: true})
 }
 
 // Signal sends sig (as kill(1) names it: TERM, INT, HUP, 9...) to ref's process group.
 func (c *Client) Signal(ctx context.Context, user string, ref ProcessRef, sig string) error {
-	return c.post(ctx, user, ref, "signal", map[string]string{"signal": sig})
+	return c.post(ctx, user, ref, "signal", wire.ProcessSignal{Signal: sig})
 }
 
 // Kill kills ref's whole tree: SIGTERM, a grace, then SIGKILL.

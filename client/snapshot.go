@@ -4,26 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"time"
+
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // Snapshot is one snapshot of a workspace, as GET /v1/snapshots lists it.
-type Snapshot struct {
-	Name      string    `json:"name"`
-	Tenant    string    `json:"tenant"`
-	User      string    `json:"user"` // whose workspace it was taken from
-	Template  string    `json:"template,omitempty"`
-	Image     string    `json:"image,omitempty"`
-	Digest    string    `json:"digest"` // sha256:<hex> of the archive
-	Bytes     int64     `json:"bytes"`
-	CreatedAt time.Time `json:"created_at"`
-}
+type Snapshot = wire.Snapshot
 
 // CreateSnapshot archives user's workspace as a snapshot of the token's tenant called name ("" for a fresh
 // name). It needs the exec scope. A user without a sandbox is SANDBOX_NOT_FOUND, a name the tenant has
 // SNAPSHOT_EXISTS, one past the tenant's snapshot quota QUOTA_EXCEEDED.
 func (c *Client) CreateSnapshot(ctx context.Context, user, name string) (Snapshot, error) {
-	b, err := json.Marshal(map[string]string{"name": name})
+	b, err := json.Marshal(wire.SnapshotCreate{Name: name})
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -34,9 +26,7 @@ func (c *Client) CreateSnapshot(ctx context.Context, user, name string) (Snapsho
 
 // Snapshots lists the token's tenant's snapshots, sorted by name.
 func (c *Client) Snapshots(ctx context.Context) ([]Snapshot, error) {
-	var out struct {
-		Snapshots []Snapshot `json:"snapshots"`
-	}
+	var out wire.SnapshotList
 	err := c.call(ctx, "GET", "/v1/snapshots", nil, nil, nil, &out)
 	return out.Snapshots, err
 }
@@ -51,7 +41,7 @@ func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
 // called name, in its template. It needs the exec scope. An unknown name is SNAPSHOT_NOT_FOUND, a user that has a
 // sandbox SANDBOX_EXISTS, one past the tenant's max_sandboxes QUOTA_EXCEEDED.
 func (c *Client) RestoreSnapshot(ctx context.Context, name, user string) (Sandbox, error) {
-	b, err := json.Marshal(map[string]string{"user": user})
+	b, err := json.Marshal(wire.SnapshotRestore{User: user})
 	if err != nil {
 		return Sandbox{}, err
 	}

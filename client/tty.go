@@ -15,13 +15,11 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // WindowSize is a terminal's size in character cells.
-type WindowSize struct {
-	Rows uint16 `json:"rows"`
-	Cols uint16 `json:"cols"`
-}
+type WindowSize = wire.WindowSize
 
 // TTY is the terminal side of ExecTTY. Input is the terminal's input (a 0x03 byte is Ctrl-C: it interrupts the
 // command's foreground process); nil sends none. Output receives the terminal's output, stdout and stderr
@@ -47,17 +45,9 @@ func (c *Client) ExecTTY(ctx context.Context, user string, req ExecRequest, tty 
 	if req.Stdin != "" {
 		return nil, fault.New(fault.InvalidArgument, "pass the input as TTY.Input", "ExecTTY takes no ExecRequest.Stdin")
 	}
-	body, err := req.body()
-	if err != nil {
-		return nil, err
-	}
-	var start map[string]json.RawMessage
-	if err := json.Unmarshal(body, &start); err != nil {
-		return nil, err
-	}
+	start := wire.TTYStart{ExecRequest: req.toWire()}
 	if tty.Size != (WindowSize{}) {
-		size, _ := json.Marshal(tty.Size)
-		start["tty"] = size
+		start.TTY = &tty.Size
 	}
 	first, err := json.Marshal(start)
 	if err != nil {
@@ -89,7 +79,7 @@ func (c *Client) ExecTTY(ctx context.Context, user string, req ExecRequest, tty 
 			for {
 				select {
 				case ws2 := <-tty.Resize:
-					msg, _ := json.Marshal(map[string]WindowSize{"resize": ws2})
+					msg, _ := json.Marshal(wire.TTYControl{Resize: &ws2})
 					if ws.Write(ctx, websocket.MessageText, msg) != nil {
 						return
 					}
@@ -131,17 +121,14 @@ func (c *Client) ExecTTY(ctx context.Context, user string, req ExecRequest, tty 
 			}
 			continue
 		}
-		var final struct {
-			Result *ExecResult `json:"result"`
-			Error  *errorBody  `json:"error"`
-		}
+		var final wire.TTYFinal
 		if err := json.Unmarshal(msg, &final); err != nil {
 			return nil, fmt.Errorf("client: exec tty: final message: %w", err)
 		}
 		ws.Close(websocket.StatusNormalClosure, "")
 		switch {
 		case final.Error != nil:
-			return nil, &APIError{Status: http.StatusOK, Err: final.Error.fault()}
+			return nil, &APIError{Status: http.StatusOK, Err: faultOf(*final.Error)}
 		case final.Result != nil:
 			return final.Result, nil
 		}
@@ -188,20 +175,12 @@ func (c *Client) dialWS(ctx context.Context, path string, hdr http.Header) (*web
 
 // ForwardPort is one of the repository's devcontainer.json forwardPorts and what port forwarding does with it
 // (the library's sandkeep.ForwardPort): a Forwarded one is reached with DialPort(ctx, user, Port).
-type ForwardPort struct {
-	Entry     string `json:"entry"`               // as devcontainer.json writes it: 3000, "localhost:3000", "db:5432"
-	Port      int    `json:"port,omitempty"`      // the port inside the sandbox; 0 when Entry is not a port
-	Companion string `json:"companion,omitempty"` // the compose companion listening on Port, for "SERVICE:PORT"
-	Forwarded bool   `json:"forwarded"`
-	Why       string `json:"why,omitempty"` // why not, when not Forwarded
-}
+type ForwardPort = wire.ForwardPort
 
 // ForwardPorts lists the forwardPorts of the repository user's runs follow, in the file's order (scope read);
 // empty when it has none. Nothing is connected to.
 func (c *Client) ForwardPorts(ctx context.Context, user string) ([]ForwardPort, error) {
-	var out struct {
-		Ports []ForwardPort `json:"ports"`
-	}
+	var out wire.ForwardPortList
 	err := c.call(ctx, "GET", "/v1/sandboxes/"+escape(user)+"/ports", nil, nil, nil, &out)
 	return out.Ports, err
 }

@@ -53,29 +53,94 @@ for a in "$@"; do
 done
 [ "${#pkgs[@]}" -gt 0 ] || pkgs=(./...)
 
-# --- kubernetes stage, part 1: build the components in the background, niced, so the build overlaps the other
-# suites (about 11 minutes on a loaded 2-core machine; nothing when the cache, /var/cache/sandkeep-k8s/<version>,
-# has them). Full runs only; CI (CI=true) always runs the stage, a developer may skip it with SANDKEEP_SKIP_K8S=1.
+# --- kubernetes stage: build the components (cached by version in /var/cache/sandkeep-k8s/<version>: nothing to
+# do on a hit; about 11 minutes of niced CPU on a miss), bring a real single-node cluster up (scripts/k8s-up.sh),
+# run the kubernetes driver's suites on it, take it down. Full runs only; CI (CI=true) always runs the stage, a
+# developer may skip it with SANDKEEP_SKIP_K8S=1. It runs in the background beside tiers 1-3 (it needs Docker,
+# PostgreSQL and the toolchain, so it starts once they are up), its output in $k8s_log_dir/stage.log, printed
+# when it ends; SANDKEEP_K8S_SERIAL=1 runs it after them instead, as before.
 k8s_stage=0
 if [ "$short" = 0 ] && [ "${pkgs[*]}" = "./..." ] && { [ "${CI:-}" = true ] || [ "${SANDKEEP_SKIP_K8S:-0}" != 1 ]; }; then
 	k8s_stage=1
 fi
 k8s_log_dir="${SANDKEEP_K8S_LOGS:-/var/log/sandkeep-k8s}"
-k8s_build_pid=
+k8s_pid=
+k8s_up=0
 k8s_cleanup() {
-	if [ -n "$k8s_build_pid" ] && kill -0 "$k8s_build_pid" 2>/dev/null; then
-		kill -TERM -- "-$k8s_build_pid" 2>/dev/null || true
+	if [ -n "$k8s_pid" ] && kill -0 "$k8s_pid" 2>/dev/null; then
+		kill -TERM -- "-$k8s_pid" 2>/dev/null || true
+		wait "$k8s_pid" 2>/dev/null || true
+	fi
+	if [ "$k8s_up" = 1 ]; then
+		bash scripts/k8s-down.sh >&2 || true
 	fi
 }
 trap k8s_cleanup EXIT
-if [ "$k8s_stage" = 1 ]; then
-	mkdir -p "$k8s_log_dir"
-	phase "kubernetes: scripts/k8s-build.sh in the background (log $k8s_log_dir/build.log)"
-	k8s_build_start=$(date +%s)
-	setsid nice -n 19 bash scripts/k8s-build.sh >"$k8s_log_dir/build.log" 2>&1 </dev/null &
-	k8s_build_pid=$!
-fi
 # --- end kubernetes part 1 ---
+
+# --- kubernetes stage, part 2: a real single-node cluster (scripts/k8s-up.sh), the kubernetes driver's suites
+# against it, then the node down (started and waited for below). ---
+k8s_stage_run() {
+	local t0=$SECONDS kubeconfig
+	phase "kubernetes: scripts/k8s-build.sh (log $k8s_log_dir/build.log)"
+	nice -n 19 bash scripts/k8s-build.sh >"$k8s_log_dir/build.log" 2>&1 </dev/null ||
+		{ tail -n 40 "$k8s_log_dir/build.log"; fail "scripts/k8s-build.sh (log $k8s_log_dir/build.log)"; }
+	echo "k8s-build.sh: $((SECONDS - t0))s"
+	phase "kubernetes: scripts/k8s-up.sh"
+	kubeconfig=$(bash scripts/k8s-up.sh) || fail "scripts/k8s-up.sh (logs in $k8s_log_dir)"
+	# The driver's suite includes TestReaperKube (issue 27: the reaper on the node) and TestDeployManifests.
+	phase "tier 3: go test -race (kubernetes) ./internal/driver/kube/..."
+	KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
+		go test -race -count=1 -timeout 20m ./internal/driver/kube/... || fail "go test (kubernetes; node logs in $k8s_log_dir)"
+	# The library's suite on the node (SANDKEEP_TEST_DRIVER=kubernetes points it at it, internal/testutil/kubetest):
+	# the lifecycle tests (the few that read Docker itself skip on kubernetes, each saying why), the egress suites
+	# (TestEgress*: allowlist and network_blocked events, no bypass, address classes, silent hosts, TLS inspection
+	# with credential injection and the SNI check, presets, the CA bundle, per-command policy and token, the
+	# refusal flood) through the pod's forwarded proxy under NetworkPolicy (kube-router), each test in its own
+	# namespace with its own enforcement probe, and the file API (TestFiles) through the pod's agent. Chosen by
+	# package, less a named group that is Docker's only: the devcontainer builds, the channel's port forwarding,
+	# the run records' Docker test and the degraded path (no kubernetes there). Then, through a real `sandkeep
+	# serve`, the API suite with its files, the serve restart (adoption, a pod deleted behind its back), the e2b SDK and
+	# the fleet (three serve replicas on the store's PostgreSQL: 200 commands round-robin, a rolling restart, SIGKILL).
+	# -p 1 and one binary per package: each test binary imports the images into the node's containerd when it
+	# starts; one at a time, so no import lands under another binary's running tests.
+	not_on_kube='^(TestDevcontainerAsWritten|TestPortForwardChannel|TestLibraryRuns|TestDegradedRunProceeds)$'
+	kube_env=(SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG="$kubeconfig" SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1)
+	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestFleetKube, TestDoctorCapacityKube"
+	k8s_suites_start=$(date +%s)
+	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
+		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
+	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestFleetKube|TestDoctorCapacityKube)$' ./cmd/sandkeep \
+		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
+	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
+	phase "kubernetes: scripts/k8s-down.sh"
+	bash scripts/k8s-down.sh || fail "scripts/k8s-down.sh"
+	echo "kubernetes stage (build, up, tests, down): $((SECONDS - t0))s"
+}
+
+# k8s_stage_start runs the stage in the background, in a process group of its own (the cleanup ends it whole).
+k8s_stage_start() {
+	mkdir -p "$k8s_log_dir"
+	phase "kubernetes: the stage in the background (log $k8s_log_dir/stage.log)"
+	k8s_up=1 # k8s-down.sh is idempotent: the cleanup takes the node down whatever the stage reached
+	setsid bash -c "$(declare -f phase fail k8s_stage_run); $(declare -p k8s_log_dir); set -euo pipefail; k8s_stage_run" \
+		>"$k8s_log_dir/stage.log" 2>&1 </dev/null &
+	k8s_pid=$!
+	k8s_started=$SECONDS
+}
+
+# k8s_stage_wait waits for the stage, prints its log and fails the run when it failed.
+k8s_stage_wait() {
+	phase "kubernetes: waiting for the stage"
+	local rc=0
+	wait "$k8s_pid" || rc=$?
+	k8s_pid=
+	cat "$k8s_log_dir/stage.log"
+	[ "$rc" = 0 ] || fail "the kubernetes stage (log above; node logs in $k8s_log_dir)"
+	k8s_up=0 # it took the node down itself
+	echo "kubernetes stage: ended $((SECONDS - k8s_started))s after it started"
+}
+# --- end kubernetes part 2 ---
 
 
 # --- tier 1 (short): go vet, gofmt, (full runs) deadcode, go test -short. With --short nothing else runs, and nothing here
@@ -183,6 +248,10 @@ for tsdir in test/mcp-ts test/e2b-ts; do
 	fi
 done
 
+if [ "$k8s_stage" = 1 ] && [ "${SANDKEEP_K8S_SERIAL:-0}" != 1 ]; then
+	k8s_stage_start
+fi
+
 tier1
 
 # --- tier 2 (docker): the end-to-end suites against the real engine, each behaviour once at its layer.
@@ -235,11 +304,6 @@ phase "tier 2: go test -race (the unit tests -short leaves out) -run '$long_unit
 go test -race -count=1 -timeout 15m -run "$long_units" ./internal/api/ ./internal/files/ ./internal/devcontainer/feature/ \
 	|| fail "go test (the unit tests -short leaves out)"
 
-# 2d, last and alone: a test that restarts the Docker daemon (every container stops), which would disturb any
-# test running beside it.
-phase "tier 2: go test -race: the daemon restarts under a long-lived manager (alone)"
-env "${docker_env[@]}" SANDKEEP_TEST_DAEMON_RESTART=1 go test -race -count=1 -timeout 10m -run '^TestDaemonRestart$' . \
-	|| fail "go test (daemon restart)"
 
 # --- tier 3a: gVisor (runsc), over the engine's exec (runsc has no agent channel): the Docker driver's whole
 # package (conformance, hardening probes with gVisor's answers, uids, quota, /tmp) and lifecycle's, then the
@@ -262,50 +326,19 @@ if [ "$SANDKEEP_RUNSC" = 1 ]; then
 	echo "tier 3a (runsc): $((SECONDS - t0))s"
 fi
 
-# --- kubernetes stage, part 2: a real single-node cluster (scripts/k8s-up.sh), the kubernetes driver's suites
-# against it, then the node down. ---
+
+# The kubernetes stage ends before 2d: its tests build images with the Docker engine that 2d restarts.
 if [ "$k8s_stage" = 1 ]; then
-	phase "kubernetes: waiting for scripts/k8s-build.sh"
-	if ! wait "$k8s_build_pid"; then
-		tail -n 40 "$k8s_log_dir/build.log" >&2
-		fail "scripts/k8s-build.sh (log $k8s_log_dir/build.log)"
+	if [ "${SANDKEEP_K8S_SERIAL:-0}" = 1 ]; then
+		k8s_stage_start
 	fi
-	k8s_build_pid=
-	echo "k8s-build.sh finished $(($(date +%s) - k8s_build_start))s after it started"
-	k8s_stage_start=$(date +%s)
-	phase "kubernetes: scripts/k8s-up.sh"
-	kubeconfig=$(bash scripts/k8s-up.sh) || fail "scripts/k8s-up.sh (logs in $k8s_log_dir)"
-	trap 'k8s_cleanup; bash scripts/k8s-down.sh >&2 || true' EXIT
-	# The driver's suite includes TestReaperKube (issue 27: the reaper on the node) and TestDeployManifests.
-	phase "tier 3: go test -race (kubernetes) ./internal/driver/kube/..."
-	KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 20m ./internal/driver/kube/... || fail "go test (kubernetes; node logs in $k8s_log_dir)"
-	# The library's suite on the node (SANDKEEP_TEST_DRIVER=kubernetes points it at it, internal/testutil/kubetest):
-	# the lifecycle tests (the few that read Docker itself skip on kubernetes, each saying why), the egress suites
-	# (TestEgress*: allowlist and network_blocked events, no bypass, address classes, silent hosts, TLS inspection
-	# with credential injection and the SNI check, presets, the CA bundle, per-command policy and token, the
-	# refusal flood) through the pod's forwarded proxy under NetworkPolicy (kube-router), each test in its own
-	# namespace with its own enforcement probe, and the file API (TestFiles) through the pod's agent. Chosen by
-	# package, less a named group that is Docker's only: the devcontainer builds, the channel's port forwarding,
-	# the run records' Docker test and the degraded path (no kubernetes there). Then, through a real `sandkeep
-	# serve`, the API suite with its files, the serve restart (adoption, a pod deleted behind its back), the e2b SDK and
-	# the fleet (three serve replicas on the store's PostgreSQL: 200 commands round-robin, a rolling restart, SIGKILL).
-	# -p 1 and one binary per package: each test binary imports the images into the node's containerd when it
-	# starts; one at a time, so no import lands under another binary's running tests.
-	not_on_kube='^(TestDevcontainerAsWritten|TestPortForwardChannel|TestLibraryRuns|TestDegradedRunProceeds)$'
-	kube_env=(SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG="$kubeconfig" SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1)
-	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestFleetKube, TestDoctorCapacityKube"
-	k8s_suites_start=$(date +%s)
-	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
-		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
-	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestFleetKube|TestDoctorCapacityKube)$' ./cmd/sandkeep \
-		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
-	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
-	phase "kubernetes: scripts/k8s-down.sh"
-	trap k8s_cleanup EXIT
-	bash scripts/k8s-down.sh || fail "scripts/k8s-down.sh"
-	echo "kubernetes stage (up, tests, down): $(($(date +%s) - k8s_stage_start))s"
+	k8s_stage_wait
 fi
-# --- end kubernetes part 2 ---
+
+# 2d, last and alone: a test that restarts the Docker daemon (every container stops), which would disturb any
+# test running beside it (the kubernetes stage too: it has ended).
+phase "tier 2: go test -race: the daemon restarts under a long-lived manager (alone)"
+env "${docker_env[@]}" SANDKEEP_TEST_DAEMON_RESTART=1 go test -race -count=1 -timeout 10m -run '^TestDaemonRestart$' . \
+	|| fail "go test (daemon restart)"
 
 phase "OK"

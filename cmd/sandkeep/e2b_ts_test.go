@@ -38,21 +38,24 @@ func TestE2BTypeScript(t *testing.T) {
 	dir := e2bSuiteDir(t)
 	c := newCLI(t)
 	conf := filepath.Join(t.TempDir(), "server.yaml")
-	if err := os.WriteFile(conf, []byte("e2b:\n  max_timeout: 1h\nfiles:\n  max_file: 1m\n"), 0o600); err != nil {
+	slow := c.ten("slow") // a tenant whose request rate the suite passes: RateLimitError
+	if err := os.WriteFile(conf, []byte("e2b:\n  max_timeout: 1h\nfiles:\n  max_file: 1m\n"+
+		"tenants:\n  "+slow+": {requests_per_second: 0.01, burst: 2}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := c.startServer(t, "--config", conf)
 	own := c.createToken(t, c.ten("acme"), "e2b", "").Token
 	other := c.createToken(t, c.ten("globex"), "e2b", "").Token
+	slowKey := c.createToken(t, slow, "e2b", "").Token
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "suite.mjs")
 	cmd.Dir, cmd.WaitDelay = dir, 10*time.Second
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.url+"/e2b", "E2B_SANDBOX_URL="+s.url+"/e2b/envd",
-		"E2B_API_KEY="+own, "E2B_OTHER_KEY="+other, "E2B_MAX_TIMEOUT_S=3600", "E2B_MAX_FILE=1048576")
-	if c.kc == nil { // fork and snapshots are required on Docker; on kubernetes they may answer FILES_UNAVAILABLE
-		cmd.Env = append(cmd.Env, "E2B_EXPECT_FORK=1")
+		"E2B_API_KEY="+own, "E2B_OTHER_KEY="+other, "E2B_SLOW_KEY="+slowKey, "E2B_MAX_TIMEOUT_S=3600", "E2B_MAX_FILE=1048576")
+	if c.kc == nil { // fork, snapshots and metrics are required on Docker; on kubernetes they may not be served
+		cmd.Env = append(cmd.Env, "E2B_EXPECT_FORK=1", "E2B_EXPECT_METRICS=1")
 	}
 	if c.processesServed() { // commands run beside a background one (elsewhere one at a time: docs/E2B.md)
 		cmd.Env = append(cmd.Env, "E2B_CONCURRENT=1")

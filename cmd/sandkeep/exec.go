@@ -18,6 +18,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/bytesize"
 	"github.com/sandkeep/sandkeep/internal/doctor"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 const execLong = `Run a command in the (tenant, user) sandbox, creating or starting the sandbox when needed.
@@ -94,7 +95,7 @@ func newExec(g *globals) *cobra.Command {
 				return fail(err)
 			}
 			if detach.on {
-				sreq := sandkeep.StartRequest{Argv: args, Workdir: workdir, Env: env, Lifetime: detach.lifetime,
+				sreq := processes.StartRequest{Argv: args, Workdir: workdir, Env: env, Lifetime: detach.lifetime,
 					Stdin: interactive, Tag: detach.tag}
 				return runDetach(cmd.Context(), g, key, sreq, asJSON, pf, nf.block(cmd), fail)
 			}

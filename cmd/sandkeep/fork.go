@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 func newFork(g *globals) *cobra.Command {
@@ -45,7 +46,7 @@ func newFork(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeAll()
-			sb, err := m.Fork(sayWhenWaiting(cmd.Context(), g.stderr, from, "forking"), from, pf.request(key, g.stderr), sandkeep.ForkLimits{})
+			sb, err := snapshots.Fork(sayWhenWaiting(cmd.Context(), g.stderr, from, "forking"), m, from, pf.request(key, g.stderr), snapshots.ForkLimits{})
 			if err != nil {
 				return err
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 // The process commands, in the shape of docker's and kubectl's: `sandkeep exec --detach` starts a process and
@@ -38,11 +39,11 @@ func newProc(g *globals) *cobra.Command {
 }
 
 // procRef reads a pid (digits) or a tag.
-func procRef(s string) sandkeep.ProcessRef {
+func procRef(s string) processes.Ref {
 	if n, err := strconv.Atoi(s); err == nil && n > 0 {
-		return sandkeep.ProcessRef{PID: n}
+		return processes.Ref{PID: n}
 	}
-	return sandkeep.ProcessRef{Tag: s}
+	return processes.Ref{Tag: s}
 }
 
 // needDaemon refuses a process call that does not run in the home's daemon: a process lives on the channel
@@ -81,7 +82,7 @@ func newProcLs(g *globals) *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withManager(cmd, g, &w, func(ctx context.Context, m *sandkeep.Manager, key sandkeep.Key) error {
-				ps, err := m.Processes(ctx, key)
+				ps, err := processes.List(ctx, m, key)
 				if err != nil {
 					return err
 				}
@@ -106,7 +107,7 @@ func newProcLs(g *globals) *cobra.Command {
 }
 
 // procStatus is the STATUS cell: running, or how it ended.
-func procStatus(p sandkeep.Process) string {
+func procStatus(p processes.Process) string {
 	switch {
 	case p.Running:
 		return "running"
@@ -129,7 +130,7 @@ func newProcLogs(g *globals) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd, g, &w, func(ctx context.Context, m *sandkeep.Manager, key sandkeep.Key) error {
-				p, err := m.AttachProcess(ctx, key, procRef(args[0]), sandkeep.AttachOptions{Stdout: g.stdout,
+				p, err := processes.Attach(ctx, m, key, procRef(args[0]), processes.AttachOptions{Stdout: g.stdout,
 					Stderr: g.stderr, Replay: true, Snapshot: !follow})
 				return procEnd(g, p, err, follow)
 			})
@@ -141,7 +142,7 @@ func newProcLogs(g *globals) *cobra.Command {
 }
 
 // procEnd reports how following a process ended: its exit status becomes sandkeep's, as for exec.
-func procEnd(g *globals, p *sandkeep.Process, err error, followed bool) error {
+func procEnd(g *globals, p *processes.Process, err error, followed bool) error {
 	if err != nil {
 		if p != nil && errors.Is(err, context.Canceled) {
 			return nil // the caller left; the process runs on
@@ -175,7 +176,7 @@ func newProcAttach(g *globals) *cobra.Command {
 				if interactive {
 					go pumpInput(ctx, m, key, ref, g.stdin, cancel)
 				}
-				p, err := m.AttachProcess(ctx, key, ref, sandkeep.AttachOptions{Stdout: g.stdout, Stderr: g.stderr, Replay: replay})
+				p, err := processes.Attach(ctx, m, key, ref, processes.AttachOptions{Stdout: g.stdout, Stderr: g.stderr, Replay: replay})
 				if cerr := context.Cause(ctx); err != nil && cerr != nil && !errors.Is(cerr, context.Canceled) {
 					err = cerr // the input failed (the process takes none)
 				}
@@ -190,19 +191,19 @@ func newProcAttach(g *globals) *cobra.Command {
 }
 
 // pumpInput sends r to ref's stdin until EOF (then closes it) or ctx ends; a refusal cancels the attach.
-func pumpInput(ctx context.Context, m *sandkeep.Manager, key sandkeep.Key, ref sandkeep.ProcessRef, r io.Reader, cancel context.CancelCauseFunc) {
+func pumpInput(ctx context.Context, m *sandkeep.Manager, key sandkeep.Key, ref processes.Ref, r io.Reader, cancel context.CancelCauseFunc) {
 	buf := make([]byte, 32<<10)
 	for ctx.Err() == nil {
 		n, err := r.Read(buf)
 		if n > 0 {
-			if serr := m.SendInput(ctx, key, ref, buf[:n]); serr != nil {
+			if serr := processes.SendInput(ctx, m, key, ref, buf[:n]); serr != nil {
 				cancel(serr)
 				return
 			}
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				if cerr := m.CloseStdin(ctx, key, ref); cerr != nil && !fault.Is(cerr, fault.ProcessExited) {
+				if cerr := processes.CloseStdin(ctx, m, key, ref); cerr != nil && !fault.Is(cerr, fault.ProcessExited) {
 					cancel(cerr)
 				}
 			}
@@ -221,7 +222,7 @@ func newProcKill(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var sig int
 			if signal != "" {
-				s, err := sandkeep.ParseSignal(signal)
+				s, err := processes.ParseSignal(signal)
 				if err != nil {
 					return err
 				}
@@ -230,9 +231,9 @@ func newProcKill(g *globals) *cobra.Command {
 			return withManager(cmd, g, &w, func(ctx context.Context, m *sandkeep.Manager, key sandkeep.Key) error {
 				ref := procRef(args[0])
 				if sig != 0 {
-					return m.SignalProcess(ctx, key, ref, syscall.Signal(sig))
+					return processes.Signal(ctx, m, key, ref, syscall.Signal(sig))
 				}
-				return m.KillProcess(ctx, key, ref)
+				return processes.Kill(ctx, m, key, ref)
 			})
 		},
 	}
@@ -249,7 +250,7 @@ type detachFlags struct {
 }
 
 // runDetach starts req as a process in an admitted run and prints its pid (or, with --json, the process).
-func runDetach(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.StartRequest, asJSON bool, pf policyFlags,
+func runDetach(ctx context.Context, g *globals, key sandkeep.Key, req processes.StartRequest, asJSON bool, pf policyFlags,
 	network *sandkeep.Network, fail func(error) error) error {
 	if err := needDaemon(g); err != nil {
 		return fail(err)
@@ -270,7 +271,7 @@ func runDetach(ctx context.Context, g *globals, key sandkeep.Key, req sandkeep.S
 	if err != nil {
 		return fail(err)
 	}
-	p, err := run.StartProcess(ctx, req)
+	p, err := processes.StartIn(ctx, run, req)
 	if ferr := run.Finish(err); ferr != nil {
 		fmt.Fprintf(g.stderr, "sandkeep: warning: cannot record the end of run %s: %v\n", run.ID, ferr)
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 func newSnapshot(g *globals) *cobra.Command {
@@ -55,7 +55,7 @@ func newSnapshotCreate(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeAll()
-			sn, err := m.CreateSnapshot(sayWhenWaiting(cmd.Context(), g.stderr, key, "snapshotting"), key, name, sandkeep.SnapshotEvents{})
+			sn, err := snapshots.Create(sayWhenWaiting(cmd.Context(), g.stderr, key, "snapshotting"), m, key, name, snapshots.Events{})
 			if err != nil {
 				return err
 			}
@@ -87,13 +87,13 @@ func newSnapshotList(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeAll()
-			list, err := m.Snapshots(tenant)
+			list, err := snapshots.List(m, tenant)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				if list == nil {
-					list = []sandkeep.Snapshot{}
+					list = []snapshots.Snapshot{}
 				}
 				return printJSON(g, list)
 			}
@@ -139,7 +139,7 @@ func newSnapshotRestore(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeAll()
-			sb, err := m.RestoreSnapshot(cmd.Context(), args[0], pf.request(key, g.stderr))
+			sb, err := snapshots.Restore(cmd.Context(), m, args[0], pf.request(key, g.stderr))
 			if err != nil {
 				return err
 			}
@@ -177,7 +177,7 @@ func newSnapshotRm(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeAll()
-			if err := m.DeleteSnapshot(cmd.Context(), tenant, args[0], sandkeep.SnapshotEvents{}); err != nil {
+			if err := snapshots.Delete(cmd.Context(), m, tenant, args[0], snapshots.Events{}); err != nil {
 				return err
 			}
 			fmt.Fprintln(g.stdout, args[0])

@@ -6,33 +6,23 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // RunStartBody is the JSON of POST /v1/sandboxes/{user}/runs: what a caller may say about a run.
-type RunStartBody struct {
-	Template string `json:"template,omitempty"` // one of GET /v1/templates; "" the tenant's default
-	Trust    string `json:"trust,omitempty"`    // untrusted lowers the token's trust; it is never raised
-}
+type RunStartBody = wire.RunStart
 
 // RunStarted is the answer: the run as admission recorded it. Commands attach with exec's run_id.
-type RunStarted struct {
-	*sandkeep.Run
-	RequestID string `json:"request_id"`
-}
+type RunStarted = wire.RunAdmitted
 
 // RunFinishBody is the JSON of POST /v1/runs/{id}/finish.
-type RunFinishBody struct {
-	Failed bool `json:"failed,omitempty"`
-}
+type RunFinishBody = wire.RunFinish
 
 // TemplateList is the answer of GET /v1/templates.
-type TemplateList struct {
-	Templates []string `json:"templates"`
-}
+type TemplateList = wire.TemplateList
 
 // handleStartRun admits a run through the same admission as exec's implicit runs, and records it.
 func (s *Server) handleStartRun(w http.ResponseWriter, r *http.Request) {
@@ -52,7 +42,7 @@ func (s *Server) handleStartRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, RunStarted{Run: run, RequestID: id})
+	writeJSON(w, http.StatusCreated, runAdmitted(run, id))
 }
 
 // handleFinishRun closes a running run of the token's tenant.

@@ -17,6 +17,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 // world is a server whose backend may hold the victim tenant's objects.
@@ -86,7 +87,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws.Close()
-	if _, err := full.be.StartProcess(ctx, victim, sandkeep.StartRequest{Argv: []string{"dev-server"}, Tag: "dev", Stdin: true}); err != nil {
+	if _, err := full.be.StartProcess(ctx, victim, processes.StartRequest{Argv: []string{"dev-server"}, Tag: "dev", Stdin: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := full.be.CreateSnapshot(ctx, victim, "s1", ""); err != nil { // named as the routes below name theirs
@@ -273,7 +274,7 @@ func snapshot(t *testing.T, be *apitest.Backend, key sandkeep.Key) string {
 	ps, _ := be.Processes(ctx, key)
 	var out strings.Builder
 	for _, p := range ps {
-		_, _ = be.AttachProcess(ctx, key, sandkeep.ProcessRef{PID: p.PID}, sandkeep.AttachOptions{Stdout: &out, Snapshot: true})
+		_, _ = be.AttachProcess(ctx, key, processes.Ref{PID: p.PID}, processes.AttachOptions{Stdout: &out, Snapshot: true})
 	}
 	return fmt.Sprintf("sandbox %s %s used %s; file %q; %d runs; %d events; processes %+v output %q", sb.Name, sb.State,
 		sb.LastUsed, data, len(runs), nev, ps, out.String())

@@ -21,21 +21,15 @@ func writeExecResponse(w http.ResponseWriter, status int, resp ExecResponse) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	if resp.ExecResult == nil {
-		enc := json.NewEncoder(w)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(resp)
-		return
-	}
 	bw := bufio.NewWriterSize(w, encodeChunk)
-	rest := *resp.ExecResult
+	rest := resp
 	stdout, stderr := rest.Stdout, rest.Stderr
 	rest.Stdout, rest.Stderr = "", ""
 	// The other fields, encoded as writeJSON encodes them; the two strings are empty there, and written in place.
 	var head bytes.Buffer
 	enc := json.NewEncoder(&head)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(ExecResponse{ExecResult: &rest, RequestID: resp.RequestID}); err != nil {
+	if err := enc.Encode(rest); err != nil {
 		return
 	}
 	b := head.Bytes()

@@ -24,9 +24,8 @@ func TestWriteExecResponseSame(t *testing.T) {
 		{ExitCode: 3, Stdout: "hello\n", Stderr: "oops \"quoted\"\t", StdoutTruncated: true, Transport: "agent"},
 		{Stdout: long, Stderr: long[3:], Sandbox: sandkeep.SandboxRef{Name: "n", Tenant: "a\"b"}},
 		{Stdout: strings.Repeat("\x00", 3*encodeChunk+5)},
-		nil,
 	} {
-		resp := ExecResponse{ExecResult: res, RequestID: "req-1"}
+		resp := execResponse(res, "req-1")
 		want := httptest.NewRecorder()
 		writeJSON(want, http.StatusOK, resp)
 		got := httptest.NewRecorder()

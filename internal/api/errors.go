@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // statusOf is the one table from failure code to HTTP status. A code missing here answers 500; the test
@@ -111,11 +112,7 @@ var statusOf = map[fault.Code]int{
 }
 
 // errorBody is the JSON of every error answer.
-type errorBody struct {
-	Code    fault.Code `json:"code"`
-	Message string     `json:"message"`
-	Hint    string     `json:"hint"`
-}
+type errorBody = wire.Error
 
 // httpError is a failure with a status fixed by the API itself rather than by the table: an unknown route (404)
 // or method (405), which have no failure code of their own.
@@ -189,7 +186,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			h.Set("Connection", "close") // send the client's next request to another instance
 		}
 	}
-	writeJSON(w, status, errorBody{Code: fe.Code, Message: fe.Message, Hint: fe.Hint})
+	writeJSON(w, status, wireError(fe))
 }
 
 // classify is toFault for an answer to r: it notes the code for the access log, and logs the cause of a 5xx,

@@ -18,6 +18,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // maxTimeoutSeconds bounds the timeout field before it becomes a time.Duration (the library's own bound,
@@ -25,36 +26,13 @@ import (
 const maxTimeoutSeconds = 24 * 60 * 60
 
 // ExecBody is the JSON of POST /v1/sandboxes/{user}/exec. Exactly one of Argv and Command is set.
-type ExecBody struct {
-	Argv        []string          `json:"argv,omitempty"`    // run directly, without a shell
-	Command     string            `json:"command,omitempty"` // run as sh -c <command>
-	Workdir     string            `json:"workdir,omitempty"` // relative to /workspace, or absolute under it
-	Env         map[string]string `json:"env,omitempty"`     // added to the sandbox's environment
-	Timeout     float64           `json:"timeout,omitempty"` // seconds, 1..86400; 0 or absent: 120
-	Stdin       *string           `json:"stdin,omitempty"`   // absent: the command reads /dev/null
-	OutputLimit int64             `json:"output_limit,omitempty"`
-	RunID       string            `json:"run_id,omitempty"`
-	// Template and Trust are what the command's implicit run is admitted with (ignored with run_id): one of the
-	// operator's templates ("" the tenant's default) and trusted or untrusted (lower only).
-	Template string `json:"template,omitempty"`
-	Trust    string `json:"trust,omitempty"`
-	// Network narrows the run's network for this command: mode none, or an allowlist within the template's
-	// (both must allow a request). Anything wider is 403 NETWORK_WIDENED.
-	Network *ExecNetwork `json:"network,omitempty"`
-}
+type ExecBody = wire.ExecRequest
 
 // ExecNetwork is a caller's network block: for one command, a request must pass it and the run's policy both.
-type ExecNetwork struct {
-	Mode   string   `json:"mode,omitempty"` // none or allowlist
-	Preset string   `json:"preset,omitempty"`
-	Rules  []string `json:"rules,omitempty"`
-}
+type ExecNetwork = wire.Network
 
 // ExecResponse is the JSON answer of an exec: the fields of `sandkeep exec --json` and the request id.
-type ExecResponse struct {
-	*sandkeep.ExecResult
-	RequestID string `json:"request_id"`
-}
+type ExecResponse = wire.ExecResult
 
 // decodeExec reads one exec body: one JSON object, no unknown field, nothing after it. It does no I/O besides
 // reading r, so a refused body has had no effect. What the command may be is the engine's to check.
@@ -72,7 +50,7 @@ func decodeExec(r io.Reader) (sandkeep.ExecRequest, service.AdmitRequest, error)
 		}
 		return sandkeep.ExecRequest{}, service.AdmitRequest{}, invalid("send exactly one JSON object", "the request body has data after its JSON object")
 	}
-	return b.request()
+	return execRequest(b)
 }
 
 // jsonError turns a decoding error into REQUEST_INVALID (or keeps a body-too-large error, which answers 413).
@@ -116,7 +94,7 @@ func jsonKind(k string) string {
 // request turns b into the library's command and the caller's admission. It refuses only what does not decode
 // (argv and command both or neither, an env name a "K=V" cannot carry, a timeout that is no number of seconds);
 // the command itself is checked once, by the engine, before its run is admitted.
-func (b ExecBody) request() (sandkeep.ExecRequest, service.AdmitRequest, error) {
+func execRequest(b ExecBody) (sandkeep.ExecRequest, service.AdmitRequest, error) {
 	var req sandkeep.ExecRequest
 	ar := service.AdmitRequest{RunID: b.RunID, Template: b.Template, Trust: b.Trust}
 	switch {
@@ -201,7 +179,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, err)
 			return
 		}
-		writeExecResponse(w, http.StatusOK, ExecResponse{ExecResult: res, RequestID: id})
+		writeExecResponse(w, http.StatusOK, execResponse(res, id))
 		return
 	}
 	st := &streamer{w: w, sse: format == ctSSE}
@@ -221,10 +199,10 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		fe, _ := s.classify(r, err)
-		st.final("error", map[string]errorBody{"error": {Code: fe.Code, Message: fe.Message, Hint: fe.Hint}})
+		st.final("error", map[string]errorBody{"error": wireError(fe)})
 		return
 	}
-	st.final("result", map[string]ExecResponse{"result": {ExecResult: res, RequestID: id}})
+	st.final("result", map[string]ExecResponse{"result": execResponse(res, id)})
 }
 
 // streamer writes an exec's output to the client as NDJSON lines or SSE events, as it is produced. The

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/files"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // ctTar marks a tar stream, both ways.
@@ -22,10 +23,7 @@ const ctTar = "application/x-tar"
 const maxPathLen = 4096
 
 // FileWritten is the answer of a PUT of one file.
-type FileWritten struct {
-	Path  string `json:"path"`
-	Bytes int64  `json:"bytes"`
-}
+type FileWritten = wire.FileWritten
 
 // FileList is the answer of GET .../files/{path}?list=1.
 type FileList struct {

@@ -7,13 +7,11 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // ForkBody is the JSON of POST /v1/sandboxes/{user}/fork: the user of the token's tenant to fork into.
-type ForkBody struct {
-	To    string `json:"to"`
-	Trust string `json:"trust,omitempty"` // untrusted lowers the token's trust; it is never raised
-}
+type ForkBody = wire.ForkRequest
 
 // handleFork makes body.to a new sandbox with a copy of {user}'s workspace and template: the same admission as
 // that user's first exec, and the tenant's sandbox bound.

@@ -7,6 +7,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 // The process model through the same rules as Exec: a start is admitted as a command is (draining, the
@@ -25,7 +26,7 @@ func (g *guarded) procs() (service.ProcessBackend, error) {
 
 // StartProcess admits the start like a command (it counts among the tenant's running commands until the
 // process runs, and may create the sandbox) and starts it.
-func (g *guarded) StartProcess(ctx context.Context, key sandkeep.Key, req sandkeep.StartRequest) (*sandkeep.Process, error) {
+func (g *guarded) StartProcess(ctx context.Context, key sandkeep.Key, req processes.StartRequest) (*processes.Process, error) {
 	pb, err := g.procs()
 	if err != nil {
 		return nil, err
@@ -50,7 +51,7 @@ func (g *guarded) StartProcess(ctx context.Context, key sandkeep.Key, req sandke
 	return p, err
 }
 
-func (g *guarded) Processes(ctx context.Context, key sandkeep.Key) ([]sandkeep.Process, error) {
+func (g *guarded) Processes(ctx context.Context, key sandkeep.Key) ([]processes.Process, error) {
 	pb, err := g.procs()
 	if err != nil {
 		return nil, err
@@ -58,7 +59,7 @@ func (g *guarded) Processes(ctx context.Context, key sandkeep.Key) ([]sandkeep.P
 	return pb.Processes(ctx, key)
 }
 
-func (g *guarded) AttachProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, opts sandkeep.AttachOptions) (*sandkeep.Process, error) {
+func (g *guarded) AttachProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, opts processes.AttachOptions) (*processes.Process, error) {
 	pb, err := g.procs()
 	if err != nil {
 		return nil, err
@@ -66,7 +67,7 @@ func (g *guarded) AttachProcess(ctx context.Context, key sandkeep.Key, ref sandk
 	return pb.AttachProcess(ctx, key, ref, opts)
 }
 
-func (g *guarded) SendInput(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, data []byte) error {
+func (g *guarded) SendInput(ctx context.Context, key sandkeep.Key, ref processes.Ref, data []byte) error {
 	pb, err := g.procs()
 	if err != nil {
 		return err
@@ -74,7 +75,7 @@ func (g *guarded) SendInput(ctx context.Context, key sandkeep.Key, ref sandkeep.
 	return pb.SendInput(ctx, key, ref, data)
 }
 
-func (g *guarded) CloseStdin(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+func (g *guarded) CloseStdin(ctx context.Context, key sandkeep.Key, ref processes.Ref) error {
 	pb, err := g.procs()
 	if err != nil {
 		return err
@@ -82,7 +83,7 @@ func (g *guarded) CloseStdin(ctx context.Context, key sandkeep.Key, ref sandkeep
 	return pb.CloseStdin(ctx, key, ref)
 }
 
-func (g *guarded) SignalProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, sig syscall.Signal) error {
+func (g *guarded) SignalProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, sig syscall.Signal) error {
 	pb, err := g.procs()
 	if err != nil {
 		return err
@@ -90,7 +91,7 @@ func (g *guarded) SignalProcess(ctx context.Context, key sandkeep.Key, ref sandk
 	return pb.SignalProcess(ctx, key, ref, sig)
 }
 
-func (g *guarded) KillProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+func (g *guarded) KillProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref) error {
 	pb, err := g.procs()
 	if err != nil {
 		return err
@@ -98,7 +99,7 @@ func (g *guarded) KillProcess(ctx context.Context, key sandkeep.Key, ref sandkee
 	return pb.KillProcess(ctx, key, ref)
 }
 
-func (g *guarded) ResizeProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, ws sandkeep.WindowSize) error {
+func (g *guarded) ResizeProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, ws sandkeep.WindowSize) error {
 	pb, err := g.procs()
 	if err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/processes"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // The process routes: commands that outlive their call (a dev server), started detached, listed, followed,
@@ -27,61 +29,33 @@ import (
 // {ref} is a pid (digits) or a tag.
 
 // ProcessBody is the JSON of POST /v1/sandboxes/{user}/processes: an exec's command fields, and the process's.
-type ProcessBody struct {
-	Argv     []string          `json:"argv,omitempty"`
-	Command  string            `json:"command,omitempty"`
-	Workdir  string            `json:"workdir,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
-	Lifetime float64           `json:"lifetime,omitempty"` // seconds, at most 86400; 0 or absent: 3600
-	Stdin    bool              `json:"stdin,omitempty"`    // keep its stdin open for input
-	TTY      *ResizeBody       `json:"tty,omitempty"`      // run it on a pseudo-terminal of this size
-	Tag      string            `json:"tag,omitempty"`
-	// BufferLimit is its output ring per stream, in bytes (0: 1 MiB, at most 16 MiB).
-	BufferLimit int64  `json:"buffer_limit,omitempty"`
-	RunID       string `json:"run_id,omitempty"`
-	Template    string `json:"template,omitempty"`
-	Trust       string `json:"trust,omitempty"`
-}
+type ProcessBody = wire.ProcessStart
 
 // ProcessResponse is one process and the request's id.
-type ProcessResponse struct {
-	*sandkeep.Process
-	RequestID string `json:"request_id,omitempty"`
-}
+type ProcessResponse = wire.Process
 
 // ProcessList is the answer of GET /v1/sandboxes/{user}/processes.
-type ProcessList struct {
-	Processes []sandkeep.Process `json:"processes"`
-}
+type ProcessList = wire.ProcessList
 
 // InputBody writes Data (UTF-8) or DataB64 (any bytes) to a process's stdin, then closes it when Close is set.
-type InputBody struct {
-	Data    string `json:"data,omitempty"`
-	DataB64 string `json:"data_b64,omitempty"`
-	Close   bool   `json:"close,omitempty"`
-}
+type InputBody = wire.ProcessInput
 
 // SignalBody names a signal as kill(1) does: TERM, SIGINT, 9...
-type SignalBody struct {
-	Signal string `json:"signal"`
-}
+type SignalBody = wire.ProcessSignal
 
 // ResizeBody is a terminal's size.
-type ResizeBody struct {
-	Rows uint16 `json:"rows"`
-	Cols uint16 `json:"cols"`
-}
+type ResizeBody = wire.WindowSize
 
 // request turns b into the library's start request; the command's fields are read as an exec's.
-func (b ProcessBody) request() (sandkeep.StartRequest, error) {
+func startRequest(b ProcessBody) (processes.StartRequest, error) {
 	if b.Lifetime < 0 || b.Lifetime > maxTimeoutSeconds || math.IsNaN(b.Lifetime) {
-		return sandkeep.StartRequest{}, fault.New(fault.InvalidTimeout, "give lifetime in seconds, 1 to 86400", "lifetime %g is out of range", b.Lifetime)
+		return processes.StartRequest{}, fault.New(fault.InvalidTimeout, "give lifetime in seconds, 1 to 86400", "lifetime %g is out of range", b.Lifetime)
 	}
-	ereq, _, err := ExecBody{Argv: b.Argv, Command: b.Command, Workdir: b.Workdir, Env: b.Env}.request()
+	ereq, _, err := execRequest(ExecBody{Argv: b.Argv, Command: b.Command, Workdir: b.Workdir, Env: b.Env})
 	if err != nil {
-		return sandkeep.StartRequest{}, err
+		return processes.StartRequest{}, err
 	}
-	req := sandkeep.StartRequest{Argv: ereq.Argv, Workdir: ereq.Workdir, Env: ereq.Env,
+	req := processes.StartRequest{Argv: ereq.Argv, Workdir: ereq.Workdir, Env: ereq.Env,
 		Lifetime: time.Duration(b.Lifetime * float64(time.Second)), Stdin: b.Stdin, Tag: b.Tag, BufferLimit: b.BufferLimit,
 		RunID: b.RunID, Template: b.Template, Trust: b.Trust}
 	if b.TTY != nil {
@@ -91,18 +65,18 @@ func (b ProcessBody) request() (sandkeep.StartRequest, error) {
 }
 
 // refOf reads {ref}: a pid when it is all digits, else a tag.
-func refOf(r *http.Request) (sandkeep.ProcessRef, error) {
+func refOf(r *http.Request) (processes.Ref, error) {
 	s := r.PathValue("ref")
 	if s == "" {
-		return sandkeep.ProcessRef{}, invalid("name the process by pid or tag", "no process named")
+		return processes.Ref{}, invalid("name the process by pid or tag", "no process named")
 	}
 	if n, err := strconv.Atoi(s); err == nil {
 		if n <= 0 {
-			return sandkeep.ProcessRef{}, invalid("name the process by pid or tag", "pid %d is out of range", n)
+			return processes.Ref{}, invalid("name the process by pid or tag", "pid %d is out of range", n)
 		}
-		return sandkeep.ProcessRef{PID: n}, nil
+		return processes.Ref{PID: n}, nil
 	}
-	return sandkeep.ProcessRef{Tag: s}, nil
+	return processes.Ref{Tag: s}, nil
 }
 
 func (s *Server) processes() service.ProcessBackend { return s.backend.(service.ProcessBackend) }
@@ -118,7 +92,7 @@ func (s *Server) handleStartProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req, err := b.request()
+	req, err := startRequest(b)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -129,7 +103,7 @@ func (s *Server) handleStartProcess(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, ProcessResponse{Process: p, RequestID: req.RequestID})
+	writeJSON(w, http.StatusCreated, wireProcess(p, req.RequestID))
 }
 
 func (s *Server) handleProcesses(w http.ResponseWriter, r *http.Request) {
@@ -148,9 +122,9 @@ func (s *Server) handleProcesses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ps == nil {
-		ps = []sandkeep.Process{}
+		ps = []processes.Process{}
 	}
-	writeJSON(w, http.StatusOK, ProcessList{Processes: ps})
+	writeJSON(w, http.StatusOK, ProcessList{Processes: wireProcesses(ps)})
 }
 
 // boolQuery reads a query flag: 1/true or 0/false; def when absent.
@@ -191,7 +165,7 @@ func (s *Server) handleProcessOutput(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st := &streamer{w: w, sse: streamFormat(r) == ctSSE}
-	opts := sandkeep.AttachOptions{Stdout: st.writer("stdout"), Stderr: st.writer("stderr"), Replay: replay || !follow, Snapshot: !follow}
+	opts := processes.AttachOptions{Stdout: st.writer("stdout"), Stderr: st.writer("stderr"), Replay: replay || !follow, Snapshot: !follow}
 	p, err := s.processes().AttachProcess(r.Context(), key, ref, opts)
 	if !st.end() {
 		if err != nil {
@@ -206,15 +180,15 @@ func (s *Server) handleProcessOutput(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		fe, _ := s.classify(r, err)
-		st.final("error", map[string]errorBody{"error": {Code: fe.Code, Message: fe.Message, Hint: fe.Hint}})
+		st.final("error", map[string]errorBody{"error": wireError(fe)})
 		return
 	}
-	st.final("result", map[string]ProcessResponse{"result": {Process: p, RequestID: infoOf(r).id}})
+	st.final("result", map[string]ProcessResponse{"result": wireProcess(p, infoOf(r).id)})
 }
 
 // processCall is the shape of the routes that act on one process and answer 204.
 func (s *Server) processCall(w http.ResponseWriter, r *http.Request, body any,
-	act func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error) {
+	act func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error) {
 	key, err := keyOf(r)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -240,7 +214,7 @@ func (s *Server) processCall(w http.ResponseWriter, r *http.Request, body any,
 
 func (s *Server) handleProcessInput(w http.ResponseWriter, r *http.Request) {
 	var b InputBody
-	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
 		data := []byte(b.Data)
 		if b.DataB64 != "" {
 			if b.Data != "" {
@@ -268,8 +242,8 @@ func (s *Server) handleProcessInput(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleProcessSignal(w http.ResponseWriter, r *http.Request) {
 	var b SignalBody
-	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
-		sig, err := sandkeep.ParseSignal(b.Signal)
+	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
+		sig, err := processes.ParseSignal(b.Signal)
 		if err != nil {
 			return err
 		}
@@ -278,14 +252,14 @@ func (s *Server) handleProcessSignal(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleProcessKill(w http.ResponseWriter, r *http.Request) {
-	s.processCall(w, r, nil, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+	s.processCall(w, r, nil, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
 		return pb.KillProcess(ctx, key, ref)
 	})
 }
 
 func (s *Server) handleProcessResize(w http.ResponseWriter, r *http.Request) {
 	var b ResizeBody
-	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+	s.processCall(w, r, &b, func(ctx context.Context, pb service.ProcessBackend, key sandkeep.Key, ref processes.Ref) error {
 		return pb.ResizeProcess(ctx, key, ref, sandkeep.WindowSize{Rows: b.Rows, Cols: b.Cols})
 	})
 }

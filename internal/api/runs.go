@@ -228,7 +228,7 @@ func (s *Server) streamError(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	fe, _ := s.classify(r, err)
-	line, _ := json.Marshal(map[string]errorBody{"error": {Code: fe.Code, Message: fe.Message, Hint: fe.Hint}})
+	line, _ := json.Marshal(map[string]errorBody{"error": wireError(fe)})
 	_, _ = w.Write([]byte("event: error\ndata: " + string(line) + "\n\n"))
 	_ = http.NewResponseController(w).Flush()
 }

@@ -4,12 +4,11 @@ import (
 	"net/http"
 
 	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // SandboxList is the answer of GET /v1/sandboxes.
-type SandboxList struct {
-	Sandboxes []sandkeep.Sandbox `json:"sandboxes"`
-}
+type SandboxList = wire.SandboxList
 
 func (s *Server) handleSandboxes(w http.ResponseWriter, r *http.Request) {
 	if err := checkQuery(r.URL.Query()); err != nil {
@@ -24,7 +23,7 @@ func (s *Server) handleSandboxes(w http.ResponseWriter, r *http.Request) {
 	if boxes == nil {
 		boxes = []sandkeep.Sandbox{}
 	}
-	writeJSON(w, http.StatusOK, SandboxList{Sandboxes: boxes})
+	writeJSON(w, http.StatusOK, SandboxList{Sandboxes: wireSandboxes(boxes)})
 }
 
 func (s *Server) handleSandbox(w http.ResponseWriter, r *http.Request) {

@@ -7,23 +7,18 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/snapshots"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // SnapshotBody is the JSON of POST /v1/sandboxes/{user}/snapshots.
-type SnapshotBody struct {
-	Name string `json:"name,omitempty"` // "" for a fresh name
-}
+type SnapshotBody = wire.SnapshotCreate
 
 // RestoreBody is the JSON of POST /v1/snapshots/{name}/restore: the new user of the token's tenant.
-type RestoreBody struct {
-	User  string `json:"user"`
-	Trust string `json:"trust,omitempty"`
-}
+type RestoreBody = wire.SnapshotRestore
 
 // SnapshotList is the answer of GET /v1/snapshots.
-type SnapshotList struct {
-	Snapshots []sandkeep.Snapshot `json:"snapshots"`
-}
+type SnapshotList = wire.SnapshotList
 
 func (s *Server) snapshotter() (service.Snapshotter, error) {
 	sn, ok := s.backend.(service.Snapshotter)
@@ -46,7 +41,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	sn, err := s.snapshotter()
 	if err == nil {
-		var out sandkeep.Snapshot
+		var out snapshots.Snapshot
 		if out, err = sn.CreateSnapshot(r.Context(), key, b.Name, infoOf(r).id); err == nil {
 			writeJSON(w, http.StatusCreated, out)
 			return
@@ -71,9 +66,9 @@ func (s *Server) handleSnapshots(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if list == nil {
-		list = []sandkeep.Snapshot{}
+		list = []snapshots.Snapshot{}
 	}
-	writeJSON(w, http.StatusOK, SnapshotList{Snapshots: list})
+	writeJSON(w, http.StatusOK, SnapshotList{Snapshots: wireSnapshots(list)})
 }
 
 func (s *Server) handleDeleteSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -127,16 +122,16 @@ func (g *guarded) inner() (service.Snapshotter, error) {
 }
 
 // CreateSnapshot is the backend's.
-func (g *guarded) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (sandkeep.Snapshot, error) {
+func (g *guarded) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (snapshots.Snapshot, error) {
 	sn, err := g.inner()
 	if err != nil {
-		return sandkeep.Snapshot{}, err
+		return snapshots.Snapshot{}, err
 	}
 	return sn.CreateSnapshot(ctx, key, name, requestID)
 }
 
 // Snapshots is the backend's.
-func (g *guarded) Snapshots(ctx context.Context, tenant string) ([]sandkeep.Snapshot, error) {
+func (g *guarded) Snapshots(ctx context.Context, tenant string) ([]snapshots.Snapshot, error) {
 	sn, err := g.inner()
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/wire"
 )
 
 // The WebSocket routes. Authentication is the upgrade request's Authorization header, as for every route: a
@@ -34,15 +35,10 @@ import (
 // ends the connection.
 
 // TTYControl is a text message of the client after the first: a window size change.
-type TTYControl struct {
-	Resize *sandkeep.WindowSize `json:"resize,omitempty"`
-}
+type TTYControl = wire.TTYControl
 
 // TTYFinal is the server's last message on a TTY exec: exactly one of Result and Error.
-type TTYFinal struct {
-	Result *ExecResponse `json:"result,omitempty"`
-	Error  *errorBody    `json:"error,omitempty"`
-}
+type TTYFinal = wire.TTYFinal
 
 func (s *Server) handleExecTTY(w http.ResponseWriter, r *http.Request) {
 	key, err := keyOf(r)
@@ -61,7 +57,7 @@ func (s *Server) handleExecTTY(w http.ResponseWriter, r *http.Request) {
 	id := infoOf(r).id
 	fail := func(err error) {
 		fe, _ := s.classify(r, err)
-		s.sendFinal(ctx, c, TTYFinal{Error: &errorBody{Code: fe.Code, Message: fe.Message, Hint: fe.Hint}})
+		s.sendFinal(ctx, c, TTYFinal{Error: new(wireError(fe))})
 	}
 
 	typ, first, err := c.Read(ctx)
@@ -113,7 +109,7 @@ func (s *Server) handleExecTTY(w http.ResponseWriter, r *http.Request) {
 			case <-resize:
 			default:
 			}
-			resize <- *ctl.Resize
+			resize <- sandkeep.WindowSize(*ctl.Resize)
 		}
 	}()
 
@@ -125,7 +121,7 @@ func (s *Server) handleExecTTY(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		fail(err)
 	default:
-		s.sendFinal(ctx, c, TTYFinal{Result: &ExecResponse{ExecResult: res, RequestID: id}})
+		s.sendFinal(ctx, c, TTYFinal{Result: new(execResponse(res, id))})
 	}
 	c.Close(websocket.StatusNormalClosure, "")
 	cancel()
@@ -141,10 +137,7 @@ func (s *Server) sendFinal(ctx context.Context, c *websocket.Conn, f TTYFinal) {
 }
 
 // ExecTTYBody is the first message of a TTY exec: an exec request and the terminal's size.
-type ExecTTYBody struct {
-	ExecBody
-	TTY *sandkeep.WindowSize `json:"tty,omitempty"`
-}
+type ExecTTYBody = wire.TTYStart
 
 func decodeExecTTY(data []byte) (sandkeep.ExecRequest, service.AdmitRequest, error) {
 	var b ExecTTYBody
@@ -155,13 +148,13 @@ func decodeExecTTY(data []byte) (sandkeep.ExecRequest, service.AdmitRequest, err
 		return sandkeep.ExecRequest{}, service.AdmitRequest{}, invalid("leave stdin out and send the input as binary messages",
 			"a TTY exec takes its input from the WebSocket")
 	}
-	req, ar, err := b.request()
+	req, ar, err := execRequest(b.ExecRequest)
 	if err != nil {
 		return req, ar, err
 	}
 	size := sandkeep.WindowSize{Rows: 24, Cols: 80}
 	if b.TTY != nil {
-		size = *b.TTY
+		size = sandkeep.WindowSize(*b.TTY)
 	}
 	req.TTY = &sandkeep.TTY{Size: size} // its bounds are the engine's to check, with the rest of the command
 	return req, ar, nil
@@ -203,9 +196,7 @@ func (s *Server) handlePortForward(w http.ResponseWriter, r *http.Request) {
 // ForwardPortList answers GET /v1/sandboxes/{user}/ports: the forwardPorts of the repository the user's runs
 // follow (devcontainer.json), each with what port forwarding does with it; a client forwards each forwarded one
 // with GET /v1/sandboxes/{user}/ports/{port}.
-type ForwardPortList struct {
-	Ports []sandkeep.ForwardPort `json:"ports"`
-}
+type ForwardPortList = wire.ForwardPortList
 
 func (s *Server) handleForwardPorts(w http.ResponseWriter, r *http.Request) {
 	key, err := keyOf(r)
@@ -226,7 +217,7 @@ func (s *Server) handleForwardPorts(w http.ResponseWriter, r *http.Request) {
 	if ports == nil {
 		ports = []sandkeep.ForwardPort{}
 	}
-	writeJSON(w, http.StatusOK, ForwardPortList{Ports: ports})
+	writeJSON(w, http.StatusOK, ForwardPortList{Ports: wirePorts(ports)})
 }
 
 // ForwardPorts lists the repository's forwardPorts; a Backend without them cannot forward ports.

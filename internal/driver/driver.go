@@ -110,6 +110,24 @@ type Capacity struct {
 	Source      string
 }
 
+// StatsReporter is optional: a driver that reads a running sandbox's resource use from its engine (Docker's
+// container stats). A sandbox that is not running is ErrConflict, as for Exec.
+type StatsReporter interface {
+	Stats(ctx context.Context, sb *Sandbox) (Stats, error)
+}
+
+// Stats is one sample of a sandbox's resource use as its engine counts it. CPUTime is cumulative since the
+// sandbox started; CPUs is what it may use (its limit, else the host's online CPUs); MemoryLimit is its limit,
+// else the host's memory; MemoryCache is the page cache counted in its memory (not in MemoryUsed).
+type Stats struct {
+	At          time.Time
+	CPUTime     time.Duration
+	CPUs        float64
+	MemoryUsed  int64
+	MemoryLimit int64
+	MemoryCache int64
+}
+
 // NoNetworkChecker is optional: a driver whose network "none" rests on enforcement it has to prove (the
 // kubernetes driver: a NetworkPolicy the cluster's plugin may not enforce) says whether a command that asked for
 // network none may run in sb. It returns nil where sb has no network, and an error (NETWORK_UNENFORCED, with the

@@ -422,11 +422,3 @@ func (f *Front) handleConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, status, f.describe(rec, true))
 }
-
-// handleMetrics answers no samples: the engine's stats are not yet read through the service.
-func (f *Front) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	if _, _, ok := f.ownedBy(w, r, auth.ScopeRead); !ok {
-		return
-	}
-	writeJSON(w, http.StatusOK, []any{})
-}

@@ -59,6 +59,9 @@ type Front struct {
 	hooks   api.E2BHooks
 	mux     *http.ServeMux
 	stopped chan struct{}
+
+	cpuMu   sync.Mutex
+	lastCPU map[string]cpuSample // the previous metrics sample of each sandbox (metrics.go)
 }
 
 // New opens the front's records.
@@ -70,7 +73,7 @@ func New(cfg Config) (*Front, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses()}
+	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses(), lastCPU: map[string]cpuSample{}}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
@@ -180,6 +183,7 @@ func (f *Front) kill(ctx context.Context, b service.Backend, r *record) error {
 		return err
 	}
 	f.procs.endAll(r.ID)
+	f.forgetCPU(r.ID)
 	if err := b.Remove(ctx, key); err != nil && !fault.Is(err, fault.NotFound) {
 		return err
 	}

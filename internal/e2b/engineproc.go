@@ -13,10 +13,10 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/e2b/proto/process"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	skproc "github.com/sandkeep/sandkeep/processes"
 )
 
 // The E2B process service on the engine's process model: a command started through E2B is one of the engine's
@@ -60,8 +60,8 @@ func (f *Front) procErr(r *http.Request, err error) error {
 }
 
 // startRequest is an E2B start as the engine's process.
-func startRequest(sc *sandboxCtx, req *process.StartRequest, argv []string, workdir string, env []string, lifetime time.Duration, requestID string) sandkeep.StartRequest {
-	sr := sandkeep.StartRequest{Argv: argv, Workdir: workdir, Env: env, Lifetime: lifetime, Stdin: req.GetStdin(),
+func startRequest(sc *sandboxCtx, req *process.StartRequest, argv []string, workdir string, env []string, lifetime time.Duration, requestID string) skproc.StartRequest {
+	sr := skproc.StartRequest{Argv: argv, Workdir: workdir, Env: env, Lifetime: lifetime, Stdin: req.GetStdin(),
 		Tag: req.GetTag(), Template: sc.rec.OpTemplate, RequestID: requestID}
 	if req.Pty != nil {
 		ws := size(req.Pty)
@@ -80,7 +80,7 @@ func (f *Front) streamProcess(ctx context.Context, r *http.Request, sc *sandboxC
 		defer mu.Unlock()
 		return send(ev)
 	}
-	opts := sandkeep.AttachOptions{Replay: replay}
+	opts := skproc.AttachOptions{Replay: replay}
 	if tty {
 		opts.Stdout = sendWriter{send: locked, kind: 3}
 	} else {
@@ -105,7 +105,7 @@ func (f *Front) streamProcess(ctx context.Context, r *http.Request, sc *sandboxC
 			}
 		}
 	}()
-	p, err := pb.AttachProcess(actx, sc.key, sandkeep.ProcessRef{PID: pid}, opts)
+	p, err := pb.AttachProcess(actx, sc.key, skproc.Ref{PID: pid}, opts)
 	cancel()
 	wg.Wait()
 	if ctx.Err() != nil {
@@ -147,7 +147,7 @@ func dataEvent(kind int, data []byte) *process.ProcessEvent {
 }
 
 // processEnd is E2B's end event of an engine process.
-func processEnd(p *sandkeep.Process) *process.ProcessEvent {
+func processEnd(p *skproc.Process) *process.ProcessEvent {
 	end := &process.ProcessEvent_EndEvent{ExitCode: int32(p.ExitCode), Exited: true}
 	switch {
 	case p.StartError != "":
@@ -168,7 +168,7 @@ func processEnd(p *sandkeep.Process) *process.ProcessEvent {
 
 // processInfo is an engine process as E2B lists it: the command the SDK asked for (argv's shim for /bin/bash
 // undone), its tag and working directory.
-func processInfo(p *sandkeep.Process) *process.ProcessInfo {
+func processInfo(p *skproc.Process) *process.ProcessInfo {
 	cfg := &process.ProcessConfig{}
 	argv := p.Argv
 	if len(argv) >= 4 && argv[0] == "/bin/sh" && argv[1] == "-c" && argv[2] == bashShim && argv[3] == "sh" {
@@ -189,22 +189,22 @@ func processInfo(p *sandkeep.Process) *process.ProcessInfo {
 }
 
 // engineRef is the engine's name of the selected process.
-func engineRef(sel *process.ProcessSelector) (sandkeep.ProcessRef, error) {
+func engineRef(sel *process.ProcessSelector) (skproc.Ref, error) {
 	switch s := sel.GetSelector().(type) {
 	case *process.ProcessSelector_Pid:
 		if s.Pid > 0 && s.Pid <= 1<<31-1 {
-			return sandkeep.ProcessRef{PID: int(s.Pid)}, nil
+			return skproc.Ref{PID: int(s.Pid)}, nil
 		}
 	case *process.ProcessSelector_Tag:
 		if s.Tag != "" {
-			return sandkeep.ProcessRef{Tag: s.Tag}, nil
+			return skproc.Ref{Tag: s.Tag}, nil
 		}
 	}
-	return sandkeep.ProcessRef{}, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %v not found", selectorString(sel)))
+	return skproc.Ref{}, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %v not found", selectorString(sel)))
 }
 
 // running finds the running engine process sel names.
-func running(ctx context.Context, sc *sandboxCtx, pb service.ProcessBackend, sel *process.ProcessSelector) (*sandkeep.Process, error) {
+func running(ctx context.Context, sc *sandboxCtx, pb service.ProcessBackend, sel *process.ProcessSelector) (*skproc.Process, error) {
 	ref, err := engineRef(sel)
 	if err != nil {
 		return nil, err
@@ -223,7 +223,7 @@ func running(ctx context.Context, sc *sandboxCtx, pb service.ProcessBackend, sel
 
 // signal sends an E2B signal to an engine process: SIGKILL ends its whole tree (SIGTERM, the grace, SIGKILL)
 // and returns once it ended; SIGTERM goes to its process group, which may handle it.
-func signal(ctx context.Context, sc *sandboxCtx, pb service.ProcessBackend, ref sandkeep.ProcessRef, sig process.Signal) error {
+func signal(ctx context.Context, sc *sandboxCtx, pb service.ProcessBackend, ref skproc.Ref, sig process.Signal) error {
 	switch sig {
 	case process.Signal_SIGNAL_SIGTERM:
 		return pb.SignalProcess(ctx, sc.key, ref, syscall.SIGTERM)
@@ -231,7 +231,7 @@ func signal(ctx context.Context, sc *sandboxCtx, pb service.ProcessBackend, ref 
 		if err := pb.KillProcess(ctx, sc.key, ref); err != nil {
 			return err
 		}
-		_, err := pb.AttachProcess(ctx, sc.key, ref, sandkeep.AttachOptions{}) // until it ended
+		_, err := pb.AttachProcess(ctx, sc.key, ref, skproc.AttachOptions{}) // until it ended
 		if fault.Is(err, fault.ProcessNotFound) || fault.Is(err, fault.ProcessExited) {
 			return nil
 		}

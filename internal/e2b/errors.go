@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"connectrpc.com/connect"
 )
@@ -55,8 +56,13 @@ func (f *Front) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	st, msg := f.status(r, err)
-	if st == http.StatusTooManyRequests {
-		w.Header().Set("Retry-After", "1")
+	if st == http.StatusTooManyRequests { // the limit's own wait when it says (the SDK retries after it)
+		secs := 1
+		var ra interface{ RetryAfterSeconds() int }
+		if errors.As(err, &ra) && ra.RetryAfterSeconds() > 0 {
+			secs = ra.RetryAfterSeconds()
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
 	}
 	writeJSON(w, st, map[string]any{"code": st, "message": msg})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/e2b/proto/process"
 	"github.com/sandkeep/sandkeep/internal/e2b/proto/process/processconnect"
 	"github.com/sandkeep/sandkeep/internal/service"
+	skproc "github.com/sandkeep/sandkeep/processes"
 )
 
 // Bounds of the process service.
@@ -454,7 +455,7 @@ type target struct {
 	sc  *sandboxCtx
 	r   *http.Request
 	pb  service.ProcessBackend
-	ref sandkeep.ProcessRef
+	ref skproc.Ref
 }
 
 // selected finds the process sel names in the caller's sandbox; another sandbox's pid is not found.

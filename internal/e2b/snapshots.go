@@ -11,6 +11,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/auth"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 // E2B's fork and snapshots on sandkeep's (issue 23): a snapshot is a content-addressed archive of the sandbox's
@@ -32,7 +33,7 @@ type snapshotJSON struct {
 	Names      []string `json:"names"`
 }
 
-func snapshotOf(sn sandkeep.Snapshot) snapshotJSON {
+func snapshotOf(sn snapshots.Snapshot) snapshotJSON {
 	return snapshotJSON{SnapshotID: sn.Name, Names: []string{sn.Name}}
 }
 
@@ -48,7 +49,7 @@ func snapshotter(b service.Backend) (service.Snapshotter, error) {
 }
 
 // tenantSnapshot returns tenant's snapshot that the template id names, if there is one.
-func tenantSnapshot(ctx context.Context, b service.Backend, tenant, id string) (*sandkeep.Snapshot, error) {
+func tenantSnapshot(ctx context.Context, b service.Backend, tenant, id string) (*snapshots.Snapshot, error) {
 	sn, ok := b.(service.Snapshotter)
 	if !ok || id == "" || id == BaseTemplate {
 		return nil, nil
@@ -130,7 +131,7 @@ func (f *Front) handleSnapshots(w http.ResponseWriter, r *http.Request) {
 		f.writeError(w, r, err)
 		return
 	}
-	slices.SortFunc(all, func(a, b sandkeep.Snapshot) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(all, func(a, b snapshots.Snapshot) int { return strings.Compare(a.Name, b.Name) })
 	out := []snapshotJSON{}
 	from, next := q.Get("nextToken"), ""
 	for _, s := range all {

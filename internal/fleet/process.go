@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 // The process model on a replica: served for keys this replica owns (the HTTP API hands other keys' process
@@ -21,7 +22,7 @@ func (b *Backend) owned(ctx context.Context, key sandkeep.Key) error {
 }
 
 // StartProcess implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) StartProcess(ctx context.Context, key sandkeep.Key, req sandkeep.StartRequest) (*sandkeep.Process, error) {
+func (b *Backend) StartProcess(ctx context.Context, key sandkeep.Key, req processes.StartRequest) (*processes.Process, error) {
 	if err := b.owned(ctx, key); err != nil {
 		return nil, err
 	}
@@ -29,7 +30,7 @@ func (b *Backend) StartProcess(ctx context.Context, key sandkeep.Key, req sandke
 }
 
 // Processes implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) Processes(ctx context.Context, key sandkeep.Key) ([]sandkeep.Process, error) {
+func (b *Backend) Processes(ctx context.Context, key sandkeep.Key) ([]processes.Process, error) {
 	if err := b.owned(ctx, key); err != nil {
 		return nil, err
 	}
@@ -37,7 +38,7 @@ func (b *Backend) Processes(ctx context.Context, key sandkeep.Key) ([]sandkeep.P
 }
 
 // AttachProcess implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) AttachProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, opts sandkeep.AttachOptions) (*sandkeep.Process, error) {
+func (b *Backend) AttachProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, opts processes.AttachOptions) (*processes.Process, error) {
 	if err := b.owned(ctx, key); err != nil {
 		return nil, err
 	}
@@ -45,7 +46,7 @@ func (b *Backend) AttachProcess(ctx context.Context, key sandkeep.Key, ref sandk
 }
 
 // SendInput implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) SendInput(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, data []byte) error {
+func (b *Backend) SendInput(ctx context.Context, key sandkeep.Key, ref processes.Ref, data []byte) error {
 	if err := b.owned(ctx, key); err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ func (b *Backend) SendInput(ctx context.Context, key sandkeep.Key, ref sandkeep.
 }
 
 // CloseStdin implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) CloseStdin(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+func (b *Backend) CloseStdin(ctx context.Context, key sandkeep.Key, ref processes.Ref) error {
 	if err := b.owned(ctx, key); err != nil {
 		return err
 	}
@@ -61,7 +62,7 @@ func (b *Backend) CloseStdin(ctx context.Context, key sandkeep.Key, ref sandkeep
 }
 
 // SignalProcess implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) SignalProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, sig syscall.Signal) error {
+func (b *Backend) SignalProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, sig syscall.Signal) error {
 	if err := b.owned(ctx, key); err != nil {
 		return err
 	}
@@ -69,7 +70,7 @@ func (b *Backend) SignalProcess(ctx context.Context, key sandkeep.Key, ref sandk
 }
 
 // KillProcess implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) KillProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+func (b *Backend) KillProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref) error {
 	if err := b.owned(ctx, key); err != nil {
 		return err
 	}
@@ -77,7 +78,7 @@ func (b *Backend) KillProcess(ctx context.Context, key sandkeep.Key, ref sandkee
 }
 
 // ResizeProcess implements service.ProcessBackend for keys this replica owns.
-func (b *Backend) ResizeProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, ws sandkeep.WindowSize) error {
+func (b *Backend) ResizeProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, ws sandkeep.WindowSize) error {
 	if err := b.owned(ctx, key); err != nil {
 		return err
 	}

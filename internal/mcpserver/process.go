@@ -10,9 +10,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 // The process tools: a command that outlives its call (a dev server, a watcher) started with start_process,
@@ -55,7 +55,7 @@ type ProcessInfo struct {
 	Stdin      bool     `json:"stdin,omitempty" jsonschema:"its standard input is open for process_input"`
 }
 
-func infoOf(p *sandkeep.Process) ProcessInfo {
+func infoOf(p *processes.Process) ProcessInfo {
 	return ProcessInfo{PID: p.PID, Tag: p.Tag, Argv: p.Argv, Running: p.Running, ExitCode: p.ExitCode, Killed: p.Killed,
 		TimedOut: p.TimedOut, StartError: p.StartError, Stdin: p.Stdin}
 }
@@ -133,11 +133,11 @@ func (t *tools) procs() (service.ProcessBackend, error) {
 	return nil, fault.New(fault.ProcessUnavailable, "run commands with exec instead", "this server has no background processes")
 }
 
-func (in ProcessRefInput) ref() (sandkeep.ProcessRef, error) {
+func (in ProcessRefInput) ref() (processes.Ref, error) {
 	if in.PID <= 0 && in.Tag == "" {
-		return sandkeep.ProcessRef{}, fault.New(fault.InvalidArgument, "give the pid or the tag start_process returned", "no process named")
+		return processes.Ref{}, fault.New(fault.InvalidArgument, "give the pid or the tag start_process returned", "no process named")
 	}
-	return sandkeep.ProcessRef{PID: max(in.PID, 0), Tag: in.Tag}, nil
+	return processes.Ref{PID: max(in.PID, 0), Tag: in.Tag}, nil
 }
 
 func (t *tools) startProcess(ctx context.Context, in StartProcessInput) (ProcessInfo, error) {
@@ -149,7 +149,7 @@ func (t *tools) startProcess(ctx context.Context, in StartProcessInput) (Process
 	if err != nil {
 		return ProcessInfo{}, err
 	}
-	p, err := pb.StartProcess(ctx, t.key, sandkeep.StartRequest{Argv: ereq.Argv, Workdir: ereq.Workdir, Env: ereq.Env,
+	p, err := pb.StartProcess(ctx, t.key, processes.StartRequest{Argv: ereq.Argv, Workdir: ereq.Workdir, Env: ereq.Env,
 		Lifetime: time.Duration(in.LifetimeSeconds) * time.Second, Stdin: in.Stdin, Tag: in.Tag, RequestID: t.requestID})
 	if err != nil {
 		return ProcessInfo{}, err
@@ -187,14 +187,14 @@ func (t *tools) processOutput(ctx context.Context, in ProcessOutputInput) (Proce
 	}
 	if in.WaitSeconds > 0 {
 		wctx, cancel := context.WithTimeout(ctx, time.Duration(in.WaitSeconds)*time.Second)
-		_, werr := pb.AttachProcess(wctx, t.key, ref, sandkeep.AttachOptions{})
+		_, werr := pb.AttachProcess(wctx, t.key, ref, processes.AttachOptions{})
 		cancel()
 		if werr != nil && wctx.Err() == nil {
 			return ProcessOutput{}, werr
 		}
 	}
 	var stdout, stderr bytes.Buffer
-	p, err := pb.AttachProcess(ctx, t.key, ref, sandkeep.AttachOptions{Stdout: &stdout, Stderr: &stderr, Snapshot: true})
+	p, err := pb.AttachProcess(ctx, t.key, ref, processes.AttachOptions{Stdout: &stdout, Stderr: &stderr, Snapshot: true})
 	if err != nil {
 		return ProcessOutput{}, err
 	}
@@ -253,7 +253,7 @@ func (t *tools) killProcess(ctx context.Context, in KillProcessInput) (Done, err
 		return Done{}, err
 	}
 	if in.Signal != "" {
-		sig, err := sandkeep.ParseSignal(in.Signal)
+		sig, err := processes.ParseSignal(in.Signal)
 		if err != nil {
 			return Done{}, err
 		}

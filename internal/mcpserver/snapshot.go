@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 // Snapshot tool names.
@@ -83,7 +84,7 @@ func (t *tools) snapshotter() (service.Snapshotter, error) {
 	return sn, nil
 }
 
-func snapshotOut(sn sandkeep.Snapshot) SnapshotOutput {
+func snapshotOut(sn snapshots.Snapshot) SnapshotOutput {
 	return SnapshotOutput{Name: sn.Name, User: sn.User, Template: sn.Template, Digest: sn.Digest, Bytes: sn.Bytes, CreatedAt: sn.CreatedAt}
 }
 

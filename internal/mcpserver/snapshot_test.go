@@ -7,26 +7,27 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 // snapBackend is the fake backend with an in-memory Snapshotter that keys snapshots by tenant and name.
 type snapBackend struct {
 	*fakeBackend
-	snaps    map[string]sandkeep.Snapshot // tenant + "/" + name
+	snaps    map[string]snapshots.Snapshot // tenant + "/" + name
 	restored []sandkeep.Key
 }
 
-func (b *snapBackend) CreateSnapshot(_ context.Context, key sandkeep.Key, name, _ string) (sandkeep.Snapshot, error) {
+func (b *snapBackend) CreateSnapshot(_ context.Context, key sandkeep.Key, name, _ string) (snapshots.Snapshot, error) {
 	if _, ok := b.snaps[key.Tenant+"/"+name]; ok {
-		return sandkeep.Snapshot{}, fault.New(fault.SnapshotExists, "other name", "exists")
+		return snapshots.Snapshot{}, fault.New(fault.SnapshotExists, "other name", "exists")
 	}
-	sn := sandkeep.Snapshot{Name: name, Tenant: key.Tenant, User: key.User, Digest: "sha256:00", Bytes: 3}
+	sn := snapshots.Snapshot{Name: name, Tenant: key.Tenant, User: key.User, Digest: "sha256:00", Bytes: 3}
 	b.snaps[key.Tenant+"/"+name] = sn
 	return sn, nil
 }
 
-func (b *snapBackend) Snapshots(_ context.Context, tenant string) ([]sandkeep.Snapshot, error) {
-	var out []sandkeep.Snapshot
+func (b *snapBackend) Snapshots(_ context.Context, tenant string) ([]snapshots.Snapshot, error) {
+	var out []snapshots.Snapshot
 	for _, sn := range b.snaps {
 		if sn.Tenant == tenant {
 			out = append(out, sn)
@@ -55,7 +56,7 @@ func (b *snapBackend) RestoreSnapshot(_ context.Context, name string, to sandkee
 // same tenant), pass the backend's codes on, need their scopes, and answer SPEC_UNSUPPORTED over a backend that
 // keeps no snapshots.
 func TestSnapshotTools(t *testing.T) {
-	b := &snapBackend{fakeBackend: newFakeBackend(t), snaps: map[string]sandkeep.Snapshot{}}
+	b := &snapBackend{fakeBackend: newFakeBackend(t), snaps: map[string]snapshots.Snapshot{}}
 	alice := mustKey(t, "acme", "alice")
 	cs := connect(t, New(b, alice, Options{}))
 	out := output[SnapshotOutput](t, call(t, cs, ToolCreateSnapshot, map[string]any{"name": "s1"}))
@@ -63,7 +64,7 @@ func TestSnapshotTools(t *testing.T) {
 		t.Fatalf("create_snapshot: %+v", out)
 	}
 	wantCode(t, call(t, cs, ToolCreateSnapshot, map[string]any{"name": "s1"}), fault.SnapshotExists)
-	b.snaps["globex/s2"] = sandkeep.Snapshot{Name: "s2", Tenant: "globex"}
+	b.snaps["globex/s2"] = snapshots.Snapshot{Name: "s2", Tenant: "globex"}
 	list := output[SnapshotListOutput](t, call(t, cs, ToolListSnapshots, map[string]any{}))
 	if len(list.Snapshots) != 1 || list.Snapshots[0].Name != "s1" {
 		t.Fatalf("list_snapshots shows %+v", list)

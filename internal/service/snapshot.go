@@ -5,14 +5,15 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
-// Snapshotter is optional: a Backend that keeps workspace snapshots (sandkeep.Manager's snapshot methods). The API
+// Snapshotter is optional: a Backend that keeps workspace snapshots (package snapshots). The API
 // and MCP find it with a type assertion; without it their snapshot calls answer SPEC_UNSUPPORTED (ErrNoSnapshots).
 // Every name is the caller's tenant's: the caller forms the keys and passes the tenant.
 type Snapshotter interface {
-	CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (sandkeep.Snapshot, error)
-	Snapshots(ctx context.Context, tenant string) ([]sandkeep.Snapshot, error)
+	CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (snapshots.Snapshot, error)
+	Snapshots(ctx context.Context, tenant string) ([]snapshots.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, tenant, name, requestID string) error
 	// RestoreSnapshot makes to a new sandbox from to's tenant's snapshot called name, admitted for a caller as
 	// Admit does (ar.Template must be "" or the snapshot's).
@@ -27,27 +28,27 @@ func ErrNoSnapshots() error {
 
 var _ Snapshotter = (*Service)(nil)
 
-// CreateSnapshot is sandkeep.Manager.CreateSnapshot.
-func (s *Service) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (sandkeep.Snapshot, error) {
-	return s.m.CreateSnapshot(ctx, key, name, sandkeep.SnapshotEvents{RequestID: requestID})
+// CreateSnapshot is snapshots.Create.
+func (s *Service) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (snapshots.Snapshot, error) {
+	return snapshots.Create(ctx, s.m, key, name, snapshots.Events{RequestID: requestID})
 }
 
-// Snapshots is sandkeep.Manager.Snapshots.
-func (s *Service) Snapshots(_ context.Context, tenant string) ([]sandkeep.Snapshot, error) {
-	return s.m.Snapshots(tenant)
+// Snapshots is snapshots.List.
+func (s *Service) Snapshots(_ context.Context, tenant string) ([]snapshots.Snapshot, error) {
+	return snapshots.List(s.m, tenant)
 }
 
-// DeleteSnapshot is sandkeep.Manager.DeleteSnapshot.
+// DeleteSnapshot is snapshots.Delete.
 func (s *Service) DeleteSnapshot(ctx context.Context, tenant, name, requestID string) error {
-	return s.m.DeleteSnapshot(ctx, tenant, name, sandkeep.SnapshotEvents{RequestID: requestID})
+	return snapshots.Delete(ctx, s.m, tenant, name, snapshots.Events{RequestID: requestID})
 }
 
-// RestoreSnapshot is sandkeep.Manager.RestoreSnapshot for a caller: the operator's mode and driver, the lower
+// RestoreSnapshot is snapshots.Restore for a caller: the operator's mode and driver, the lower
 // trust, the caller tier.
 func (s *Service) RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar AdmitRequest) (sandkeep.Sandbox, error) {
 	rr, err := s.runRequest(to, ar)
 	if err != nil {
 		return sandkeep.Sandbox{}, err
 	}
-	return s.m.RestoreSnapshot(ctx, name, rr)
+	return snapshots.Restore(ctx, s.m, name, rr)
 }

@@ -72,9 +72,12 @@ type Group struct {
 
 // op is one write. Exactly one of its outcomes is delivered: on result (a synchronous write) or to done.
 type op struct {
-	ctx    context.Context // the caller's; a synchronous write whose caller left is not made. nil when enqueued
-	apply  func(ctx context.Context, w Writes) error
-	sync   bool
+	ctx   context.Context // the caller's; a synchronous write whose caller left is not made. nil when enqueued
+	apply func(ctx context.Context, w Writes) error
+	sync  bool
+	// last marks a run's finish: nothing of its run follows, so its group is committed now (the caller does not
+	// wait) rather than after FlushDelay or with the next request's run row, which would wait for it.
+	last   bool
 	result chan error // synchronous writes: room for one
 	done   func(err error)
 }
@@ -166,6 +169,7 @@ func (g *Group) EnqueueUpdate(id string, upd RunUpdate, done func(err error)) {
 		return
 	}
 	g.enqueue(&op{
+		last:  true,
 		apply: func(ctx context.Context, w Writes) error { return w.FinishRun(ctx, id, upd) },
 		done: func(err error) {
 			if done != nil {
@@ -242,7 +246,7 @@ func (g *Group) loop() {
 			return
 		}
 		group := []*op{first}
-		urgent := first.sync
+		urgent := first.sync || first.last
 		if !urgent {
 			timer.Reset(g.o.FlushDelay)
 		}
@@ -266,7 +270,7 @@ func (g *Group) loop() {
 					break gather
 				}
 				group = append(group, o)
-				urgent = o.sync
+				urgent = o.sync || o.last
 			case <-timer.C:
 				break gather
 			}

@@ -2,10 +2,11 @@
 // (cmd/sandkeep TestE2BTypeScript) starts the server and passes, in the environment:
 //   E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (tenant A), E2B_OTHER_KEY (tenant B), E2B_MAX_TIMEOUT_S.
 // Each check prints "ok <name>" or "FAIL <name>: <why>"; the process exits non-zero when any failed.
-import { Sandbox, CommandExitError, NotFoundError, AuthenticationError, TimeoutError, SandboxError, FileType } from 'e2b'
+import { Sandbox, CommandExitError, NotFoundError, AuthenticationError, TimeoutError, SandboxError, InvalidArgumentError, RateLimitError, FileType } from 'e2b'
 
 let failed = 0
-const only = process.argv[2] ? new RegExp(process.argv[2]) : null
+const pick = process.argv[2] || process.env.E2B_ONLY // run only the checks whose name matches (while iterating)
+const only = pick ? new RegExp(pick) : null
 async function check(name, fn, always) {
   if (only && !always && !only.test(name)) return
   try {
@@ -173,6 +174,24 @@ await check('getInfo with metadata; list with a metadata filter', async () => {
   eq(items.map((s) => s.sandboxId), [sbx.sandboxId], 'listed')
 })
 
+await check('getMetrics: cpu, memory and disk from the engine\'s stats', async () => {
+  const first = await sbx.getMetrics()
+  if (process.env.E2B_EXPECT_METRICS !== '1') { // a driver that reads no stats has no samples
+    ok(Array.isArray(first), `metrics: ${JSON.stringify(first)}`)
+    return
+  }
+  eq(first.length, 1, 'one sample')
+  await sbx.commands.run("timeout 1 sh -c 'while :; do :; done' || true")
+  const [m] = await sbx.getMetrics()
+  ok(Math.abs(Date.now() - m.timestamp.getTime()) < 60_000, `timestamp ${m.timestamp}`)
+  ok(m.cpuCount >= 1, `cpuCount ${m.cpuCount}`)
+  ok(m.cpuUsedPct > 0 && m.cpuUsedPct <= 100, `cpuUsedPct after a second of a busy loop: ${m.cpuUsedPct}`)
+  ok(m.memUsed > 0 && m.memUsed <= m.memTotal, `memory ${m.memUsed} of ${m.memTotal}`)
+  ok(m.diskUsed > 0 && m.diskUsed <= m.diskTotal, `disk ${m.diskUsed} of ${m.diskTotal}`)
+  eq(await sbx.getMetrics({ end: new Date(Date.now() - 3_600_000) }), [], 'a window that ended an hour ago')
+  await rejects(Sandbox.getMetrics(sbx.sandboxId, other), NotFoundError, 'metrics of another tenant\'s sandbox')
+})
+
 await check('setTimeout moves the end', async () => {
   const before = (await sbx.getInfo()).endAt
   await sbx.setTimeout(1_200_000)
@@ -262,23 +281,40 @@ await check('a bad key is refused', async () => {
   await rejects(Sandbox.list({ apiKey: 'nope' }).nextItems(), AuthenticationError, 'list with a bad key')
 })
 
+// Each refusal raises the SDK's own typed error, as E2B's API would answer it, and leaves nothing behind.
 await check('bad input gets E2B\'s error shape', async () => {
   const ids = async () => (await Sandbox.list({ limit: 1000 }).nextItems()).map((s) => s.sandboxId).sort()
   const before = await ids()
   const e1 = await rejects(Sandbox.create('no-such-template'), SandboxError, 'unknown template')
-  ok(/TEMPLATE_NOT_FOUND/.test(e1.message), `message: ${e1.message}`)
+  eq(e1.statusCode, 404, 'unknown template: status')
+  ok(/TEMPLATE_NOT_FOUND/.test(e1.message) && /no-such-template/.test(e1.message), `message: ${e1.message}`)
   const max = Number(process.env.E2B_MAX_TIMEOUT_S || 86400)
   const e2 = await rejects(Sandbox.create({ timeoutMs: (max + 60) * 1000 }), SandboxError, 'timeout past the bound')
+  eq(e2.statusCode, 400, 'timeout past the bound: status')
   ok(/past this server's bound/.test(e2.message), `message: ${e2.message}`)
   eq(await ids(), before, 'sandboxes after the refused creates')
-  const e3 = await rejects(sbx.files.read('/etc/passwd'), SandboxError, 'a path outside the workspace')
-  ok(/outside/.test(e3.message), `message: ${e3.message}`)
+  const e2b = await rejects(sbx.setTimeout((max + 60) * 1000), SandboxError, 'setTimeout past the bound')
+  ok(/past this server's bound/.test(e2b.message), `message: ${e2b.message}`)
+  const e3 = await rejects(sbx.files.read('/etc/passwd'), InvalidArgumentError, 'a path outside the workspace')
+  ok(/INVALID_PATH/.test(e3.message) && /outside|leaves/.test(e3.message), `message: ${e3.message}`)
   const maxFile = Number(process.env.E2B_MAX_FILE || 0)
   if (maxFile) {
     const e4 = await rejects(sbx.files.write('big.bin', new Uint8Array(maxFile + 1024).buffer), SandboxError, 'an upload past the file limit')
-    ok(/FILE_TOO_LARGE|too large/i.test(e4.message), `message: ${e4.message}`)
+    ok(/^413: FILE_TOO_LARGE/.test(e4.message), `message: ${e4.message}`)
     eq(await sbx.files.exists('big.bin'), false, 'nothing left of the refused upload')
   }
+  // A signal to a pid that is not the sandbox's: not found (the SDK's kill answers false).
+  eq(await sbx.commands.kill(987654), false, 'kill of a pid the sandbox does not have')
+})
+
+await check('a tenant past its request rate gets RateLimitError', async () => {
+  const slow = { apiKey: process.env.E2B_SLOW_KEY, retries: 0 }
+  let err
+  for (let i = 0; i < 5 && !err; i++) {
+    try { await Sandbox.list(slow).nextItems() } catch (e) { err = e }
+  }
+  ok(err instanceof RateLimitError, `after the tenant's burst: ${err && err.constructor.name}: ${err && err.message}`)
+  ok(/RATE_LIMITED/.test(err.message), `message: ${err.message}`)
 })
 
 await check('pause then connect keeps the files', async () => {

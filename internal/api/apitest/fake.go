@@ -22,6 +22,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/files"
 	"github.com/sandkeep/sandkeep/internal/service"
 	"github.com/sandkeep/sandkeep/internal/store"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 // Backend is an in-memory service.Backend. Exec runs no process: it interprets argv (see Exec).
@@ -48,7 +49,7 @@ type Backend struct {
 	lastAdmit service.AdmitRequest   // and its admission
 	waiters   map[string]chan string // "wait=<name>" steps blocked until Release(name)
 
-	snaps map[string]sandkeep.Snapshot // snapshot.go; nil until the first
+	snaps map[string]snapshots.Snapshot // snapshot.go; nil until the first
 
 	procOnce sync.Once
 	procs    *procTable // the fake processes (process.go)

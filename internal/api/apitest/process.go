@@ -11,13 +11,14 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 var _ service.ProcessBackend = (*Backend)(nil)
 
 // fakeProc is one process of the fake: its output is "started: ARGV\n" and then its input, echoed.
 type fakeProc struct {
-	p   sandkeep.Process
+	p   processes.Process
 	out strings.Builder
 	sig []syscall.Signal
 }
@@ -42,7 +43,7 @@ func (t *procTable) notify() {
 }
 
 // StartProcess starts a fake process in key's sandbox (creating the sandbox as an exec would).
-func (b *Backend) StartProcess(ctx context.Context, key sandkeep.Key, req sandkeep.StartRequest) (*sandkeep.Process, error) {
+func (b *Backend) StartProcess(ctx context.Context, key sandkeep.Key, req processes.StartRequest) (*processes.Process, error) {
 	if len(req.Argv) == 0 {
 		return nil, fault.New(fault.InvalidArgument, "pass the command", "no command given")
 	}
@@ -63,7 +64,7 @@ func (b *Backend) StartProcess(ctx context.Context, key sandkeep.Key, req sandke
 		t.next[key.Hex()] = 100
 	}
 	t.next[key.Hex()]++
-	fp := &fakeProc{p: sandkeep.Process{PID: t.next[key.Hex()], Tag: req.Tag, Argv: req.Argv, Workdir: req.Workdir, Stdin: req.Stdin,
+	fp := &fakeProc{p: processes.Process{PID: t.next[key.Hex()], Tag: req.Tag, Argv: req.Argv, Workdir: req.Workdir, Stdin: req.Stdin,
 		TTY: req.TTY != nil, Started: time.Now().UTC(), Running: true, Sandbox: res.Sandbox.Name}}
 	fp.out.WriteString("started: " + strings.Join(req.Argv, " ") + "\n")
 	t.byKey[key.Hex()] = append(t.byKey[key.Hex()], fp)
@@ -73,18 +74,18 @@ func (b *Backend) StartProcess(ctx context.Context, key sandkeep.Key, req sandke
 }
 
 // Processes lists key's fake processes.
-func (b *Backend) Processes(ctx context.Context, key sandkeep.Key) ([]sandkeep.Process, error) {
+func (b *Backend) Processes(ctx context.Context, key sandkeep.Key) ([]processes.Process, error) {
 	t := b.procTable()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := []sandkeep.Process{}
+	out := []processes.Process{}
 	for _, fp := range t.byKey[key.Hex()] {
 		out = append(out, fp.p)
 	}
 	return out, nil
 }
 
-func (t *procTable) find(key sandkeep.Key, ref sandkeep.ProcessRef) (*fakeProc, error) {
+func (t *procTable) find(key sandkeep.Key, ref processes.Ref) (*fakeProc, error) {
 	for _, fp := range t.byKey[key.Hex()] {
 		if (ref.PID != 0 && fp.p.PID == ref.PID) || (ref.PID == 0 && fp.p.Tag == ref.Tag) {
 			return fp, nil
@@ -99,7 +100,7 @@ func (t *procTable) find(key sandkeep.Key, ref sandkeep.ProcessRef) (*fakeProc, 
 
 // AttachProcess writes the process's output (all of it with Replay or Snapshot, else what comes from now on)
 // until it ends, ctx ends, or at once with Snapshot.
-func (b *Backend) AttachProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, opts sandkeep.AttachOptions) (*sandkeep.Process, error) {
+func (b *Backend) AttachProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, opts processes.AttachOptions) (*processes.Process, error) {
 	t := b.procTable()
 	t.mu.Lock()
 	fp, err := t.find(key, ref)
@@ -132,7 +133,7 @@ func (b *Backend) AttachProcess(ctx context.Context, key sandkeep.Key, ref sandk
 }
 
 // control finds ref's running process and applies f under the table's lock.
-func (b *Backend) control(key sandkeep.Key, ref sandkeep.ProcessRef, f func(*fakeProc) error) error {
+func (b *Backend) control(key sandkeep.Key, ref processes.Ref, f func(*fakeProc) error) error {
 	t := b.procTable()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -149,7 +150,7 @@ func (b *Backend) control(key sandkeep.Key, ref sandkeep.ProcessRef, f func(*fak
 }
 
 // SendInput echoes data into the process's output.
-func (b *Backend) SendInput(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, data []byte) error {
+func (b *Backend) SendInput(ctx context.Context, key sandkeep.Key, ref processes.Ref, data []byte) error {
 	return b.control(key, ref, func(fp *fakeProc) error {
 		if !fp.p.Stdin {
 			return fault.New(fault.InvalidArgument, "start it with stdin", "process %d has no open stdin", fp.p.PID)
@@ -160,7 +161,7 @@ func (b *Backend) SendInput(ctx context.Context, key sandkeep.Key, ref sandkeep.
 }
 
 // CloseStdin closes the process's stdin.
-func (b *Backend) CloseStdin(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+func (b *Backend) CloseStdin(ctx context.Context, key sandkeep.Key, ref processes.Ref) error {
 	return b.control(key, ref, func(fp *fakeProc) error {
 		if !fp.p.Stdin {
 			return fault.New(fault.InvalidArgument, "start it with stdin", "process %d has no open stdin", fp.p.PID)
@@ -172,7 +173,7 @@ func (b *Backend) CloseStdin(ctx context.Context, key sandkeep.Key, ref sandkeep
 }
 
 // SignalProcess records sig; TERM, KILL and INT end the process with 128+sig.
-func (b *Backend) SignalProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, sig syscall.Signal) error {
+func (b *Backend) SignalProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, sig syscall.Signal) error {
 	return b.control(key, ref, func(fp *fakeProc) error {
 		fp.sig = append(fp.sig, sig)
 		fp.out.WriteString("signal " + strconv.Itoa(int(sig)) + "\n")
@@ -184,7 +185,7 @@ func (b *Backend) SignalProcess(ctx context.Context, key sandkeep.Key, ref sandk
 }
 
 // KillProcess ends the process, killed.
-func (b *Backend) KillProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef) error {
+func (b *Backend) KillProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref) error {
 	return b.control(key, ref, func(fp *fakeProc) error {
 		fp.p.Running, fp.p.Killed, fp.p.ExitCode, fp.p.Signal = false, true, 137, 9
 		return nil
@@ -192,7 +193,7 @@ func (b *Backend) KillProcess(ctx context.Context, key sandkeep.Key, ref sandkee
 }
 
 // ResizeProcess checks that the process has a terminal.
-func (b *Backend) ResizeProcess(ctx context.Context, key sandkeep.Key, ref sandkeep.ProcessRef, ws sandkeep.WindowSize) error {
+func (b *Backend) ResizeProcess(ctx context.Context, key sandkeep.Key, ref processes.Ref, ws sandkeep.WindowSize) error {
 	return b.control(key, ref, func(fp *fakeProc) error {
 		if !fp.p.TTY {
 			return fault.New(fault.InvalidArgument, "start it with a terminal", "process %d has no terminal", fp.p.PID)

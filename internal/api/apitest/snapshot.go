@@ -9,6 +9,7 @@ import (
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/snapshots"
 )
 
 var (
@@ -17,9 +18,9 @@ var (
 )
 
 // snapMap is the fake's snapshots, by tenant + "\x00" + name (they keep no files); b.mu guards it.
-func (b *Backend) snapMap() map[string]sandkeep.Snapshot {
+func (b *Backend) snapMap() map[string]snapshots.Snapshot {
 	if b.snaps == nil {
-		b.snaps = map[string]sandkeep.Snapshot{}
+		b.snaps = map[string]snapshots.Snapshot{}
 	}
 	return b.snaps
 }
@@ -42,31 +43,31 @@ func (b *Backend) Fork(ctx context.Context, from, to sandkeep.Key, ar service.Ad
 }
 
 // CreateSnapshot records a snapshot of key's sandbox (which must exist) called name.
-func (b *Backend) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (sandkeep.Snapshot, error) {
+func (b *Backend) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (snapshots.Snapshot, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.boxes[key.Hex()]; !ok {
-		return sandkeep.Snapshot{}, errNoSandbox(key)
+		return snapshots.Snapshot{}, errNoSandbox(key)
 	}
 	if _, ok := b.snapMap()[key.Tenant+"\x00"+name]; ok {
-		return sandkeep.Snapshot{}, fault.New(fault.SnapshotExists, "choose another name", "snapshot %q exists", name)
+		return snapshots.Snapshot{}, fault.New(fault.SnapshotExists, "choose another name", "snapshot %q exists", name)
 	}
-	sn := sandkeep.Snapshot{Name: name, Tenant: key.Tenant, User: key.User, Digest: "sha256:00", CreatedAt: time.Now().UTC()}
+	sn := snapshots.Snapshot{Name: name, Tenant: key.Tenant, User: key.User, Digest: "sha256:00", CreatedAt: time.Now().UTC()}
 	b.snapMap()[key.Tenant+"\x00"+name] = sn
 	return sn, nil
 }
 
 // Snapshots lists tenant's snapshots by name.
-func (b *Backend) Snapshots(ctx context.Context, tenant string) ([]sandkeep.Snapshot, error) {
+func (b *Backend) Snapshots(ctx context.Context, tenant string) ([]snapshots.Snapshot, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []sandkeep.Snapshot
+	var out []snapshots.Snapshot
 	for _, sn := range b.snapMap() {
 		if sn.Tenant == tenant {
 			out = append(out, sn)
 		}
 	}
-	slices.SortFunc(out, func(a, c sandkeep.Snapshot) int { return strings.Compare(a.Name, c.Name) })
+	slices.SortFunc(out, func(a, c snapshots.Snapshot) int { return strings.Compare(a.Name, c.Name) })
 	return out, nil
 }
 

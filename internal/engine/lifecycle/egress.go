@@ -51,6 +51,8 @@ type keyEgress struct {
 	rootsOf      string            // the container whose image roots the bundle holds
 	roots        []byte            // those roots (PEM), read once per container
 	served       chan struct{}     // closed when Serve returns
+	owner        *net.UnixListener // other processes' sessions (egressowner.go); nil without a channel directory
+	ownerDone    chan struct{}     // closed when serveOwner returns
 }
 
 // egressFor brings key's proxy up with pol as the policy for the command about to run, under a token of the
@@ -94,6 +96,10 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		listen = func() (net.Listener, error) { return el.ListenEgress(ctx, sb) }
 	}
 	ke, err := m.egressOf(key, listen)
+	if errors.Is(err, channel.ErrInUse) {
+		// Another process of the home serves this sandbox's network: the command's session goes there.
+		return m.egressThroughOwner(ctx, key, pol, err)
+	}
 	if err != nil {
 		return nil, release, err
 	}
@@ -167,7 +173,7 @@ func (m *Manager) endEgress(key identity.Key) {
 func (m *Manager) listenSide(key identity.Key, dir string) (net.Listener, error) {
 	ln, err := channel.ListenSide(dir, channel.EgressSocketName, m.verifier(func() identity.Key { return key }), m.cfg.Logger)
 	if errors.Is(err, channel.ErrInUse) {
-		return nil, fault.New(fault.EgressUnavailable,
+		return nil, fault.Wrap(err, fault.EgressUnavailable,
 			"run the command through the sandkeep process that serves this user (e.g. the server), or stop it",
 			"another sandkeep process serves the network of sandbox %s", key.ContainerName())
 	}
@@ -221,6 +227,16 @@ func (m *Manager) egressOf(key identity.Key, listen func() (net.Listener, error)
 			m.cfg.Logger.Warn("egress proxy stopped", "key", key.Short(), "err", err)
 		}
 	}()
+	if dir := m.channelDir(key); dir != "" {
+		// Other processes of the home run their commands' sessions through this proxy (egressowner.go).
+		if ke.owner, err = m.listenOwner(key); err != nil {
+			m.cfg.Logger.Warn("egress owner socket unavailable: other processes' networked commands of this key are refused", "key", key.Short(), "err", err)
+			ke.owner = nil
+		} else {
+			ke.ownerDone = make(chan struct{})
+			go m.serveOwner(key, ke, dir)
+		}
+	}
 	m.egress[key.Hex()] = ke
 	return ke, nil
 }
@@ -383,6 +399,10 @@ func (m *Manager) dropEgress(key identity.Key) {
 }
 
 func (ke *keyEgress) close() {
+	if ke.owner != nil {
+		ke.owner.Close()
+		<-ke.ownerDone
+	}
 	ke.proxy.Close()
 	ke.ln.Close()
 	<-ke.served

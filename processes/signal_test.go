@@ -1,11 +1,11 @@
-package sandkeep_test
+package processes_test
 
 import (
 	"syscall"
 	"testing"
 
-	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/processes"
 )
 
 func TestParseSignal(t *testing.T) {
@@ -20,7 +20,7 @@ func TestParseSignal(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
-			got, err := sandkeep.ParseSignal(tt.in)
+			got, err := processes.ParseSignal(tt.in)
 			if tt.ok && (err != nil || got != tt.want) {
 				t.Fatalf("ParseSignal(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 			}
@@ -36,7 +36,7 @@ func FuzzParseSignal(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		sig, err := sandkeep.ParseSignal(s)
+		sig, err := processes.ParseSignal(s)
 		if err == nil && (sig < 1 || sig > 64) {
 			t.Fatalf("ParseSignal(%q) = %d, out of 1..64", s, sig)
 		}

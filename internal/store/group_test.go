@@ -1,0 +1,84 @@
+package store
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeWrites records the writes of the transactions it is given; one mutex guards it, as a database would.
+type fakeWrites struct {
+	mu  sync.Mutex
+	txs [][]string
+	cur []string
+}
+
+func (f *fakeWrites) InsertRun(_ context.Context, r Run) error {
+	f.cur = append(f.cur, "run "+r.ID)
+	return nil
+}
+
+func (f *fakeWrites) FinishRun(_ context.Context, id string, _ RunUpdate) error {
+	f.cur = append(f.cur, "finish "+id)
+	return nil
+}
+
+func (f *fakeWrites) InsertEvent(_ context.Context, e Event) (int64, error) {
+	f.cur = append(f.cur, "event "+e.Name)
+	return int64(len(f.cur)), nil
+}
+
+func (f *fakeWrites) CheckFence(context.Context, Fence) error { return nil }
+
+func (f *fakeWrites) InTx(_ context.Context, fn func(w Writes) error) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cur = nil
+	if err := fn(f); err != nil {
+		return err
+	}
+	f.txs = append(f.txs, f.cur)
+	return nil
+}
+
+// TestGroupCommitsAFinishAtOnce: a run's finish is its last write, so its group (the command's events and the
+// finish) is committed when it is enqueued, not FlushDelay later or together with the next request's run row,
+// which would then wait for it on the request's path (issue 26's served path). Events alone still wait for
+// company.
+func TestGroupCommitsAFinishAtOnce(t *testing.T) {
+	f := &fakeWrites{}
+	g := NewGroup(f, GroupOptions{FlushDelay: time.Hour})
+	defer g.Close()
+
+	eventDone := make(chan struct{})
+	g.EnqueueEvent(Event{RunID: "r1", Name: "exec_started"}, func(int64, error) { close(eventDone) })
+	g.EnqueueEvent(Event{RunID: "r1", Name: "exec_finished"}, nil)
+	select {
+	case <-eventDone:
+		t.Fatal("an event was committed before FlushDelay without a finish or a synchronous write")
+	case <-time.After(50 * time.Millisecond):
+	}
+	finished := make(chan error, 1)
+	g.EnqueueUpdate("r1", RunUpdate{Status: StatusSucceeded}, func(err error) { finished <- err })
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second): // FlushDelay is an hour: only the finish's own commit ends this
+		t.Fatal("the finish waited for FlushDelay")
+	}
+	<-eventDone
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	want := []string{"event exec_started", "event exec_finished", "finish r1"}
+	if len(f.txs) != 1 || len(f.txs[0]) != len(want) {
+		t.Fatalf("transactions %q, want one: %q", f.txs, want)
+	}
+	for i := range want {
+		if f.txs[0][i] != want[i] {
+			t.Fatalf("transactions %q, want one: %q", f.txs, want)
+		}
+	}
+}
