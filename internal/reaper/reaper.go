@@ -240,6 +240,9 @@ func (r *Reaper) round(ctx context.Context, rep *Report) (int, error) {
 	removed := 0
 	var errs []error
 	for _, res := range rs {
+		if ctx.Err() != nil { // stopping (the lead lost, shutdown): what is left is not judged on failed lookups
+			break
+		}
 		v := Decide(r.cfg.Installation, res, r.cfg.Now(), func(k identity.Key) Facts {
 			f, ok := facts[k]
 			if !ok {
