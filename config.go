@@ -21,9 +21,13 @@ const DefaultImage = engine.DefaultImage
 
 // Config configures a Manager: it is the operator tier. Zero fields take the documented defaults.
 type Config struct {
-	Home      string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
-	Image     string // default SANDKEEP_IMAGE, else DefaultImage
-	AgentPath string // default SANDKEEP_AGENT, else sandkeep-agent next to the executable, else on PATH
+	Home string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
+	// SandboxDir, when set, keeps what sandboxes see of the host (workspaces, volumes, channel directories, the
+	// agent, per-key uids) there instead of in Home: replicas of a fleet on one host with homes of their own set
+	// the same one, so the replica that takes a key over adopts its container and workspace.
+	SandboxDir string
+	Image      string // default SANDKEEP_IMAGE, else DefaultImage
+	AgentPath  string // default SANDKEEP_AGENT, else sandkeep-agent next to the executable, else on PATH
 
 	User        string   // sandbox "uid:gid", default 1000:1000; root is refused unless AllowRoot
 	AllowRoot   bool     //
@@ -225,7 +229,7 @@ func DefaultHome() string { return homedir.Default() }
 
 // engine is c as the engine takes it.
 func (c Config) engine() engine.Config {
-	e := engine.Config{Home: c.Home, Image: c.Image, AgentPath: c.AgentPath, User: c.User, AllowRoot: c.AllowRoot,
+	e := engine.Config{Home: c.Home, SandboxDir: c.SandboxDir, Image: c.Image, AgentPath: c.AgentPath, User: c.User, AllowRoot: c.AllowRoot,
 		PidsLimit: c.PidsLimit, MemoryBytes: c.MemoryBytes, CPUs: c.CPUs, TmpBytes: c.TmpBytes, Env: c.Env,
 		Mounts: c.Mounts, Tmpfs: c.Tmpfs, SandboxUIDs: c.SandboxUIDs, Runtime: c.Runtime, DiskBytes: c.DiskBytes,
 		DiskInodes: c.DiskInodes, DiskMaxBytes: c.DiskMaxBytes, DiskMaxInodes: c.DiskMaxInodes, GateWait: c.GateWait,
@@ -271,7 +275,7 @@ type Template struct {
 	Secrets []TemplateSecret
 	// Tenants may use the template; empty: every tenant.
 	Tenants []string
-	// Pool is how many sandboxes of the template a warm pool keeps made ahead (Manager.WarmPools); 0: none.
+	// Pool is how many sandboxes of the template a warm pool keeps made ahead (package pools); 0: none.
 	Pool int
 	// HostState overrides Config.HostState for the template's runs: auto or none ("" keeps the Config's).
 	HostState string

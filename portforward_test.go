@@ -22,6 +22,7 @@ import (
 	"github.com/sandkeep/sandkeep/drivers"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/testutil"
+	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
 // forwardSandbox starts key's sandbox (the probe image, network none) with a command that runs our HTTP server
@@ -67,10 +68,15 @@ func forwardClient(m *sandkeep.Manager, key sandkeep.Key, port int, pf sandkeep.
 // streams on that channel, not engine execs: our HTTP server, started by a command in a sandbox with network
 // mode none and no route, answers many connections at once through the forward while that command holds the
 // user's gate; tens of MiB go both ways at once through our echo server, intact; every connection is recorded
-// with transport "agent"; and an open forward ends when the sandbox stops.
+// with transport "agent"; and an open forward ends when the sandbox stops. On kubernetes the same, over the
+// pod's channel (one session side for both drivers: internal/channel's Slot).
 func TestPortForwardChannel(t *testing.T) {
 	cfg := baseConfig(t)
-	cfg.Image = testutil.ProbeImage(t)
+	if onKube {
+		cfg.Image = kubetest.ProbeImage // imported into the node with the other test images
+	} else {
+		cfg.Image = testutil.ProbeImage(t)
+	}
 	cfg.Transport = "auto" // the channel when it is up (SANDKEEP_TRANSPORT=exec would force the fallback)
 	wantTransport := "agent"
 	if cfg.Runtime == "runsc" {
@@ -79,17 +85,19 @@ func TestPortForwardChannel(t *testing.T) {
 	s := newSuite(t, cfg)
 	key := s.key("pf", "u")
 
-	// No way out: only loopback, no route, network mode none (read, never dialled).
-	r := s.exec(s.m, key, "sh", "-c", `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo routes=$(tail -n +2 /proc/net/route | wc -l)`)
-	if got := strings.Join(strings.Fields(r.Stdout), " "); got != "lo routes=0" {
-		t.Fatalf("interfaces and routes in the sandbox: %q", r.Stdout)
-	}
-	ins, err := s.cli.ContainerInspect(t.Context(), key.ContainerName(), client.ContainerInspectOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mode := string(ins.Container.HostConfig.NetworkMode); mode != "none" {
-		t.Fatalf("network mode %q, want none", mode)
+	if !onKube { // a pod has its pod network, closed by the isolation NetworkPolicy (the kubernetes egress suite)
+		// No way out: only loopback, no route, network mode none (read, never dialled).
+		r := s.exec(s.m, key, "sh", "-c", `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo routes=$(tail -n +2 /proc/net/route | wc -l)`)
+		if got := strings.Join(strings.Fields(r.Stdout), " "); got != "lo routes=0" {
+			t.Fatalf("interfaces and routes in the sandbox: %q", r.Stdout)
+		}
+		ins, err := s.cli.ContainerInspect(t.Context(), key.ContainerName(), client.ContainerInspectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode := string(ins.Container.HostConfig.NetworkMode); mode != "none" {
+			t.Fatalf("network mode %q, want none", mode)
+		}
 	}
 
 	ctx, cancel := context.WithCancel(t.Context())
@@ -157,7 +165,15 @@ func TestPortForwardChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer idle.Close()
-	if _, err := s.cli.ContainerStop(t.Context(), key.ContainerName(), client.ContainerStopOptions{}); err != nil {
+	if onKube {
+		sb := s.sandboxNamed(key.ContainerName())
+		if sb == nil {
+			t.Fatal("no sandbox to stop")
+		}
+		if err := s.kd.Stop(t.Context(), sb, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	} else if _, err := s.cli.ContainerStop(t.Context(), key.ContainerName(), client.ContainerStopOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	_ = idle.SetReadDeadline(time.Now().Add(slack))

@@ -18,10 +18,10 @@ import (
 	"github.com/sandkeep/sandkeep/processes"
 )
 
-// processesHere: processes need the Docker driver's agent channel under runc; the kubernetes driver, gVisor and
-// the exec transport refuse them with PROCESS_UNAVAILABLE (checked by TestProcessUnavailable).
+// processesHere: processes need the sandbox's agent channel: Docker's under runc, or the kubernetes driver's pod
+// channel; gVisor and the exec transport refuse them with PROCESS_UNAVAILABLE (checked by TestProcessUnavailable).
 func processesHere() bool {
-	return !onKube && os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" && os.Getenv("SANDKEEP_TRANSPORT") != "exec"
+	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" && os.Getenv("SANDKEEP_TRANSPORT") != "exec"
 }
 
 // eventLog collects events from OnEvent.
@@ -64,7 +64,7 @@ func (l *eventLog) ended(t *testing.T, pid int) events.ProcessEnded {
 // and killed; each step is an event in its run.
 func TestProcessBesideCommands(t *testing.T) {
 	if !processesHere() {
-		t.Skip("processes need the Docker driver's agent channel under runc (TestProcessUnavailable)")
+		t.Skip("processes need the agent channel (TestProcessUnavailable)")
 	}
 	s := newSuite(t, baseConfig(t))
 	key := s.key("proc", "u1")
@@ -137,7 +137,7 @@ func TestProcessBesideCommands(t *testing.T) {
 // a process_ended event saying which.
 func TestProcessEnds(t *testing.T) {
 	if !processesHere() {
-		t.Skip("processes need the Docker driver's agent channel under runc (TestProcessUnavailable)")
+		t.Skip("processes need the agent channel (TestProcessUnavailable)")
 	}
 	s := newSuite(t, baseConfig(t))
 	key := s.key("proc", "u2")
@@ -217,8 +217,8 @@ func TestConcurrentExec(t *testing.T) {
 	}
 }
 
-// TestProcessUnavailable: where the agent channel is not this process's (kubernetes, gVisor, the exec
-// transport), a process is refused with PROCESS_UNAVAILABLE and nothing starts.
+// TestProcessUnavailable: where the agent channel is not this process's (gVisor, the exec transport), a process
+// is refused with PROCESS_UNAVAILABLE and nothing starts.
 func TestProcessUnavailable(t *testing.T) {
 	cfg := baseConfig(t)
 	if processesHere() {

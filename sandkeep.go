@@ -162,31 +162,6 @@ func (m *Manager) RunSweeper(ctx context.Context, interval time.Duration) error 
 	return m.e.RunSweeper(ctx, interval)
 }
 
-// WarmPools starts the warm pools of the templates that ask for one (Template.Pool) on the primary driver: each
-// keeps that many sandboxes of its template made ahead, and a new key's first command with that template claims
-// one instead of creating a sandbox. At most Config.PoolCap members in all (0: the sum of the pools). Only one
-// process per state home keeps pools: ok is false when another one does, or when no template asks for one. The
-// pools end with Close; their members stay for the next process to adopt.
-func (m *Manager) WarmPools(ctx context.Context) (ok bool, err error) { return m.e.WarmPools(ctx) }
-
-// PoolStatus is what one template's warm pool holds now: its size (the operator's N), the members ready to be
-// claimed and those being made.
-type PoolStatus struct {
-	Template string
-	Size     int
-	Ready    int
-	Making   int
-}
-
-// Pools reports the warm pools this process keeps (none: nil).
-func (m *Manager) Pools() []PoolStatus {
-	var out []PoolStatus
-	for _, p := range m.e.Pools() {
-		out = append(out, PoolStatus(p))
-	}
-	return out
-}
-
 // Files is one sandbox's workspace, opened for file access: reads and writes confined to it, whatever the
 // sandbox plants in it. On a driver whose workspaces are on this host (Docker) they go to the workspace
 // directory directly; on one that keeps them itself (kubernetes: a claim mounted in the pod) each operation runs

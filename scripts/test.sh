@@ -98,19 +98,22 @@ k8s_stage_run() {
 	# with credential injection and the SNI check, presets, the CA bundle, per-command policy and token, the
 	# refusal flood) through the pod's forwarded proxy under NetworkPolicy (kube-router), each test in its own
 	# namespace with its own enforcement probe, and the file API (TestFiles) through the pod's agent. Chosen by
-	# package, less a named group that is Docker's only: the devcontainer builds, the channel's port forwarding,
+	# package, less a named group that is Docker's only: the devcontainer builds,
 	# the run records' Docker test and the degraded path (no kubernetes there). Then, through a real `sandkeep
 	# serve`, the API suite with its files, the serve restart (adoption, a pod deleted behind its back), the e2b SDK and
 	# the fleet (three serve replicas on the store's PostgreSQL: 200 commands round-robin, a rolling restart, SIGKILL).
 	# -p 1 and one binary per package: each test binary imports the images into the node's containerd when it
 	# starts; one at a time, so no import lands under another binary's running tests.
-	not_on_kube='^(TestDevcontainerAsWritten|TestPortForwardChannel|TestLibraryRuns|TestDegradedRunProceeds)$'
+	not_on_kube='^(TestDevcontainerAsWritten|TestLibraryRuns|TestDegradedRunProceeds)$'
 	kube_env=(SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG="$kubeconfig" SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1)
-	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestFleetKube, TestDoctorCapacityKube"
+	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestServeProcesses, TestFleetKube, TestDoctorCapacityKube"
 	k8s_suites_start=$(date +%s)
 	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
 		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
-	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestFleetKube|TestDoctorCapacityKube)$' ./cmd/sandkeep \
+	# warm pools on the node (issue 23): members, claims through two replicas, SIGKILL mid-claim, drain
+	env "${kube_env[@]}" go test -race -count=1 -timeout 20m -run '^(TestPoolKube|TestPoolClaimKilledKube)$' ./internal/engine/lifecycle \
+		|| fail "go test (warm pools on kubernetes; node logs in $k8s_log_dir)"
+	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestServeProcesses|TestFleetKube|TestDoctorCapacityKube)$' ./cmd/sandkeep \
 		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"

@@ -74,17 +74,7 @@ func TestFleetKube(t *testing.T) {
 				if i%3 == 1 {
 					cmd = "sleep 1; " + cmd // in flight when a replica drains
 				}
-				var res *sdk.ExecResult
-				var err error
-				for _, cl := range order(u*perUser + i) {
-					res, err = cl.Exec(bounded(t), fmt.Sprintf("u%d", u), sdk.ExecRequest{Command: cmd, Timeout: time.Minute})
-					var ae *sdk.APIError
-					if err != nil && (errors.As(err, &ae) && ae.Err.Code == fault.ShuttingDown || !errors.As(err, &ae) && isRefused(err)) {
-						retried.Add(1) // provably never run: the next replica
-						continue
-					}
-					break
-				}
+				res, err := execAnywhere(t, order(u*perUser+i), fmt.Sprintf("u%d", u), sdk.ExecRequest{Command: cmd, Timeout: time.Minute}, &retried)
 				if err == nil && (res.ExitCode != 0 || res.Stdout != want+"\n") {
 					err = fmt.Errorf("%+v", res)
 				}
@@ -265,63 +255,4 @@ func keyLabel(t *testing.T, tenant, user string) string {
 	t.Helper()
 	sum := sha256.Sum256([]byte(keyOf(t, tenant, user).Hex()))
 	return "h-" + hex.EncodeToString(sum[:20])
-}
-
-// checkFleetRuns: every answered command is one succeeded run, the killed owner's is the one run left running (or
-// failed by its takeover), a draining replica's refusal is a run that never started, and nothing is there twice:
-// each run has at most one exec_started.
-func checkFleetRuns(t *testing.T, st store.Store, tenant string, answered int) {
-	t.Helper()
-	var runs []store.Run
-	var err error
-	for wait := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if runs, err = st.ListRuns(t.Context(), store.RunFilter{Tenant: tenant}); err != nil {
-			t.Fatal(err)
-		}
-		running := 0
-		for _, r := range runs {
-			if r.Status == store.StatusRunning {
-				running++
-			}
-		}
-		if running <= 1 || time.Now().After(wait) {
-			break
-		}
-	}
-	seen := map[string]bool{}
-	succeeded, other := 0, 0
-	for _, r := range runs {
-		if seen[r.ID] {
-			t.Errorf("run %s listed twice", r.ID)
-		}
-		seen[r.ID] = true
-		switch {
-		case r.Status == store.StatusSucceeded:
-			succeeded++
-		case r.Status == store.StatusRunning && r.User == "u1",
-			r.FailureCode == string(fault.ShuttingDown), r.FailureCode == string(fault.OwnerLost):
-			other++
-		default:
-			t.Errorf("run %s of %s: %s %s", r.ID, r.User, r.Status, r.FailureCode)
-		}
-	}
-	if succeeded != answered {
-		t.Errorf("%d succeeded runs, want %d (the answered commands)", succeeded, answered)
-	}
-	evs, err := st.ListEvents(t.Context(), store.EventFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	started := map[string]int{}
-	for _, e := range evs {
-		if e.Name == "exec_started" && seen[e.RunID] {
-			started[e.RunID]++
-		}
-	}
-	for id, n := range started {
-		if n != 1 {
-			t.Errorf("run %s has %d exec_started events, want 1", id, n)
-		}
-	}
-	t.Logf("store: %d runs, %d succeeded, %d refused or cut by a replica's end", len(runs), succeeded, other)
 }

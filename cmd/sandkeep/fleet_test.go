@@ -114,7 +114,8 @@ func (c *cli) fleetWith(t *testing.T, n int, ttl time.Duration, fleetLines, extr
 // PostgreSQL and one Docker engine. Any replica accepts any request; the key's owner runs it (the other forwards
 // it, output streamed through); one container per key. Then SIGKILL of the replica that owns a busy key
 // mid-command: the caller gets a typed outcome (OWNER_LOST, never a success), the next command for that key
-// succeeds through the other replica within the lease's expiry plus 5 s, and the store holds every run once.
+// succeeds through the other replica within the lease's expiry plus 5 s in the same container (adopted, not
+// recreated: the replicas share fleet.sandbox_dir) with its workspace, and the store holds every run once.
 func TestFleetDocker(t *testing.T) {
 	dsn := postgresSchema(t)
 	c := newCLI(t)
@@ -123,7 +124,7 @@ func TestFleetDocker(t *testing.T) {
 	}
 	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off")
 	const ttl = 3 * time.Second
-	reps, _ := c.fleetOf(t, 2, ttl)
+	reps, _ := c.fleetWith(t, 2, ttl, "  sandbox_dir: "+t.TempDir()+"\n", "")
 	tenant := c.ten("fleet")
 	tok := c.createToken(t, tenant, "fleet", "")
 	cls := []*sdk.Client{reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)}
@@ -198,6 +199,12 @@ func TestFleetDocker(t *testing.T) {
 	if victim < 0 {
 		t.Fatalf("no replica is %s, the owner of u1", l.Owner)
 	}
+	// u1's workspace holds a file, and its container is this one.
+	if res, err := cls[victim].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo kept > before-kill.txt"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("write u1's file: %+v %v", res, err)
+	}
+	ok++
+	before := containerIDs(t, c)[key.Hex()]
 	type outcome struct {
 		res *sdk.ExecResult
 		err error
@@ -226,7 +233,7 @@ func TestFleetDocker(t *testing.T) {
 	tries := 0
 	for {
 		tries++
-		res, err := cls[survivor].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo after"})
+		res, err := cls[survivor].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo after; cat before-kill.txt"})
 		if err == nil {
 			after = res
 			break
@@ -240,8 +247,8 @@ func TestFleetDocker(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	took := time.Since(killed)
-	if after.Stdout != "after\n" || after.ExitCode != 0 {
-		t.Fatalf("exec after the takeover: %+v", after)
+	if after.Stdout != "after\nkept\n" || after.ExitCode != 0 {
+		t.Fatalf("exec after the takeover: %+v; want the workspace's file", after)
 	}
 	if took > ttl+5*time.Second {
 		t.Fatalf("the takeover took %s, want at most %s", took, ttl+5*time.Second)
@@ -251,14 +258,27 @@ func TestFleetDocker(t *testing.T) {
 	if n := containersPerKey(t, c)[key.Hex()]; n != 1 {
 		t.Errorf("after the takeover u1 has %d containers, want 1", n)
 	}
+	if ids := containerIDs(t, c)[key.Hex()]; len(ids) != 1 || len(before) != 1 || ids[0] != before[0] {
+		t.Errorf("u1's container was %v before the kill and %v after: want the same one, adopted", before, ids)
+	}
 
-	// The store: every answered command is one succeeded or failed run (exit 3 is a result, not a failure of
-	// sandkeep), the killed one is one run that did not succeed, and nothing is there twice.
-	// The replicas enqueue a run's finish after answering: read until the last one is committed.
+	// The store: every answered command is one succeeded run (exit 3 is a result, not a failure of sandkeep), the
+	// killed one is the one run that did not succeed, every run's command started once.
+	if other, started := checkFleetRuns(t, st, tenant, ok); other != 1 || started != ok+1 {
+		t.Errorf("runs: %d did not succeed, %d started; want 1 (the killed owner's) and %d", other, started, ok+1)
+	}
+}
+
+// checkFleetRuns: every answered command is one succeeded run, the killed owner's is the one run left running (or
+// failed by its takeover), a draining replica's refusal is a run that never started, and nothing is there twice:
+// each run has at most one exec_started. It returns the runs that did not succeed and the runs whose command
+// started. TestFleetDocker and TestFleetKube share it.
+func checkFleetRuns(t *testing.T, st store.Store, tenant string, answered int) (other, started int) {
+	t.Helper()
 	var runs []store.Run
-	for wait := time.Now().Add(10 * time.Second); ; {
-		runs, err = st.ListRuns(t.Context(), store.RunFilter{Tenant: tenant})
-		if err != nil {
+	var err error
+	for wait := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if runs, err = st.ListRuns(t.Context(), store.RunFilter{Tenant: tenant}); err != nil {
 			t.Fatal(err)
 		}
 		running := 0
@@ -270,49 +290,44 @@ func TestFleetDocker(t *testing.T) {
 		if running <= 1 || time.Now().After(wait) {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	seen := map[string]bool{}
-	finished, unfinished := 0, 0
+	succeeded, other := 0, 0
 	for _, r := range runs {
 		if seen[r.ID] {
 			t.Errorf("run %s listed twice", r.ID)
 		}
 		seen[r.ID] = true
-		switch r.Status {
-		case store.StatusSucceeded:
-			finished++
-		case store.StatusRunning:
-			unfinished++
-			t.Logf("unfinished run %s of %s, created %s", r.ID, r.User, r.CreatedAt)
-			if r.User != "u1" {
-				t.Errorf("run %s of %s is still running", r.ID, r.User)
-			}
+		switch {
+		case r.Status == store.StatusSucceeded:
+			succeeded++
+		case r.Status == store.StatusRunning && r.User == "u1",
+			r.FailureCode == string(fault.ShuttingDown), r.FailureCode == string(fault.OwnerLost):
+			other++
 		default:
 			t.Errorf("run %s of %s: %s %s", r.ID, r.User, r.Status, r.FailureCode)
 		}
 	}
-	if finished != ok || unfinished != 1 {
-		t.Errorf("runs: %d finished, %d unfinished; want %d finished (the answered commands) and 1 (the killed owner's)", finished, unfinished, ok)
+	if succeeded != answered {
+		t.Errorf("%d succeeded runs, want %d (the answered commands)", succeeded, answered)
 	}
 	evs, err := st.ListEvents(t.Context(), store.EventFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := map[string]int{}
+	startedBy := map[string]int{}
 	for _, e := range evs {
 		if e.Name == "exec_started" && seen[e.RunID] {
-			started[e.RunID]++
+			startedBy[e.RunID]++
 		}
 	}
-	for id, n := range started {
+	for id, n := range startedBy {
 		if n != 1 {
 			t.Errorf("run %s has %d exec_started events, want 1", id, n)
 		}
 	}
-	if len(started) != ok+1 {
-		t.Errorf("%d runs have their exec_started event, want %d", len(started), ok+1)
-	}
+	t.Logf("store: %d runs, %d succeeded, %d refused or cut by a replica's end", len(runs), succeeded, other)
+	return other, len(startedBy)
 }
 
 // waitRunning waits until the store has a running run of tenant/user with its command started.
@@ -343,6 +358,16 @@ func waitRunning(t *testing.T, st store.Store, tenant, user string) {
 // containersPerKey counts this installation's containers by their key label.
 func containersPerKey(t *testing.T, c *cli) map[string]int {
 	t.Helper()
+	out := map[string]int{}
+	for k, ids := range containerIDs(t, c) {
+		out[k] = len(ids)
+	}
+	return out
+}
+
+// containerIDs lists this installation's containers by their key label.
+func containerIDs(t *testing.T, c *cli) map[string][]string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	list, err := testutil.Docker(t).ContainerList(ctx, client.ContainerListOptions{
@@ -351,9 +376,9 @@ func containersPerKey(t *testing.T, c *cli) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
+	out := map[string][]string{}
 	for _, it := range list.Items {
-		out[it.Labels[driver.LabelKey]]++
+		out[it.Labels[driver.LabelKey]] = append(out[it.Labels[driver.LabelKey]], it.ID)
 	}
 	return out
 }
@@ -397,17 +422,7 @@ func TestFleetRollingRestart(t *testing.T) {
 				if i%4 == 1 {
 					cmd = "sleep 1; echo " + want // in flight when the replica drains
 				}
-				var err error
-				var res *sdk.ExecResult
-				for _, cl := range pick(u + i) {
-					res, err = cl.Exec(bounded(t), fmt.Sprintf("u%d", u), sdk.ExecRequest{Command: cmd})
-					var ae *sdk.APIError
-					if err != nil && (errors.As(err, &ae) && ae.Err.Code == fault.ShuttingDown || !errors.As(err, &ae) && isRefused(err)) {
-						retries.Add(1)
-						continue
-					}
-					break
-				}
+				res, err := execAnywhere(t, pick(u+i), fmt.Sprintf("u%d", u), sdk.ExecRequest{Command: cmd}, &retries)
 				if err == nil && (res.ExitCode != 0 || res.Stdout != want+"\n") {
 					err = fmt.Errorf("u%d command %d: %+v", u, i, res)
 				}
@@ -438,6 +453,24 @@ func TestFleetRollingRestart(t *testing.T) {
 	if !strings.Contains(reps[0].log.String(), "sandkeep: stopped") {
 		t.Errorf("the restarted replica did not stop cleanly:\n%s", reps[0].log)
 	}
+}
+
+// execAnywhere sends req to the replicas in order until one takes it: a caller retries on the next replica only
+// what was provably never run (SHUTTING_DOWN from a draining replica's API, a refused connection to one that is
+// gone), counting each retry in retried. TestFleetRollingRestart and TestFleetKube share it.
+func execAnywhere(t *testing.T, replicas []*sdk.Client, user string, req sdk.ExecRequest, retried *atomic.Int32) (*sdk.ExecResult, error) {
+	var res *sdk.ExecResult
+	var err error
+	for _, cl := range replicas {
+		res, err = cl.Exec(bounded(t), user, req)
+		var ae *sdk.APIError
+		if err != nil && (errors.As(err, &ae) && ae.Err.Code == fault.ShuttingDown || !errors.As(err, &ae) && isRefused(err)) {
+			retried.Add(1)
+			continue
+		}
+		break
+	}
+	return res, err
 }
 
 // isRefused reports whether err is a refused connection (the replica is gone: the request never reached it).

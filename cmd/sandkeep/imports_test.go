@@ -1,7 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -40,5 +47,59 @@ func TestCLIReachesTheEngineThroughTheLibrary(t *testing.T) {
 				t.Errorf("%s imports the lifecycle: only the engine may", pkg)
 			}
 		}
+	}
+}
+
+// TestRootPackageReadsInOneSitting: the root package is the public API a library user reads in one sitting
+// (docs/ARCHITECTURE.md, issue 26): at most 900 lines of non-test Go, and no exported alias of an internal type
+// beyond the few values every layer passes through (each named in ARCHITECTURE.md with why). Processes,
+// snapshots, forks and warm pools have packages of their own.
+func TestRootPackageReadsInOneSitting(t *testing.T) {
+	allowed := map[string]bool{"Key": true, "Error": true, "Code": true, "Store": true, "RepositoryPolicy": true,
+		"Files": true, "FileLimits": true, "WindowSize": true}
+	names, err := filepath.Glob(filepath.Join("..", "..", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, fset := 0, token.NewFileSet()
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines += bytes.Count(src, []byte("\n"))
+		f, err := parser.ParseFile(fset, name, src, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		internal := map[string]bool{} // local names of the file's internal imports
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if strings.Contains(path, "/internal/") {
+				local := path[strings.LastIndex(path, "/")+1:]
+				if imp.Name != nil {
+					local = imp.Name.Name
+				}
+				internal[local] = true
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok || !ts.Assign.IsValid() || !ts.Name.IsExported() {
+				return true
+			}
+			if sel, ok := ts.Type.(*ast.SelectorExpr); ok {
+				if x, ok := sel.X.(*ast.Ident); ok && internal[x.Name] && !allowed[ts.Name.Name] {
+					t.Errorf("%s: %s is an alias of an internal type (%s.%s): declare a public type", fset.Position(ts.Pos()), ts.Name.Name, x.Name, sel.Sel.Name)
+				}
+			}
+			return true
+		})
+	}
+	if lines == 0 || lines > 900 {
+		t.Errorf("the root package holds %d lines of non-test Go; the bar is 900", lines)
 	}
 }

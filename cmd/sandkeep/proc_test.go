@@ -52,5 +52,15 @@ func TestProcCLI(t *testing.T) {
 		t.Fatalf("proc ls after the kill:\n%s", ls)
 	}
 	c.run(t, append(append([]string{"proc", "kill"}, who...), "nope")...).wantFailure(t, "PROCESS_NOT_FOUND")
+
+	// Input: a process started with its stdin open reads what `proc attach -i` sends, until the attach's EOF
+	// closes it; the attach follows its output (with --replay, from its first byte) to its end and exit code.
+	echo := append(append([]string{"exec", "--detach", "-i", "--tag", "echo", "--lifetime", "10m"}, who...),
+		"--", "sh", "-c", "echo ready; while read l; do echo got $l; done; echo closed; exit 3")
+	c.run(t, echo...).want(t, 0)
+	att := c.runWith(t, strings.NewReader("one\ntwo\n"), nil, append(append([]string{"proc", "attach", "-i", "--replay"}, who...), "echo")...)
+	if att.want(t, 3); att.stdout != "ready\ngot one\ngot two\nclosed\n" {
+		t.Fatalf("proc attach -i: %q", att.stdout)
+	}
 	c.run(t, append(append([]string{"exec", "--tag", "x"}, who...), "--", "true")...).wantFailure(t, "INVALID_ARGUMENT")
 }

@@ -12,10 +12,10 @@ import (
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
-// processesServed: serve carries processes on the Docker driver's agent channel under runc; the kubernetes
-// driver, gVisor and the exec transport answer PROCESS_UNAVAILABLE.
+// processesServed: serve carries processes on the sandbox's agent channel (Docker's under runc, or the
+// kubernetes driver's pod channel); gVisor and the exec transport answer PROCESS_UNAVAILABLE.
 func (c *cli) processesServed() bool {
-	return c.kc == nil && os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" && os.Getenv("SANDKEEP_TRANSPORT") != "exec"
+	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" && os.Getenv("SANDKEEP_TRANSPORT") != "exec"
 }
 
 // TestServeProcesses: through the API and the Go SDK, a dev server started as a process runs on while the

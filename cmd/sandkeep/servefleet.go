@@ -39,6 +39,11 @@ type fleetConfig struct {
 	// Docker engine's containers) or "kubernetes" (a coordination.k8s.io Lease through client-go's leader
 	// election; the sandbox namespace's pods, records, claims and NetworkPolicies, servefleet_kube.go).
 	Leader string `yaml:"leader"`
+	// SandboxDir is where replicas on one host with homes of their own keep what sandboxes see of the host
+	// (workspaces, channel directories, the agent): the same directory on every replica of the host, so the
+	// replica that takes a key over adopts its container and workspace. Empty: each replica's home (a takeover
+	// then recreates the container, without the workspace).
+	SandboxDir string `yaml:"sandbox_dir"`
 }
 
 var installationRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -145,6 +150,9 @@ func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
 	}
 	f.replica = r
 	c.Store = fleet.NewFencedStore(c.Store, r)
+	if f.cfg.SandboxDir != "" {
+		c.SandboxDir = os.ExpandEnv(f.cfg.SandboxDir)
+	}
 	fmt.Fprintf(log, "sandkeep: fleet replica %s, internal address %s, leases of %s\n", r.ID(), f.address, f.ttl)
 	return nil
 }

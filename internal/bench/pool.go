@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
+	"github.com/sandkeep/sandkeep/pools"
 )
 
 // ScenarioPool is the warm pools' scenario (issue 23).
@@ -59,20 +60,20 @@ func Pool(ctx context.Context, e *Env, n, burst int) (_ []Result, err error) {
 	defer func() {
 		err = errors.Join(err, removeAll(ctx, e, m, users), m.Close())
 	}()
-	ok, err := m.WarmPools(ctx)
+	ok, err := pools.Warm(ctx, m)
 	if err != nil || !ok {
 		return nil, fmt.Errorf("pool: warm pools not started (another process keeps this home's pools?): %v", err)
 	}
 	full := func(ctx context.Context) error {
 		deadline := time.Now().Add(poolFillWait)
 		for {
-			for _, p := range m.Pools() {
+			for _, p := range pools.List(m) {
 				if p.Template == poolTemplate && p.Ready == burst && p.Making == 0 {
 					return nil
 				}
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("pool: not full within %s: %+v", poolFillWait, m.Pools())
+				return fmt.Errorf("pool: not full within %s: %+v", poolFillWait, pools.List(m))
 			}
 			select {
 			case <-ctx.Done():

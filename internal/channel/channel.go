@@ -1,16 +1,21 @@
 // Package channel keeps one persistent connection per sandbox between the host and the agent inside it, so a
-// warm command costs a frame round trip instead of a Docker exec. The host listens on a Unix socket in a
-// directory of its own that is bound read-only into the sandbox; the agent's PID 1 dials it. The host accepts a
-// connection only when SO_PEERCRED says it comes from the sandbox's PID 1, so a command that dials the socket
-// itself is turned away, and the sandbox can neither replace the socket nor redirect the host anywhere: the host
-// never opens a path the sandbox can change. While the agent's connection is up, every other connection is
-// turned away before it is verified: one connection at a time, and a new one only once the old one is gone
-// (the agent reconnects only after every process of its last session is dead), so even code running as PID 1
-// cannot take over a live channel, and a command dialling in a loop costs the host no engine inspection.
+// warm command costs a frame round trip instead of an engine exec, and one connection carries concurrent
+// commands, background processes and forwarded streams (agentproto.Mux). The session side is one for every
+// driver (Slot); drivers differ only in how a connection is accepted and verified before it is installed.
+//
+// This file is the Docker driver's acceptor. The host listens on a Unix socket in a directory of its own that
+// is bound read-only into the sandbox; the agent's PID 1 dials it. The host accepts a connection only when
+// SO_PEERCRED says it comes from the sandbox's PID 1, so a command that dials the socket itself is turned away,
+// and the sandbox can neither replace the socket nor redirect the host anywhere: the host never opens a path the
+// sandbox can change. While the agent's connection is up, every other connection is turned away before it is
+// verified: one connection at a time, and a new one only once the old one is gone (the agent reconnects only
+// after every process of its last session is dead), so even code running as PID 1 cannot take over a live
+// channel, and a command dialling in a loop costs the host no engine inspection. The kubernetes driver's
+// acceptor (internal/driver/kube/channel.go) verifies a hello with a per-pod token instead, and installs into
+// the same Slot.
 package channel
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -22,8 +27,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sandkeep/sandkeep/internal/agentproto"
 )
 
 // SocketName is the socket's name inside the channel directory; inside a sandbox the directory is at MountPoint.
@@ -42,18 +45,15 @@ var ErrNoChannel = errors.New("no agent channel")
 // Verifier reports whether pid (as the host sees it) is the sandbox's PID 1.
 type Verifier func(pid int) bool
 
-// Listener accepts the agent's connections for one sandbox and hands out the current one.
+// Listener accepts the agent's connections for one sandbox over its Unix socket, verifies each (SO_PEERCRED:
+// the sandbox's PID 1) and installs it in its Slot, which hands it out (Take, Current, Broken, WaitReconnect).
 type Listener struct {
+	*Slot
 	path   string
 	ln     *net.UnixListener
 	verify Verifier
 	refuse *refusalLog
 	log    *slog.Logger
-
-	mu      sync.Mutex
-	mux     *agentproto.Mux // the verified connection, read by its Mux (commands and forwarded streams); nil when none
-	arrived chan struct{}   // closed when a connection is verified; replaced after each arrival
-	closed  bool
 
 	wg sync.WaitGroup // the accept loop
 }
@@ -68,7 +68,7 @@ func Listen(dir string, verify Verifier, log *slog.Logger) (*Listener, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Listener{path: path, ln: ln, verify: verify, log: log, refuse: newRefusalLog(log), arrived: make(chan struct{})}
+	l := &Listener{Slot: NewSlot(), path: path, ln: ln, verify: verify, log: log, refuse: newRefusalLog(log)}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -157,7 +157,7 @@ func (l *Listener) acceptLoop() {
 			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: do not spin
 			continue
 		}
-		if l.connected() {
+		if l.Up() {
 			l.log.Warn("channel: refused a second connection while the agent's is up")
 			c.Close()
 			continue
@@ -168,42 +168,8 @@ func (l *Listener) acceptLoop() {
 			c.Close()
 			continue
 		}
-		l.install(c)
+		l.Install(c)
 	}
-}
-
-// connected reports whether the current connection is up. One whose peer is gone (EOF, reset) is dropped.
-func (l *Listener) connected() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.mux == nil {
-		return false
-	}
-	if !l.mux.Alive() {
-		l.mux.Close()
-		l.mux = nil
-		return false
-	}
-	return true
-}
-
-func (l *Listener) install(c *net.UnixConn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		c.Close()
-		return
-	}
-	if l.mux != nil {
-		if l.mux.Alive() { // another connection got in since connected(): the first one stays
-			c.Close()
-			return
-		}
-		l.mux.Close()
-	}
-	l.mux = agentproto.NewMux(c)
-	close(l.arrived)
-	l.arrived = make(chan struct{})
 }
 
 func peerPID(c *net.UnixConn) (int, error) {
@@ -224,94 +190,9 @@ func peerPID(c *net.UnixConn) (int, error) {
 	return int(cred.Pid), nil
 }
 
-// Take returns the current connection, after checking that it is alive and idle, or waits up to wait for the
-// agent to connect. The caller must hold the sandbox's gate: one command at a time uses a connection (its
-// Commands); forwarded streams share it (Current). After a command that broke the channel, the caller must call
-// Broken.
-func (l *Listener) Take(ctx context.Context, wait time.Duration) (*agentproto.Mux, error) {
-	return l.current(ctx, wait, true)
-}
-
-// Current returns the current connection when it is up, or waits up to wait for the agent to connect, without
-// the gate and whether a command runs on it or not: forwarded streams run alongside commands.
-func (l *Listener) Current(ctx context.Context, wait time.Duration) (*agentproto.Mux, error) {
-	return l.current(ctx, wait, false)
-}
-
-func (l *Listener) current(ctx context.Context, wait time.Duration, idle bool) (*agentproto.Mux, error) {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		l.mu.Lock()
-		c, arrived, closed := l.mux, l.arrived, l.closed
-		l.mu.Unlock()
-		if closed {
-			return nil, fmt.Errorf("%w: listener closed", ErrNoChannel)
-		}
-		if c != nil {
-			if (idle && c.Idle()) || (!idle && c.Alive()) {
-				return c, nil
-			}
-			l.Broken(c)
-			continue
-		}
-		select {
-		case <-arrived:
-		case <-timer.C:
-			return nil, ErrNoChannel
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
-		}
-	}
-}
-
-// Broken drops c when it is the current connection: a command over it failed at the protocol level. Its
-// forwarded streams end with it.
-func (l *Listener) Broken(c *agentproto.Mux) {
-	l.mu.Lock()
-	if l.mux == c {
-		l.mux = nil
-	}
-	l.mu.Unlock()
-	c.Close()
-}
-
-// WaitReconnect waits up to wait for a connection other than old: after a broken command, the agent reconnects
-// only once every process of that command is gone, so a reconnection proves the sandbox is clean again.
-func (l *Listener) WaitReconnect(ctx context.Context, old *agentproto.Mux, wait time.Duration) bool {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		l.mu.Lock()
-		c, arrived := l.mux, l.arrived
-		l.mu.Unlock()
-		if c != nil && c != old {
-			return true
-		}
-		select {
-		case <-arrived:
-		case <-timer.C:
-			return false
-		case <-ctx.Done():
-			return false
-		}
-	}
-}
-
 // Close stops accepting, closes the current connection and removes the socket file.
 func (l *Listener) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil
-	}
-	l.closed = true
-	c := l.mux
-	l.mux = nil
-	l.mu.Unlock()
-	if c != nil {
-		c.Close() // outside mu: it waits for the Mux's reader
-	}
+	l.Slot.Close()
 	err := l.ln.Close()
 	l.wg.Wait()
 	// Remove the file only while it is still ours: another process may have taken the path over since.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -76,6 +77,37 @@ type PostureHasher interface {
 // when the sandbox is removed without keeping its workspace. An absent workspace is not an error.
 type WorkspaceRemover interface {
 	RemoveWorkspace(ctx context.Context, name string) error
+}
+
+// ClaimKeeper is optional: a driver whose sandboxes are shared by processes with state homes of their own (the
+// replicas of a fleet on one cluster) keeps warm pool claims on the member's own record, where every process
+// sees them, and makes each claim one atomic step of the engine's, so that one member is never handed to two
+// keys. A sandbox it reports carries its claim in LabelClaimedBy, LabelClaimTenant and LabelClaimUser.
+type ClaimKeeper interface {
+	// Claim marks the pool member sb as the key's that c names, or (c.Key "") as drained, so that nobody claims
+	// it any more. A member some process claimed or drained first is ErrConflict; an absent one ErrNotFound.
+	Claim(ctx context.Context, sb *Sandbox, c Claim) error
+	// Claimed returns the sandbox of this installation claimed by the key with hex keyHex, or ErrNotFound.
+	Claimed(ctx context.Context, installation, keyHex string) (*Sandbox, error)
+	// Exists reports whether a sandbox named name, or a workspace of such a sandbox, exists: a key whose own
+	// sandbox name has either is not new, whatever this process's home says.
+	Exists(ctx context.Context, name string) (bool, error)
+}
+
+// Claim is a warm pool member's claim: the key (its hex, tenant and user) it is now the sandbox of.
+type Claim struct {
+	Key    string `json:"key"`
+	Tenant string `json:"tenant"`
+	User   string `json:"user"`
+}
+
+// ClaimOf is the claim a ClaimKeeper reported on sb, if any (Key "" with ok: drained).
+func ClaimOf(sb *Sandbox) (Claim, bool) {
+	k, ok := sb.Labels[LabelClaimedBy]
+	if !ok {
+		return Claim{}, false
+	}
+	return Claim{Key: k, Tenant: sb.Labels[LabelClaimTenant], User: sb.Labels[LabelClaimUser]}, true
 }
 
 // EgressListener is optional: a driver whose sandboxes reach sandkeep over a network rather than through a bound
@@ -153,9 +185,9 @@ type Capabilities struct {
 	// Channel: sandboxes see a host directory bound into them, so the agent can dial a host socket and
 	// commands can skip the engine's exec (internal/channel).
 	Channel bool
-	// Pools: a sandbox made ahead can become any key's without being recreated (warm pools): its workspace and
-	// channel directory are host files the lifecycle maps to the key (the claim record), and nothing it was
-	// created with names a key.
+	// Pools: a sandbox made ahead can become any key's without being recreated (warm pools): nothing it was
+	// created with names a key; its workspace and channel directory are host files the lifecycle maps to the key
+	// (the claim record), or (a ClaimKeeper) objects named after the sandbox that the claim leaves as they are.
 	Pools bool
 }
 
@@ -166,17 +198,18 @@ type Output struct {
 	Stdin  io.Reader // nil: the command's stdin is /dev/null. Exec may return before a blocked Read does.
 	// Resize carries a TTY command's window size changes (agentproto.RunOptions.Resize); nil: none.
 	Resize <-chan agentproto.WindowSize
-	// Started, when set, is called by a ChannelReporter driver's Exec, synchronously and before Exec returns,
-	// each time the command goes out: overChannel says whether the driver's own agent channel carries it (else
-	// the engine's exec does). Other drivers never call it.
-	Started func(overChannel bool)
 }
 
-// ChannelReporter is optional: a driver whose Exec may carry a command over an agent channel of its own (the
-// kubernetes driver's pod channel) reports which way each command went through Output.Started, so that
-// exec_started, exec_finished and ExecResult.Transport say the truth.
-type ChannelReporter interface {
-	ReportsChannel() bool
+// AgentChannels is optional: a driver whose sandboxes' agents connect to the driver itself (the kubernetes
+// driver: over the pod network, verified by a per-pod token) offers each sandbox's channel as a channel.Slot,
+// the same session side the Docker driver's Unix socket channel installs into. The driver only accepts and
+// verifies connections; the lifecycle alone decides whether a command goes over the channel or through Exec.
+type AgentChannels interface {
+	// HasAgentChannel reports whether the driver serves its sandboxes' channels at all (it may be configured
+	// without).
+	HasAgentChannel() bool
+	// AgentChannel returns sb's channel, or nil when the driver serves none (Exec is then the only way in).
+	AgentChannel(sb *Sandbox) *channel.Slot
 }
 
 // State is a sandbox's engine state, normalised across drivers.
@@ -207,6 +240,11 @@ const (
 	// LabelPool is set on a sandbox a template's warm pool made (its value: the template), claimed or not. Its
 	// identity labels are the pool member's; a claimed one belongs to the key its claim record names.
 	LabelPool = LabelPrefix + "pool"
+	// LabelClaimedBy, LabelClaimTenant and LabelClaimUser are a ClaimKeeper's report of a member's claim (never
+	// set at create): the claiming key's hex ("" once drained), tenant and user.
+	LabelClaimedBy   = LabelPrefix + "claimed-by"
+	LabelClaimTenant = LabelPrefix + "claimed-tenant"
+	LabelClaimUser   = LabelPrefix + "claimed-user"
 )
 
 // Sandbox is what a driver knows of one sandbox.
@@ -237,4 +275,7 @@ type CreateSpec struct {
 	ImageID string // its resolved ID; the driver creates from this ID so a retag cannot race
 	Posture Posture
 	Labels  map[string]string
+	// Claim, for a ClaimKeeper, makes the sandbox a claimed one from its creation: a key's sandbox recreated
+	// under the name of the pool member it claimed (whose workspace it keeps).
+	Claim *Claim
 }

@@ -28,9 +28,10 @@ const DefaultImage = "sandkeep-busybox:latest"
 // Config is the operator tier as the engine reads it: sandkeep.Config, field for field (see its documentation).
 // Zero fields take the documented defaults.
 type Config struct {
-	Home      string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
-	Image     string // default SANDKEEP_IMAGE, else DefaultImage
-	AgentPath string // default SANDKEEP_AGENT, else sandkeep-agent next to the executable, else on PATH
+	Home       string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
+	SandboxDir string // where sandboxes' host side lives when not in Home (sandkeep.Config.SandboxDir)
+	Image      string // default SANDKEEP_IMAGE, else DefaultImage
+	AgentPath  string // default SANDKEEP_AGENT, else sandkeep-agent next to the executable, else on PATH
 
 	User        string   // sandbox "uid:gid", default 1000:1000; root is refused unless AllowRoot
 	AllowRoot   bool     //

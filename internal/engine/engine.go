@@ -78,6 +78,11 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.SandboxDir != "" {
+		if err := home.ShareSandboxes(cfg.SandboxDir); err != nil {
+			return nil, err
+		}
+	}
 	ds, err := newDriverSet(cfg.Drivers, DriverEnv{AgentPath: lcfg.AgentPath, PullTimeout: cfg.PullTimeout})
 	if err != nil {
 		return nil, err

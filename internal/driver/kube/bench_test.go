@@ -58,14 +58,14 @@ func TestBenchmark(t *testing.T) {
 		},
 		"warm exec (channel)": func(int, int) {
 			for range warmPerBlock {
-				before := d.ChannelStats().Execs
 				start := time.Now()
-				if r := run(t, ctx, d, warm, "true"); r.exit != 0 {
+				r, via := runVia(t, ctx, d, warm, "true")
+				if r.exit != 0 {
 					t.Fatalf("warm exec over the channel: %+v", r)
 				}
 				samples["warm exec (channel)"] = append(samples["warm exec (channel)"], time.Since(start))
-				if d.ChannelStats().Execs != before+1 {
-					t.Fatalf("a warm command did not go over the channel: %+v", d.ChannelStats())
+				if !via {
+					t.Fatal("a warm command did not go over the channel")
 				}
 			}
 		},

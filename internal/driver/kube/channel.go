@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -10,10 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,6 +19,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
+	"github.com/sandkeep/sandkeep/internal/channel"
+	"github.com/sandkeep/sandkeep/internal/driver"
 )
 
 // The agent channel over the pod network. A pod's agent (init, PID 1 of the sandbox container) dials the
@@ -30,9 +29,10 @@ import (
 // a connection only when the token is that pod's, the peer address is that pod's IP and the pod is one of this
 // driver's sandboxes (owned by its record); everything else is closed unread. A command inside the pod shares
 // the pod's IP but not the token. While a pod's connection is up, a second one for that pod is refused: the
-// agent dials again only after every process of its last session is gone. A connection carries one command at a
-// time (the agentproto wire); a command that finds it busy, or finds none within the wait, goes through the API
-// server's exec instead.
+// agent dials again only after every process of its last session is gone. A believed connection is installed in
+// the pod's channel.Slot, the session side the Docker driver's channel uses too: after its hello it carries the
+// same multiplexed wire (commands, concurrent commands, processes, forwarded streams). The driver offers the
+// slot (AgentChannel); the lifecycle decides whether a command goes over it or through the API server's exec.
 const (
 	TokenEnv    = "SANDKEEP_CHANNEL_TOKEN" // the init container's variable (cmd/sandkeep-agent names the same)
 	TokenDir    = "/.sandkeep-token"       // the memory volume the token is written to and removed from
@@ -46,20 +46,14 @@ const (
 	maxHellos          = 256
 	maxHellosPerSource = 4
 	maxUnknownHellos   = 16
-	channelWarm        = 50 * time.Millisecond // how long a warm command waits for the channel
-	channelFresh       = 3 * time.Second       // ... after the driver started the pod: its agent is dialling
-	freshFor           = 30 * time.Second
-	acceptWait         = 2 * time.Second // for the agent to acknowledge a request
 	refusalLogEvery    = 10 * time.Second
 )
 
 // ChannelStats count what the channel listener did, for tests and diagnostics.
 type ChannelStats struct {
-	Accepted  int // connections believed
-	Refused   int // connections closed: bad hello, wrong token or address, unknown pod, a second connection
-	Execs     int // commands run over the channel
-	Fallbacks int // commands that went through the API server's exec while the channel was on
-	Egress    int // egress connections handed to a pod's egress proxy
+	Accepted int // connections believed
+	Refused  int // connections closed: bad hello, wrong token or address, unknown pod, a second connection
+	Egress   int // egress connections handed to a pod's egress proxy
 	// EgressRefused counts egress connections closed after a good hello: no proxy is served for the pod (no
 	// command with a network is running there), or its backlog was full.
 	EgressRefused int
@@ -71,11 +65,10 @@ type podTrust struct {
 	token []byte
 }
 
-type slot struct {
-	owner   types.UID
-	conn    *net.TCPConn
-	busy    bool
-	arrived chan struct{} // closed when a connection is installed; replaced after each
+// podSlot is a pod's channel: the sandbox (its record's UID) it belongs to and its session side.
+type podSlot struct {
+	owner types.UID
+	slot  *channel.Slot
 }
 
 type chanServer struct {
@@ -90,9 +83,8 @@ type chanServer struct {
 	factory   informers.SharedInformerFactory // nil until the first Start or hello
 
 	mu         sync.Mutex
-	slots      map[string]*slot
+	slots      map[string]*podSlot
 	trust      map[string]podTrust        // the running pods of this namespace, as the informer last saw them
-	started    map[string]time.Time       // pods this driver started, by name: their first command waits longer
 	egress     map[string]*egressListener // the pods whose egress proxy is served, by name (egress.go)
 	stats      ChannelStats
 	lastRefuse time.Time
@@ -123,7 +115,7 @@ func listenChannel(listen, advertise string, api kubernetes.Interface, ns string
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &chanServer{ln: ln.(*net.TCPListener), addr: advertise, api: api, ns: ns, log: log, stop: make(chan struct{}),
-		slots: map[string]*slot{}, trust: map[string]podTrust{}, started: map[string]time.Time{}, egress: map[string]*egressListener{},
+		slots: map[string]*podSlot{}, trust: map[string]podTrust{}, egress: map[string]*egressListener{},
 		hellos: map[string]int{}}
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -296,12 +288,12 @@ func (s *chanServer) gone(o any) {
 }
 
 // dropLocked forgets pod name's trust and closes its connection, busy or not: a command running over it ends
-// with a broken channel, as it would have when the pod's processes die.
+// with a broken channel, as it would have when the pod's processes die. So no command goes to a pod the API
+// server no longer runs.
 func (s *chanServer) dropLocked(name string) {
 	delete(s.trust, name)
-	if sl := s.slots[name]; sl != nil && sl.conn != nil {
-		sl.conn.Close()
-		sl.conn = nil
+	if ps := s.slots[name]; ps != nil {
+		ps.slot.Drop()
 	}
 }
 
@@ -339,23 +331,48 @@ func (s *chanServer) install(name string, owner types.UID, c *net.TCPConn) {
 		c.Close()
 		return
 	}
-	sl := s.slots[name]
-	if sl == nil {
-		sl = &slot{arrived: make(chan struct{})}
-		s.slots[name] = sl
+	ps := s.slotLocked(name, owner)
+	if ps.slot.Up() || !ps.slot.Install(c) {
+		s.refuseLocked(c, "a second connection while the pod's is up", "pod", name)
+		return
 	}
-	if sl.conn != nil {
-		if sl.busy || !peerGone(sl.conn) {
-			s.refuseLocked(c, "a second connection while the pod's is up", "pod", name)
-			return
-		}
-		sl.conn.Close()
-	}
-	sl.conn, sl.owner, sl.busy = c, owner, false
 	s.stats.Accepted++
-	close(sl.arrived)
-	sl.arrived = make(chan struct{})
 }
+
+// slotLocked returns pod name's slot for the sandbox owner, making it when there is none; a slot of another
+// sandbox of that name (removed and made again) is closed and replaced.
+func (s *chanServer) slotLocked(name string, owner types.UID) *podSlot {
+	ps := s.slots[name]
+	if ps != nil && ps.owner == owner {
+		return ps
+	}
+	if ps != nil {
+		ps.slot.Close()
+	}
+	ps = &podSlot{owner: owner, slot: channel.NewSlot()}
+	s.slots[name] = ps
+	return ps
+}
+
+// HasAgentChannel reports whether the driver serves its pods' agent channels (ChannelListen is set).
+func (d *Driver) HasAgentChannel() bool { return d.ch != nil }
+
+// AgentChannel returns the channel of sb's pod (driver.AgentChannels), nil when the driver has no channel.
+func (d *Driver) AgentChannel(sb *driver.Sandbox) *channel.Slot {
+	if d.ch == nil {
+		return nil
+	}
+	s := d.ch
+	s.watch()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	return s.slotLocked(sb.Name, types.UID(sb.ID)).slot
+}
+
+var _ driver.AgentChannels = (*Driver)(nil)
 
 func (s *chanServer) refuse(c *net.TCPConn, why string, args ...any) {
 	s.mu.Lock()
@@ -375,105 +392,20 @@ func (s *chanServer) refuseLocked(c *net.TCPConn, why string, args ...any) {
 	s.skipped++
 }
 
-// started notes that the driver just started pod name: its first command waits longer for the channel.
-func (s *chanServer) noteStarted(name string) {
-	s.watch()
-	s.mu.Lock()
-	s.started[name] = time.Now()
-	s.mu.Unlock()
-}
-
-// take returns pod name's connection for one command of the sandbox owner, waiting up to the channel wait; nil
-// when there is none, it is busy, or it belongs to another sandbox of that name: the caller uses the API
-// server's exec. The caller gives it back with release.
-func (s *chanServer) take(ctx context.Context, name string, owner types.UID) *net.TCPConn {
-	s.mu.Lock()
-	wait := channelWarm
-	if t, ok := s.started[name]; ok && time.Since(t) < freshFor {
-		wait = channelFresh
-	}
-	s.mu.Unlock()
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			return nil
-		}
-		sl := s.slots[name]
-		if sl == nil {
-			sl = &slot{arrived: make(chan struct{})}
-			s.slots[name] = sl
-		}
-		if sl.busy {
-			s.stats.Fallbacks++
-			s.mu.Unlock()
-			return nil
-		}
-		if sl.conn != nil {
-			if t, ok := s.trust[name]; !ok || t.owner != owner {
-				// The informer saw the pod go (or it is another sandbox's): never the channel of a pod the API
-				// server no longer runs. The exec path finds out what happened.
-				s.stats.Fallbacks++
-				s.mu.Unlock()
-				return nil
-			}
-			if sl.owner == owner && idleAlive(sl.conn) {
-				sl.busy = true
-				s.stats.Execs++
-				delete(s.started, name)
-				c := sl.conn
-				s.mu.Unlock()
-				return c
-			}
-			if sl.owner == owner { // gone or garbled: the agent dials again
-				sl.conn.Close()
-				sl.conn = nil
-			}
-		}
-		arrived := sl.arrived
-		s.mu.Unlock()
-		select {
-		case <-arrived:
-		case <-timer.C:
-			s.mu.Lock()
-			s.stats.Fallbacks++
-			s.mu.Unlock()
-			return nil
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
-
-// release gives c back after a command; a broken one is closed and forgotten.
-func (s *chanServer) release(name string, c *net.TCPConn, broken bool) {
+// forget drops pod name's connection: the pod is being deleted. remove: the sandbox goes too, and its slot.
+func (s *chanServer) forget(name string, remove bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sl := s.slots[name]
-	if sl == nil || sl.conn != c {
-		c.Close()
+	ps := s.slots[name]
+	if ps == nil {
 		return
 	}
-	sl.busy = false
-	if broken {
-		c.Close()
-		sl.conn = nil
-	}
-}
-
-// forget drops pod name's connection (the pod is being deleted).
-func (s *chanServer) forget(name string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if sl := s.slots[name]; sl != nil && !sl.busy {
-		if sl.conn != nil {
-			sl.conn.Close()
-		}
+	if remove {
+		ps.slot.Close()
 		delete(s.slots, name)
+		return
 	}
-	delete(s.started, name)
+	ps.slot.Drop()
 }
 
 func (s *chanServer) snapshot() ChannelStats {
@@ -489,10 +421,8 @@ func (s *chanServer) close() error {
 		return nil
 	}
 	s.closed = true
-	for _, sl := range s.slots {
-		if sl.conn != nil {
-			sl.conn.Close()
-		}
+	for _, ps := range s.slots {
+		ps.slot.Close()
 	}
 	for _, l := range s.egress {
 		l.shut()
@@ -507,41 +437,4 @@ func (s *chanServer) close() error {
 		f.Shutdown()
 	}
 	return err
-}
-
-// idleAlive: between commands the agent sends nothing, so a peek that would block means alive; EOF means gone;
-// bytes mean a broken protocol.
-func idleAlive(c syscall.Conn) bool {
-	alive := false
-	peek(c, func(n int, err error) { alive = n < 0 && (err == unix.EAGAIN || err == unix.EWOULDBLOCK) })
-	return alive
-}
-
-// peerGone: EOF or an error on a peek; bytes waiting, or nothing yet, mean a peer that is still there.
-func peerGone(c syscall.Conn) bool {
-	gone := true
-	peek(c, func(n int, err error) {
-		switch {
-		case err == unix.EAGAIN || err == unix.EWOULDBLOCK || err == unix.EINTR:
-			gone = false
-		case err == nil:
-			gone = n == 0
-		}
-	})
-	return gone
-}
-
-func peek(c syscall.Conn, f func(n int, err error)) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		f(0, err)
-		return
-	}
-	if cerr := raw.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		f(n, rerr)
-	}); cerr != nil {
-		f(0, cerr)
-	}
 }

@@ -231,7 +231,7 @@ func TestDeployManifests(t *testing.T) {
 	runAsServiceAccount(ctx, t, d, kc)
 }
 
-// runAsServiceAccount: ping, create, start, a command through the API server's exec and one over the channel,
+// runAsServiceAccount: ping, create, start, a command over the channel,
 // list, stop, remove, remove the workspace.
 func runAsServiceAccount(ctx context.Context, t *testing.T, d *kube.Driver, kc *kubetest.Cluster) {
 	t.Helper()
@@ -262,24 +262,10 @@ func runAsServiceAccount(ctx context.Context, t *testing.T, d *kube.Driver, kc *
 	if err := d.Start(ctx, sb); err != nil {
 		t.Fatalf("Start as the service account: %v", err)
 	}
-	// Commands through the API server's exec or over the pod's channel (which needs the pods watch): the driver
-	// says which way each went (Output.Started), which is what ExecResult.Transport reports.
-	overChannel := false
-	for i := 0; i < 40 && !overChannel; i++ {
-		var out bytes.Buffer
-		var via []bool
-		res, err := d.Exec(ctx, sb, request("sh", "-c", "echo hi > /workspace/f; cat /workspace/f"),
-			driver.Output{Stdout: &out, Started: func(ch bool) { via = append(via, ch) }})
-		if err != nil || res.ExitCode != 0 || out.String() != "hi\n" {
-			t.Fatalf("Exec %d as the service account: %+v, %q, %v", i, res, out.String(), err)
-		}
-		if len(via) != 1 {
-			t.Fatalf("Exec %d: Output.Started called %d times, want once", i, len(via))
-		}
-		overChannel = via[0]
-		if !overChannel {
-			time.Sleep(100 * time.Millisecond)
-		}
+	// Commands over the pod's channel (which needs the pods watch; the manifests grant no pods/exec).
+	r, overChannel := runVia(t, ctx, d, sb, "sh", "-c", "echo hi > /workspace/f; cat /workspace/f")
+	if r.exit != 0 || r.stdout != "hi\n" {
+		t.Fatalf("a command as the service account: %+v", r)
 	}
 	if !overChannel || d.ChannelStats() == (kube.ChannelStats{}) {
 		t.Errorf("no command went over the agent channel as the service account (stats %+v)", d.ChannelStats())

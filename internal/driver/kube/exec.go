@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -23,12 +22,6 @@ import (
 	"github.com/sandkeep/sandkeep/internal/driver"
 )
 
-// ReportsChannel: with the agent channel on, Exec says through Output.Started whether the pod's channel or the
-// API server's exec carried each command (driver.ChannelReporter).
-func (d *Driver) ReportsChannel() bool { return d.ch != nil }
-
-var _ driver.ChannelReporter = (*Driver)(nil)
-
 // executors makes the remotecommand executors of one exec.
 type executors struct{ cfg *rest.Config }
 
@@ -39,22 +32,9 @@ func newExecutors(cfg *rest.Config) *executors { return &executors{cfg: cfg} }
 const streamWait = 10 * time.Second
 
 // Exec runs req through `sandkeep-agent serve` in an exec through the API server (WebSocket, SPDY fallback) and
-// speaks the agent protocol over its stdin and stdout; the agent's stderr is kept for diagnostics.
-//
-// With the agent channel on, a command goes over the pod's channel connection when it is up and idle (see
-// channel.go), and through the API server's exec otherwise.
+// speaks the agent protocol over its stdin and stdout; the agent's stderr is kept for diagnostics. The pod's
+// agent channel (AgentChannel) is the lifecycle's to use: Exec is always the API server's exec.
 func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Request, out driver.Output) (agentproto.Result, error) {
-	if d.ch != nil {
-		if conn := d.ch.take(ctx, sb.Name, types.UID(sb.ID)); conn != nil {
-			if out.Started != nil {
-				out.Started(true)
-			}
-			return d.execChannel(ctx, sb, conn, req, out)
-		}
-	}
-	if out.Started != nil {
-		out.Started(false)
-	}
 	if err := d.execTarget(ctx, sb); err != nil {
 		return agentproto.Result{}, err
 	}
@@ -93,26 +73,6 @@ func (d *Driver) Exec(ctx context.Context, sb *driver.Sandbox, req agentproto.Re
 		return res, d.protocolError(sb, serr, diag.Bytes(), runErr)
 	}
 	return res, runErr
-}
-
-// execChannel runs req over the pod's channel connection. A channel that breaks (garbage, a cut stream, no
-// acknowledgement within acceptWait) is dropped and the error wraps agentproto.ErrProtocol: the lifecycle
-// recycles the sandbox. The agent dials again only once every process of that command is gone.
-func (d *Driver) execChannel(ctx context.Context, sb *driver.Sandbox, conn *net.TCPConn, req agentproto.Request, out driver.Output) (agentproto.Result, error) {
-	res, err := agentproto.RunWith(ctx, conn, req, out.Stdout, out.Stderr, out.Stdin, agentproto.RunOptions{AcceptWait: acceptWait})
-	broken := err != nil && errors.Is(err, agentproto.ErrProtocol)
-	d.ch.release(sb.Name, conn, broken)
-	if errors.Is(err, agentproto.ErrCutBeforeAccept) && ctx.Err() == nil {
-		// The pod may have gone before the informer said so: then the command never started, and the caller
-		// hears what the exec path would have told it (not running, or absent) rather than a broken agent.
-		if terr := d.execTarget(ctx, sb); terr != nil {
-			return res, terr
-		}
-	}
-	if broken {
-		return res, fmt.Errorf("exec in %s over the agent channel: %w", sb.Name, err)
-	}
-	return res, err
 }
 
 func errOrEOF(err error) error {

@@ -312,7 +312,7 @@ func (d *Driver) Namespace() string { return d.opts.Namespace }
 // cluster enforces it; the isolation policy is applied regardless.
 func (d *Driver) Capabilities() driver.Capabilities {
 	enforced, _ := d.NetworkPolicy()
-	return driver.Capabilities{Persistent: true, NetworkPolicy: enforced}
+	return driver.Capabilities{Persistent: true, NetworkPolicy: enforced, Pools: true}
 }
 
 // Ping asks the API server for its version and ensures the namespace.
@@ -596,6 +596,11 @@ func fromObjects(cm *corev1.ConfigMap, pod *corev1.Pod) *driver.Sandbox {
 	if t, err := time.Parse(time.RFC3339Nano, cm.Annotations[AnnotationFinish]); err == nil {
 		sb.FinishedAt = t
 	}
+	if c, ok := claimOf(cm); ok { // claim.go
+		sb.Labels[driver.LabelClaimedBy] = c.Key
+		sb.Labels[driver.LabelClaimTenant] = c.Tenant
+		sb.Labels[driver.LabelClaimUser] = c.User
+	}
 	if pod != nil && ownedBy(pod, cm.UID) {
 		sb.State = podState(pod)
 		if st := containerStatus(pod, ContainerName); st != nil {
@@ -673,6 +678,14 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 		Labels:      kubeLabels(spec.Labels),
 		Annotations: map[string]string{AnnotationLabels: string(labelsJSON), AnnotationRecord: string(recJSON)},
 	}}
+	if spec.Claim != nil { // claim.go: born claimed
+		raw, err := json.Marshal(spec.Claim)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: %w", spec.Name, err)
+		}
+		cm.Annotations[AnnotationClaim] = string(raw)
+		cm.Labels[LabelClaim] = claimLabel(spec.Claim.Key)
+	}
 	ns := d.opts.Namespace
 	created, err := d.api.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
 	if err != nil {
@@ -694,17 +707,32 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 
 // ensureClaim creates the key's workspace claim unless it exists.
 func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error {
-	ns, name := d.opts.Namespace, ClaimName(spec.Name)
-	labels := map[string]string{
-		driver.LabelInstallation: spec.Labels[driver.LabelInstallation], driver.LabelKey: spec.Labels[driver.LabelKey],
-		driver.LabelTenant: spec.Labels[driver.LabelTenant], driver.LabelUser: spec.Labels[driver.LabelUser],
+	ns, pvc := d.opts.Namespace, d.claimFor(spec.Name, spec.Labels)
+	_, err := d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		// A kept workspace is this sandbox's again: no longer kept on purpose (the reaper judges it by its sandbox
+		// and its key again); a claim from before the labels annotation gets it.
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+			AnnotationWorkspaceKept: nil, AnnotationLabels: pvc.Annotations[AnnotationLabels]}}})
+		_, err = d.api.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, pvc.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	}
-	labelsJSON, err := json.Marshal(labels)
-	if err != nil {
-		return fmt.Errorf("claim %s: %w", name, err)
+	if err == nil {
+		return nil
 	}
+	return fault.Wrap(err, fault.SandboxFailed, "check sandkeep's RBAC on persistentvolumeclaims in "+ns+" and the storage class",
+		"the cluster could not make the workspace claim %s", pvc.Name)
+}
+
+// claimFor is the workspace claim of the sandbox named name, labelled with its identity labels (and, exactly, in
+// the AnnotationLabels annotation: the reaper reads them there).
+func (d *Driver) claimFor(name string, labels map[string]string) *corev1.PersistentVolumeClaim {
+	ids := map[string]string{
+		driver.LabelInstallation: labels[driver.LabelInstallation], driver.LabelKey: labels[driver.LabelKey],
+		driver.LabelTenant: labels[driver.LabelTenant], driver.LabelUser: labels[driver.LabelUser],
+	}
+	labelsJSON, _ := json.Marshal(ids) // a map of strings always marshals
 	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: kubeLabels(labels),
+		ObjectMeta: metav1.ObjectMeta{Name: ClaimName(name), Labels: kubeLabels(ids),
 			Annotations: map[string]string{AnnotationLabels: string(labelsJSON)}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -715,19 +743,7 @@ func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error
 		sc := d.opts.StorageClass
 		pvc.Spec.StorageClassName = &sc
 	}
-	_, err = d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		// A kept workspace is this sandbox's again: no longer kept on purpose (the reaper judges it by its sandbox
-		// and its key again); a claim from before the labels annotation gets it.
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
-			AnnotationWorkspaceKept: nil, AnnotationLabels: string(labelsJSON)}}})
-		_, err = d.api.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
-	}
-	if err == nil {
-		return nil
-	}
-	return fault.Wrap(err, fault.SandboxFailed, "check sandkeep's RBAC on persistentvolumeclaims in "+ns+" and the storage class",
-		"the cluster could not make the workspace claim %s", name)
+	return pvc
 }
 
 // RemoveWorkspace deletes the workspace claim of the sandbox named name (what `rm` without keeping the workspace
@@ -828,7 +844,6 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 		return err
 	}
 	if d.ch != nil {
-		d.ch.noteStarted(sb.Name)
 		if err := d.startIsolated(ctx, sb, created.UID); err != nil {
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer ccancel()
@@ -1042,7 +1057,7 @@ func (d *Driver) Stop(ctx context.Context, sb *driver.Sandbox, grace time.Durati
 	wctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
 	defer cancel()
 	if d.ch != nil {
-		d.ch.forget(sb.Name)
+		d.ch.forget(sb.Name, false)
 	}
 	if err := d.deletePod(wctx, pod, grace); err != nil {
 		return fmt.Errorf("stop %s: %w", sb.Name, err)
@@ -1067,7 +1082,7 @@ func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
 	}
 	if err == nil && ownedBy(pod, types.UID(sb.ID)) {
 		if d.ch != nil {
-			d.ch.forget(sb.Name)
+			d.ch.forget(sb.Name, true)
 		}
 		if err := d.deletePod(ctx, pod, 0); err != nil {
 			return fmt.Errorf("remove %s: %w", sb.Name, err)

@@ -3,6 +3,7 @@ package kube_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -310,12 +311,38 @@ func request(argv ...string) agentproto.Request {
 
 func run(t *testing.T, ctx context.Context, d *kube.Driver, sb *driver.Sandbox, argv ...string) result {
 	t.Helper()
+	r, _ := runVia(t, ctx, d, sb, argv...)
+	return r
+}
+
+// runVia runs argv as the lifecycle would: over the pod's agent channel when the driver offers one and it is
+// up within a few seconds, else through the API server's exec (Driver.Exec). overChannel says which.
+func runVia(t *testing.T, ctx context.Context, d *kube.Driver, sb *driver.Sandbox, argv ...string) (r result, overChannel bool) {
+	t.Helper()
 	var out, errb bytes.Buffer
-	res, err := d.Exec(ctx, sb, request(argv...), driver.Output{Stdout: &out, Stderr: &errb})
+	res, overChannel, err := execVia(ctx, d, sb, request(argv...), driver.Output{Stdout: &out, Stderr: &errb})
 	if err != nil {
 		t.Fatalf("Exec(%q): %v", argv, err)
 	}
-	return result{exit: res.ExitCode, stdout: out.String(), stderr: errb.String()}
+	return result{exit: res.ExitCode, stdout: out.String(), stderr: errb.String()}, overChannel
+}
+
+// channelWait is how long execVia waits for the pod's agent to connect (a new pod's agent is dialling).
+const channelWait = 3 * time.Second
+
+func execVia(ctx context.Context, d *kube.Driver, sb *driver.Sandbox, req agentproto.Request, out driver.Output) (agentproto.Result, bool, error) {
+	if slot := d.AgentChannel(sb); slot != nil {
+		if mux, err := slot.Take(ctx, channelWait); err == nil {
+			res, err := agentproto.RunWith(ctx, mux.Commands(), req, out.Stdout, out.Stderr, out.Stdin,
+				agentproto.RunOptions{AcceptWait: 2 * time.Second, Resize: out.Resize})
+			if errors.Is(err, agentproto.ErrProtocol) {
+				slot.Broken(mux)
+			}
+			return res, true, err
+		}
+	}
+	res, err := d.Exec(ctx, sb, req, out)
+	return res, false, err
 }
 
 // TestUnschedulableIsCapacity: on the real node, a pod that asks for more CPU and memory than any node has stays

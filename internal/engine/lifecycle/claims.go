@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
@@ -153,4 +155,49 @@ func (h *Home) pendingClaims() ([]identity.Key, error) {
 		}
 	}
 	return out, nil
+}
+
+// On a driver that keeps claims itself (driver.ClaimKeeper: the kubernetes driver, whose replicas have homes of
+// their own) the engine's record of the member is the claim: one compare-and-swap of the API server's, made
+// before anything of this home is written. The home's record is then a cache of it, written after, repaired
+// from the engine when missing (inspectKey, adoptMembers) and dropped when the engine says otherwise.
+
+// claimKeeper is the driver as a ClaimKeeper, when it keeps the claims.
+func (m *Manager) claimKeeper() (driver.ClaimKeeper, bool) {
+	ck, ok := m.drv.(driver.ClaimKeeper)
+	return ck, ok
+}
+
+// claimedInEngine: a ClaimKeeper reported sb as key's.
+func claimedInEngine(sb *driver.Sandbox, key identity.Key) bool {
+	c, ok := driver.ClaimOf(sb)
+	return ok && c.Key == key.Hex()
+}
+
+// noteClaim writes the home's record of key's claim of the member sb (a ClaimKeeper's report), so that this
+// home's names of key's files and uid follow the member's. A failure leaves the record to the next lookup.
+func (m *Manager) noteClaim(key identity.Key, sb *driver.Sandbox) {
+	rec := claimRecord{Tenant: key.Tenant, User: key.User, Template: sb.Labels[driver.LabelPool],
+		Member: memberIDOf(sb.Labels[driver.LabelUser]), Done: true}
+	if rec.Template == "" || rec.Member == "" || rec.member().Hex() != sb.Labels[driver.LabelKey] {
+		return
+	}
+	if cur, ok := m.home.readClaim(key); ok && cur == rec {
+		return
+	}
+	if err := m.home.writeClaim(key, rec); err != nil {
+		m.cfg.Logger.Warn("warm pool: claim record not written", "key", key.Short(), "sandbox", sb.Name, "err", err)
+	}
+}
+
+// removeSandbox removes sb and, on a driver that keeps workspaces (a Kubernetes claim), its workspace: a pool
+// member's goes with it.
+func (m *Manager) removeSandbox(ctx context.Context, sb *driver.Sandbox) error {
+	if err := m.drv.Remove(ctx, sb); err != nil {
+		return err
+	}
+	if wr, ok := m.drv.(driver.WorkspaceRemover); ok {
+		return wr.RemoveWorkspace(ctx, sb.Name)
+	}
+	return nil
 }

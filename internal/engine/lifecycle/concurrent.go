@@ -23,7 +23,9 @@ import (
 // A command runs one at a time after all (exclusively, as by default) when it carries what belongs to one
 // command at a time in the sandbox: secret files (placed before and removed after it, at fixed paths) or a
 // network (the key's egress proxy serves one session, with one policy and token, at a time); and where the
-// sandbox has no channel this process serves (gVisor, the exec transport, the kubernetes driver, the host).
+// sandbox has no channel this process serves (gVisor, the exec transport, the host). Docker's Unix socket
+// channel and the kubernetes driver's pod-network channel are one session side (channel.Slot), so both carry
+// concurrent commands and processes.
 
 // concurrentOK reports whether req may run concurrently in key's sandbox.
 func (m *Manager) concurrentOK(key identity.Key, req ExecRequest) bool {
@@ -38,10 +40,14 @@ func (m *Manager) processChannel(key identity.Key) error {
 	switch {
 	case m.cfg.Runtime == RuntimeGVisor:
 		why = "a sandbox under gVisor (runsc) has no agent channel and no subreaper"
-	case !m.drv.Capabilities().Channel:
-		why = "the " + m.drv.Name() + " driver has no agent channel this process serves"
 	case m.cfg.Transport == TransportExec:
 		why = "the transport is exec (each command is one engine exec)"
+	case m.offersChannel():
+	case !m.drv.Capabilities().Channel:
+		why = "the " + m.drv.Name() + " driver has no agent channel this process serves"
+		if _, ok := m.drv.(driver.AgentChannels); ok {
+			why = "the " + m.drv.Name() + " driver runs without its agent channel (no channel listen address)"
+		}
 	case m.channelDir(key) == "":
 		why = "the sandbox has no agent channel"
 	}
@@ -49,7 +55,7 @@ func (m *Manager) processChannel(key identity.Key) error {
 		return nil
 	}
 	return fault.New(fault.ProcessUnavailable,
-		"use the docker driver under runc, with --transport auto or agent, through `sandkeep serve` or the daemon",
+		"use the docker driver under runc or the kubernetes driver with its agent channel, with --transport auto or agent, through `sandkeep serve` or the daemon",
 		"processes need the sandbox's agent channel: %s", why)
 }
 
@@ -113,17 +119,24 @@ func (m *Manager) reusable(ctx context.Context, key identity.Key, sh *Shape) (*d
 
 // channelShared returns key's channel for a concurrent command or a process operation, waiting up to wait for
 // the agent; a sandbox whose agent does not connect is forgotten, so that the next call ensures it.
-func (m *Manager) channelShared(ctx context.Context, key identity.Key, wait channelWait) (*channel.Listener, *agentproto.Mux, error) {
+func (m *Manager) channelShared(ctx context.Context, key identity.Key, sb *driver.Sandbox, wait channelWait) (*channel.Slot, *agentproto.Mux, error) {
 	if err := m.processChannel(key); err != nil {
 		return nil, nil, err
 	}
-	l, fresh := m.listenerFor(key)
+	l, fresh := m.channelFor(key, sb)
+	if l == nil && m.offersChannel() {
+		return nil, nil, fault.New(fault.SandboxNotRunning, "run a command in it, which starts it",
+			"the sandbox for %s is not running", key)
+	}
 	if l == nil {
 		return nil, nil, fault.New(fault.ProcessUnavailable,
 			"run it through the process that serves this sandbox (`sandkeep serve`, or the daemon: SANDKEEP_DAEMON=auto)",
 			"another process serves the agent channel of the sandbox for %s", key)
 	}
 	d := channelWaitFresh
+	if m.offersChannel() {
+		d = channelWaitFreshNet // the pod's agent may still be dialling, or waiting for the informer to see the pod
+	}
 	if wait == waitLong || fresh {
 		d = channelWaitForce
 	}
@@ -167,7 +180,7 @@ func (m *Manager) runConcurrent(ctx context.Context, key identity.Key, sb *drive
 	req ExecRequest, started func(*driver.Sandbox, Transport)) (*ExecResult, error) {
 	m.home.Touch(key, m.cfg.Now())
 	defer func() { m.home.Touch(key, m.cfg.Now()) }()
-	l, mux, err := m.channelShared(ctx, key, waitShort)
+	l, mux, err := m.channelShared(ctx, key, sb, waitShort)
 	if fault.Is(err, fault.SandboxNotRunning) {
 		return nil, errNotStarted // stopped behind this process's back: ensure again
 	}

@@ -169,8 +169,22 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 
 // create makes key's container (workspace first, so the bind source exists with the right owner) and
 // starts it; a half-made container is removed when the start fails.
+//
+// On a driver that keeps the claims (a Kubernetes cluster, whose workspace claims are named after the sandbox), a
+// key that claimed a pool member gets its sandbox back under the member's name and identity, claimed from its
+// creation: it keeps the member's workspace claim, and every replica still finds it as key's.
 func (m *Manager) create(ctx context.Context, key identity.Key, sh *Shape, want driver.Posture, hash, imageID string) (*driver.Sandbox, error) {
-	return m.createFrom(ctx, key, sh, m.createSpec(key, sh, want, hash, imageID))
+	spec := m.createSpec(key, sh, want, hash, imageID)
+	if rec, ok := m.home.readClaim(key); ok && rec.Done {
+		if _, shared := m.claimKeeper(); shared {
+			mk := rec.member()
+			spec.Name = mk.MemberName()
+			spec.Labels[driver.LabelTenant], spec.Labels[driver.LabelUser], spec.Labels[driver.LabelKey] = "", mk.User, mk.Hex()
+			spec.Labels[driver.LabelPool] = rec.Template
+			spec.Claim = &driver.Claim{Key: key.Hex(), Tenant: key.Tenant, User: key.User}
+		}
+	}
+	return m.createFrom(ctx, key, sh, spec)
 }
 
 // createFrom makes the sandbox of spec for key (a warm pool member's key, for a member) and starts it.

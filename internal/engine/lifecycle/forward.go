@@ -32,7 +32,7 @@ func (m *Manager) DialPort(ctx context.Context, key identity.Key, port int, via 
 		return nil, fault.New(fault.InvalidArgument, "pass a TCP port between 1 and 65535, e.g. 8080",
 			"port %d is out of range", port)
 	}
-	if _, ok := m.drv.(driver.PortDialer); !ok && m.channelDir(key) == "" {
+	if _, ok := m.drv.(driver.PortDialer); !ok && !m.servesChannel(key) {
 		return nil, fault.New(fault.PortForwardUnavailable, "use the docker driver for port forwarding",
 			"the %s driver cannot forward ports", m.drv.Name())
 	}
@@ -76,7 +76,7 @@ func (m *Manager) DialPort(ctx context.Context, key identity.Key, port int, via 
 // fallback for a process that has no channel to the sandbox (another process serves it, the exec transport,
 // gVisor). A channel that broke just now falls back too.
 func (m *Manager) dialPort(ctx context.Context, key identity.Key, sb *driver.Sandbox, port int) (net.Conn, Transport, error) {
-	if l, fresh := m.listenerFor(key); l != nil {
+	if l, fresh := m.channelFor(key, sb); l != nil {
 		wait := channelWaitWarm
 		if fresh {
 			wait = channelWaitFresh

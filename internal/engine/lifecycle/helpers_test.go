@@ -17,7 +17,14 @@ import (
 	"github.com/sandkeep/sandkeep/internal/identity"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The kubernetes suites' clients (client-go, shared by the test cluster) keep their HTTP/2 connections to
+		// the API server for the whole test process.
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"),
+	)
+}
 
 const (
 	testImage    = "sandkeep-test:lifecycle"

@@ -26,6 +26,7 @@ type Home struct {
 	Installation string // created once, kept in Dir/installation-id
 
 	claimed sync.Map // key hex -> identity.Key of the pool member it claimed (claims.go); done claims only
+	shared  string   // ShareSandboxes' directory; "": Dir
 }
 
 // OpenHome creates dir and its layout when missing and reads (or creates, exactly once across processes)
@@ -49,6 +50,30 @@ func OpenHome(dir string) (*Home, error) {
 		return nil, err
 	}
 	return &Home{Dir: dir, Installation: id}, nil
+}
+
+// ShareSandboxes keeps what sandboxes see of the host (workspaces, volumes, channel directories, the agent,
+// per-key uids) in dir instead of the home (sandkeep.Config.SandboxDir). Call it before the home is used.
+func (h *Home) ShareSandboxes(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("sandbox dir %q: %w", dir, err)
+	}
+	for _, sub := range []string{"", "workspaces", "agent", "chan"} {
+		if err := os.MkdirAll(filepath.Join(abs, sub), 0o700); err != nil {
+			return fault.Wrap(err, fault.InvalidArgument, "set the sandbox directory to one you can write", "cannot create sandbox directory %s", abs)
+		}
+	}
+	h.shared = abs
+	return nil
+}
+
+// sandboxes is the directory sandboxes' host side lives in: the shared one, else the home.
+func (h *Home) sandboxes() string {
+	if h.shared != "" {
+		return h.shared
+	}
+	return h.Dir
 }
 
 // installationID reads the id, or creates it with a link so that racing processes agree on one.
@@ -89,12 +114,12 @@ func installationID(dir string) (string, error) {
 // Workspace is the host directory bound at /workspace for key.
 // A key that claimed a warm pool member has the member's (claims.go).
 func (h *Home) Workspace(k identity.Key) string {
-	return filepath.Join(h.Dir, "workspaces", h.phys(k).Hex())
+	return filepath.Join(h.sandboxes(), "workspaces", h.phys(k).Hex())
 }
 
 // Volumes is the host directory that holds key's named volumes, one directory each (Config.Volumes).
 func (h *Home) Volumes(k identity.Key) string {
-	return filepath.Join(h.Dir, "volumes", h.phys(k).Hex())
+	return filepath.Join(h.sandboxes(), "volumes", h.phys(k).Hex())
 }
 
 // QuotaVolumesDir is where a key's volumes live when its workspace has a quota: a directory of the workspace's
@@ -145,7 +170,7 @@ func (h *Home) EnsureVolume(k identity.Key, v Volume, uid, gid int, quota bool) 
 // ChannelDir is the key's channel directory: the host's socket for the agent, bound read-only into the
 // sandbox. The short key keeps socket paths well under the 108 bytes of sockaddr_un.
 func (h *Home) ChannelDir(k identity.Key) string {
-	return filepath.Join(h.Dir, "chan", h.phys(k).Short())
+	return filepath.Join(h.sandboxes(), "chan", h.phys(k).Short())
 }
 
 func (h *Home) lockPath(k identity.Key) string { return filepath.Join(h.Dir, "locks", k.Hex()+".lock") }
@@ -308,7 +333,7 @@ func (h *Home) InstallAgent(src string) (string, error) {
 	if _, err := io.Copy(sum, f); err != nil {
 		return "", fault.Wrap(err, fault.AgentMissing, hint, "cannot read the agent binary %s", src)
 	}
-	dir := filepath.Join(h.Dir, "agent", hex.EncodeToString(sum.Sum(nil))[:16])
+	dir := filepath.Join(h.sandboxes(), "agent", hex.EncodeToString(sum.Sum(nil))[:16])
 	dst := filepath.Join(dir, "sandkeep-agent")
 	if _, err := os.Stat(dst); err == nil {
 		return dir, nil

@@ -191,7 +191,7 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 	}
 	// The listener exists before the sandbox starts, so a starting agent finds it at once; a key that may claim a
 	// pool member gets the member's (its agent connected already) or, if it does not, its own from provide.
-	var l *channel.Listener
+	var l *channel.Slot
 	fresh := m.mayClaim(key, m.shapeOf(req.Shape))
 	if !fresh {
 		l, fresh = m.listenerFor(key)
@@ -202,8 +202,8 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 		if err != nil {
 			return nil, coded(ctx, err, key)
 		}
-		if decision == DecisionClaim || l == nil {
-			got, made := m.listenerFor(key)
+		if decision != DecisionReuse || l == nil {
+			got, made := m.channelFor(key, sb)
 			l, fresh = got, fresh || made
 		}
 		m.home.Touch(key, m.cfg.Now())
@@ -238,18 +238,7 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 			return res, err
 		}
 		transport := TransportExec
-		out.Started = nil
-		if reportsChannel(m.drv) {
-			// The driver says which way the command went (its own channel or the engine's exec), as it goes.
-			out.Started = func(overChannel bool) {
-				if overChannel {
-					transport = TransportAgent
-				}
-				started(sb, transport)
-			}
-		} else {
-			started(sb, TransportExec)
-		}
+		started(sb, TransportExec)
 		res, err := m.drv.Exec(ctx, sb, preq, out)
 		m.home.Touch(key, m.cfg.Now())
 		switch {
@@ -270,12 +259,6 @@ func (m *Manager) exec(ctx context.Context, key identity.Key, req ExecRequest, p
 			return nil, coded(ctx, err, key)
 		}
 	}
-}
-
-// reportsChannel: drv carries some commands over an agent channel of its own and says so (driver.ChannelReporter).
-func reportsChannel(drv driver.Driver) bool {
-	r, ok := drv.(driver.ChannelReporter)
-	return ok && r.ReportsChannel()
 }
 
 // coded gives an engine error that carries no failure code one (SANDBOX_FAILED), so that every failure a
@@ -399,7 +382,13 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 	if !keepWorkspace {
 		m.home.clearSuspended(key)                         // its workspace goes: the next sandbox is new, not resumed
 		if wr, ok := m.drv.(driver.WorkspaceRemover); ok { // a workspace the driver keeps (a Kubernetes claim)
-			if err := wr.RemoveWorkspace(ctx, key.ContainerName()); err != nil {
+			name := key.ContainerName()
+			if sb != nil {
+				name = sb.Name // a claimed pool member's keeps the member's name
+			} else if mk := m.home.phys(key); mk != key {
+				name = mk.MemberName()
+			}
+			if err := wr.RemoveWorkspace(ctx, name); err != nil {
 				return err
 			}
 		}

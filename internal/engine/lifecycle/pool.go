@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -114,16 +115,37 @@ type PoolStatus struct {
 // inspectKey looks key's sandbox up: an unclaimed member's by its name; a key's by the name of the member it
 // claimed (its claim record says which), else by its own (a claimed key's sandbox recreated since, or a claim
 // an older version made by renaming the member).
+//
+// On a driver that keeps the claims (claims.go), the engine is asked which member key claimed when the home has
+// no record of it (another replica claimed it, or this process was killed before writing its record), and a
+// record the engine contradicts (the member is another key's, or nobody's) is dropped.
 func (m *Manager) inspectKey(ctx context.Context, key identity.Key) (*driver.Sandbox, error) {
 	if key.Tenant == "" {
 		return m.drv.Inspect(ctx, key.MemberName())
 	}
+	ck, shared := m.claimKeeper()
 	if mk := m.home.phys(key); mk != key {
 		sb, err := m.drv.Inspect(ctx, mk.MemberName())
-		if err == nil && sb.Labels[driver.LabelKey] == mk.Hex() {
+		if err == nil && sb.Labels[driver.LabelKey] == mk.Hex() && (!shared || claimedInEngine(sb, key)) {
 			return sb, nil
 		}
 		if err != nil && !cerrdefs.IsNotFound(err) {
+			return nil, err
+		}
+		if shared && err == nil {
+			m.home.dropClaim(key) // the member is another's, or nobody's: a claim undone elsewhere
+		}
+		if shared && err != nil { // the member's record is gone (being recreated: create keeps its name)
+			return m.drv.Inspect(ctx, key.ContainerName())
+		}
+	}
+	if shared {
+		sb, err := ck.Claimed(ctx, m.home.Installation, key.Hex())
+		if err == nil {
+			m.noteClaim(key, sb)
+			return sb, nil
+		}
+		if !cerrdefs.IsNotFound(err) {
 			return nil, err
 		}
 	}
@@ -404,7 +426,7 @@ func (m *Manager) makeMember(ctx context.Context, p *pools, sh *Shape) (*member,
 	}
 	if err != nil {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		_ = m.drv.Remove(uctx, sb)
+		_ = m.removeSandbox(uctx, sb)
 		cancel()
 		undo()
 		return nil, err
@@ -414,7 +436,7 @@ func (m *Manager) makeMember(ctx context.Context, p *pools, sh *Shape) (*member,
 	if l != nil { // connected before it counts as ready: a claim's first command goes straight over the channel
 		if _, err := l.Current(cctx, channelWaitForce); err != nil {
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			_ = m.drv.Remove(uctx, running)
+			_ = m.removeSandbox(uctx, running)
 			cancel()
 			undo()
 			return nil, fmt.Errorf("pool member %s: its agent did not connect: %w", sb.Name, err)
@@ -444,7 +466,20 @@ func (m *Manager) drainMember(ctx context.Context, p *pools, mb *member) {
 		defer p.wg.Done()
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if err := m.drv.Remove(dctx, mb.sb); err != nil {
+		if ck, shared := m.claimKeeper(); shared {
+			// Marked drained first, in the engine: a replica that holds it as ready too cannot claim it now, and
+			// one that claimed it first keeps it (Conflict: it is that key's, not this pool's any more).
+			err := ck.Claim(dctx, mb.sb, driver.Claim{})
+			if cerrdefs.IsConflict(err) {
+				m.removeMemberFiles(dctx, nil, mb)
+				return
+			}
+			if err != nil && !cerrdefs.IsNotFound(err) {
+				m.cfg.Logger.Warn("warm pool: member not drained", "member", mb.sb.Name, "err", err)
+				return
+			}
+		}
+		if err := m.removeSandbox(dctx, mb.sb); err != nil {
 			m.cfg.Logger.Warn("warm pool: member not removed", "member", mb.sb.Name, "err", err)
 			return
 		}
@@ -517,6 +552,16 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 		// path.
 		return nil, false, nil
 	}
+	if ck, shared := m.claimKeeper(); shared {
+		// The home is this replica's alone: the engine says whether another made key's sandbox or workspace, or
+		// claimed a member for it. Any doubt leaves the key to the usual path.
+		if _, err := m.inspectKey(ctx, key); !cerrdefs.IsNotFound(err) {
+			return nil, false, nil
+		}
+		if exists, err := ck.Exists(ctx, key.ContainerName()); err != nil || exists {
+			return nil, false, nil
+		}
+	}
 	p.claiming.Add(1)
 	defer func() {
 		if p.claiming.Add(-1) == 0 {
@@ -533,7 +578,10 @@ func (m *Manager) claim(ctx context.Context, key identity.Key, sh *Shape, imageI
 			m.drainMember(ctx, p, mb) // made for another posture or image: the template changed
 			continue
 		}
-		sb, err := m.takeMember(key, mb)
+		sb, err := m.takeMember(ctx, key, mb)
+		if errors.Is(err, errMemberTaken) {
+			continue // another replica claimed it first: it is that key's now
+		}
 		if err != nil {
 			m.cfg.Logger.Warn("warm pool: claim failed", "member", mb.sb.Name, "key", key.Short(), "err", err)
 			m.drainMember(ctx, p, mb)
@@ -577,22 +625,47 @@ func (m *Manager) mayClaim(key identity.Key, sh *Shape) bool {
 // handed the member's channel and uid over yet).
 var claimHook func(step string)
 
+// errMemberTaken: another process claimed (or drained) the member first; it is not this pool's any more.
+var errMemberTaken = errors.New("the pool member was claimed by another process first")
+
 // takeMember makes mb key's: the claim record (its one durable step: the key's record is written last, and a
 // member copy without it is no claim), then this process's view: the member's uid and channel listener are the
-// key's. No engine call: the container keeps the member's name.
-func (m *Manager) takeMember(key identity.Key, mb *member) (*driver.Sandbox, error) {
+// key's. No engine call: the container keeps the member's name. On a driver that keeps the claims, the engine's
+// compare-and-swap on the member's record comes first and is the claim (claims.go); the home's record follows.
+func (m *Manager) takeMember(ctx context.Context, key identity.Key, mb *member) (*driver.Sandbox, error) {
 	rec := claimRecord{Tenant: key.Tenant, User: key.User, Template: mb.sb.Labels[driver.LabelPool],
 		Member: memberIDOf(mb.key.User), Done: true}
+	sb := mb.sb.Clone()
+	if ck, shared := m.claimKeeper(); shared {
+		if claimHook != nil {
+			claimHook("taken")
+		}
+		c := driver.Claim{Key: key.Hex(), Tenant: key.Tenant, User: key.User}
+		err := ck.Claim(ctx, mb.sb, c)
+		if cerrdefs.IsConflict(err) {
+			m.removeMemberFiles(ctx, nil, mb)
+			return nil, errMemberTaken
+		}
+		if err != nil {
+			return nil, err
+		}
+		sb.Labels[driver.LabelClaimedBy], sb.Labels[driver.LabelClaimTenant], sb.Labels[driver.LabelClaimUser] = c.Key, c.Tenant, c.User
+		if claimHook != nil {
+			claimHook("claimed")
+		}
+	}
 	if err := m.home.writeClaim(key, rec); err != nil {
 		m.home.dropClaim(key)
 		m.home.dropMemberClaim(mb.key)
-		return nil, err
+		if _, shared := m.claimKeeper(); !shared {
+			return nil, err
+		}
+		m.cfg.Logger.Warn("warm pool: claim record not written (the engine's holds)", "key", key.Short(), "err", err)
 	}
 	if claimHook != nil {
 		claimHook("recorded")
 	}
 	m.adoptUID(key, mb.key)
-	sb := mb.sb.Clone()
 	k := key
 	mb.owner.Store(&k)
 	m.mu.Lock()
@@ -609,7 +682,7 @@ func (m *Manager) takeMember(key identity.Key, mb *member) (*driver.Sandbox, err
 	m.mu.Unlock()
 	if own != nil && own != l {
 		own.Close()
-		_ = os.RemoveAll(filepath.Join(m.home.Dir, "chan", key.Short()))
+		_ = os.RemoveAll(filepath.Join(m.home.sandboxes(), "chan", key.Short()))
 	}
 	return sb, nil
 }
@@ -698,11 +771,22 @@ func (m *Manager) adoptMembers(ctx context.Context, p *pools) error {
 		if mk.Hex() != sb.Labels[driver.LabelKey] || sb.Name != mk.MemberName() {
 			continue // renamed to its key's name by an older version's claim, or not a member we made
 		}
+		mb := &member{key: mk, sb: sb}
+		if c, ok := driver.ClaimOf(sb); ok { // claims.go: the engine's record says
+			if k, err := identity.New(c.Tenant, c.User); err == nil && k.Hex() == c.Key {
+				m.noteClaim(k, sb) // its key's; a claim cut before the home's record gets it now
+			} else if c.Key == "" {
+				m.drainMember(ctx, p, mb) // a drain cut short: finish it
+			}
+			continue
+		}
 		if _, claimed := m.home.claimant(mk); claimed {
-			continue // its key's
+			if _, shared := m.claimKeeper(); !shared {
+				continue // its key's
+			}
+			// The home says claimed, the engine not: the home's record outlived a claim undone elsewhere.
 		}
 		m.home.dropMemberClaim(mk) // a copy without its key's record (a claim cut before its record): no claim
-		mb := &member{key: mk, sb: sb}
 		p.mu.Lock()
 		pl := p.byTpl[tpl]
 		fits := pl != nil && sb.State == driver.StateRunning && m.memberFits(ctx, pl.spec.Shape, mb, "")
@@ -736,6 +820,14 @@ func memberIDOf(user string) string {
 // claimantOf is the key that claimed the pool member sb, if it was claimed: sb keeps the member's name (or, claimed
 // by an older version, has the key's).
 func (m *Manager) claimantOf(sb *driver.Sandbox) (identity.Key, bool) {
+	if _, shared := m.claimKeeper(); shared {
+		c, ok := driver.ClaimOf(sb)
+		k, err := identity.New(c.Tenant, c.User)
+		if !ok || err != nil || k.Hex() != c.Key || sb.Labels[driver.LabelInstallation] != m.home.Installation {
+			return identity.Key{}, false
+		}
+		return k, true
+	}
 	tpl := sb.Labels[driver.LabelPool]
 	mk := identity.Member(tpl, memberIDOf(sb.Labels[driver.LabelUser]))
 	if mk.Hex() != sb.Labels[driver.LabelKey] || sb.Labels[driver.LabelInstallation] != m.home.Installation {

@@ -27,9 +27,10 @@ import (
 // the sandbox's channel (serve, the daemon) goes away; each end is a process_ended event in the run that
 // started it.
 //
-// Processes need the sandbox's agent channel served by this process (processChannel): Docker under runc, the
-// transport auto or agent. Elsewhere (gVisor, the exec transport, the kubernetes driver, the host passthrough)
-// they are refused with PROCESS_UNAVAILABLE.
+// Processes need the sandbox's agent channel served by this process (processChannel): Docker under runc, or
+// the kubernetes driver with its channel on, the transport auto or agent. Elsewhere (gVisor, the exec
+// transport, the kubernetes driver without a channel address, the host passthrough) they are refused with
+// PROCESS_UNAVAILABLE, saying why.
 
 // Bounds of a process's lifetime.
 const (
@@ -128,7 +129,7 @@ func sinkOf(ctx context.Context, m *Manager) Sink {
 
 // startOn sends the start request on key's channel; the caller holds the gate shared.
 func (m *Manager) startOn(ctx context.Context, key identity.Key, sb *driver.Sandbox, preq agentproto.Request) (agentproto.Result, error) {
-	l, mux, err := m.channelShared(ctx, key, waitLong)
+	l, mux, err := m.channelShared(ctx, key, sb, waitLong)
 	if fault.Is(err, fault.SandboxNotRunning) {
 		return agentproto.Result{}, errNotStarted
 	}
@@ -287,7 +288,7 @@ func (m *Manager) processOp(ctx context.Context, key identity.Key, op agentproto
 		}
 		sb = got
 	}
-	_, mux, err := m.channelShared(ctx, key, waitShort)
+	_, mux, err := m.channelShared(ctx, key, sb, waitShort)
 	if fault.Is(err, fault.SandboxNotRunning) {
 		return agentproto.ProcessReply{}, nil, nil
 	}

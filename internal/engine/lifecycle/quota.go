@@ -43,7 +43,7 @@ type Usage struct {
 const MinQuotaBytes = 8 << 20
 
 func (h *Home) diskPath(k identity.Key) string {
-	return filepath.Join(h.Dir, "disks", h.phys(k).Hex()+".img")
+	return filepath.Join(h.sandboxes(), "disks", h.phys(k).Hex()+".img")
 }
 
 // toolTimeout bounds mkfs, mount and resize: they take well under a second on an idle host.

@@ -202,19 +202,13 @@ func (m *Manager) removeSecrets(ctx context.Context, key identity.Key, sb *drive
 // process has it up, else the engine's exec. It emits no event of its own.
 func (m *Manager) execIn(ctx context.Context, key identity.Key, sb *driver.Sandbox, preq agentproto.Request,
 	out driver.Output) (*ExecResult, error) {
-	l, _ := m.listenerFor(key)
+	l, _ := m.channelFor(key, sb)
 	conn, err := m.takeChannel(ctx, l, false)
 	if err != nil {
 		return nil, err
 	}
 	if conn != nil {
 		return m.execChannel(ctx, key, sb, l, conn, preq, out)
-	}
-	transport := TransportExec
-	out.Started = func(overChannel bool) {
-		if overChannel {
-			transport = TransportAgent
-		}
 	}
 	res, err := m.drv.Exec(ctx, sb, preq, out)
 	if errors.Is(err, agentproto.ErrProtocol) {
@@ -224,7 +218,7 @@ func (m *Manager) execIn(ctx context.Context, key identity.Key, sb *driver.Sandb
 	if err != nil {
 		return nil, err
 	}
-	return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: transport}, nil
+	return &ExecResult{Result: res, Sandbox: sb.Clone(), Transport: TransportExec}, nil
 }
 
 // helperOutputLimit bounds what is kept of a file command's output: a one-line diagnostic.

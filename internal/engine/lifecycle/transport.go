@@ -18,9 +18,12 @@ import (
 const (
 	channelWaitWarm  = 20 * time.Millisecond
 	channelWaitFresh = time.Second
-	channelWaitForce = 10 * time.Second
-	reconnectWait    = 5 * time.Second // after a broken channel, for the agent to prove the sandbox clean
-	acceptWait       = 2 * time.Second // for the agent to acknowledge a request; past it the sandbox is frozen or stuck
+	// channelWaitFreshNet: a new pod's agent dials over the pod network, and is believed only once the driver's
+	// pod informer saw the pod run with its IP.
+	channelWaitFreshNet = 3 * time.Second
+	channelWaitForce    = 10 * time.Second
+	reconnectWait       = 5 * time.Second // after a broken channel, for the agent to prove the sandbox clean
+	acceptWait          = 2 * time.Second // for the agent to acknowledge a request; past it the sandbox is frozen or stuck
 )
 
 // errNotStarted: the command did not start over the channel and the sandbox was recycled; run it again.
@@ -37,10 +40,43 @@ func (m *Manager) channelDir(key identity.Key) string {
 	return m.home.ChannelDir(key)
 }
 
-// listenerFor returns key's channel listener, creating it when needed, and whether it was just created. It
-// returns nil when this process does not use the channel, or when another live process serves the socket.
-func (m *Manager) listenerFor(key identity.Key) (*channel.Listener, bool) {
-	return m.listenerWith(key, m.verifier(func() identity.Key { return key }))
+// listenerFor is channelFor the sandbox this process last ensured for key.
+func (m *Manager) listenerFor(key identity.Key) (*channel.Slot, bool) {
+	return m.channelFor(key, m.cached(key))
+}
+
+// channelFor returns key's agent channel and whether it was just made. The session side is one for every
+// driver (channel.Slot); who accepts and verifies the agent's connection is not: a driver that offers its
+// sandboxes' channels (driver.AgentChannels: the kubernetes driver's pod network) gives sb's, and otherwise
+// this process listens on the Unix socket in key's channel directory (the Docker driver), creating the listener
+// when needed. It returns nil when this process does not use the channel (the exec transport, gVisor, a driver
+// with none), when another live process serves the socket, or when the driver's channel needs a sandbox and sb
+// is nil. Whether a command then goes over the channel or through the driver's Exec is decided here, in the
+// lifecycle, and nowhere else.
+func (m *Manager) channelFor(key identity.Key, sb *driver.Sandbox) (*channel.Slot, bool) {
+	if ac, ok := m.drv.(driver.AgentChannels); ok {
+		if sb == nil || m.cfg.Transport == TransportExec {
+			return nil, false
+		}
+		return ac.AgentChannel(sb), false
+	}
+	l, made := m.listenerWith(key, m.verifier(func() identity.Key { return key }))
+	if l == nil {
+		return nil, made
+	}
+	return l.Slot, made
+}
+
+// servesChannel reports whether this process carries key's commands over an agent channel at all: a Docker
+// sandbox with its channel directory, or a driver that offers its sandboxes' channels and has one on.
+func (m *Manager) servesChannel(key identity.Key) bool {
+	if m.cfg.Transport == TransportExec {
+		return false
+	}
+	if ac, ok := m.drv.(driver.AgentChannels); ok {
+		return ac.HasAgentChannel()
+	}
+	return m.channelDir(key) != ""
 }
 
 // listenerWith is listenerFor with the verifier v for a new listener.
@@ -100,11 +136,11 @@ func (m *Manager) dropListener(key identity.Key) {
 }
 
 // takeChannel returns the connection to use for this command, or nil to use the engine's exec.
-func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bool) (*agentproto.Mux, error) {
+func (m *Manager) takeChannel(ctx context.Context, l *channel.Slot, fresh bool) (*agentproto.Mux, error) {
 	if l == nil {
 		// A driver without a channel (the host passthrough) has only its own way to run a command: the transport
 		// choice is about sandboxes, and a run degraded to the host must not fail over it.
-		if m.cfg.Transport == TransportAgent && m.drv.Capabilities().Channel {
+		if m.cfg.Transport == TransportAgent && (m.drv.Capabilities().Channel || m.offersChannel()) {
 			if m.cfg.Runtime == RuntimeGVisor {
 				return nil, unavailable("sandboxes under gVisor (runsc) have none (docs/SECURITY.md, \"gVisor\")")
 			}
@@ -116,6 +152,8 @@ func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bo
 	switch {
 	case m.cfg.Transport == TransportAgent:
 		wait = channelWaitForce
+	case fresh && m.offersChannel():
+		wait = channelWaitFreshNet
 	case fresh:
 		wait = channelWaitFresh
 	}
@@ -131,6 +169,12 @@ func (m *Manager) takeChannel(ctx context.Context, l *channel.Listener, fresh bo
 	return nil, nil
 }
 
+// offersChannel: the driver accepts its sandboxes' agent connections itself and has its channel on.
+func (m *Manager) offersChannel() bool {
+	ac, ok := m.drv.(driver.AgentChannels)
+	return ok && ac.HasAgentChannel()
+}
+
 func unavailable(why string) error {
 	return fault.New(fault.TransportUnavailable, "use --transport auto (falls back to the engine's exec) or exec",
 		"the agent channel is not available: %s", why)
@@ -139,7 +183,7 @@ func unavailable(why string) error {
 // execChannel runs preq over the sandbox's channel. A channel that breaks mid-command is dropped; the agent
 // reconnects only once every process of that command is gone, and a sandbox whose agent does not reconnect is
 // recycled, in both cases before the gate is released.
-func (m *Manager) execChannel(ctx context.Context, key identity.Key, sb *driver.Sandbox, l *channel.Listener,
+func (m *Manager) execChannel(ctx context.Context, key identity.Key, sb *driver.Sandbox, l *channel.Slot,
 	conn *agentproto.Mux, preq agentproto.Request, out driver.Output) (*ExecResult, error) {
 	res, err := agentproto.RunWith(ctx, conn.Commands(), preq, out.Stdout, out.Stderr, out.Stdin,
 		agentproto.RunOptions{AcceptWait: acceptWait, Resize: out.Resize})

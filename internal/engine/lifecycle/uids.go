@@ -148,12 +148,12 @@ func (h *Home) AllocateUID(key identity.Key, r UIDRange, taken func(id int) bool
 	if r.Count == 0 {
 		return 0, errors.New("allocate uid: no range")
 	}
-	lock := flock.New(filepath.Join(h.Dir, uidsLock))
+	lock := flock.New(filepath.Join(h.sandboxes(), uidsLock))
 	if err := lock.Lock(); err != nil {
 		return 0, fmt.Errorf("uid allocation lock: %w", err)
 	}
 	defer lock.Unlock()
-	path := filepath.Join(h.Dir, uidsFile)
+	path := filepath.Join(h.sandboxes(), uidsFile)
 	byKey, used, err := readUIDs(path)
 	if err != nil {
 		return 0, err
