@@ -2,6 +2,7 @@ package sandkeep_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -103,6 +104,30 @@ func TestSnapshotsDocker(t *testing.T) {
 	}
 	if _, err := snapshots.Restore(ctx, s.m, "base", sandkeep.RunRequest{Key: b}); sandkeep.CodeOf(err) != "SANDBOX_EXISTS" {
 		t.Fatalf("a restore onto an existing key: %v, want SANDBOX_EXISTS", err)
+	}
+	// Onto an existing key when asked: its sandbox stopped, its workspace replaced whole (b's own file gone).
+	sh(b, "echo mine > only-b")
+	if _, err := snapshots.Replace(ctx, s.m, "nope", sandkeep.RunRequest{Key: b}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {
+		t.Fatalf("a replace from an unknown snapshot: %v, want SNAPSHOT_NOT_FOUND", err)
+	}
+	if got := sh(b, "cat only-b src/f"); got != "mine\nchanged\n" {
+		t.Fatalf("a refused replace changed the key's files: %q", got)
+	}
+	var replaced []string
+	sb, err = snapshots.Replace(ctx, s.m, "base", sandkeep.RunRequest{Key: b, Observer: sandkeep.Observer{Event: func(name string, _ any) {
+		replaced = append(replaced, name)
+	}}})
+	if err != nil {
+		t.Fatalf("Replace: %v", err)
+	}
+	if sb.User != "b" || sb.State != "running" || !slices.Contains(replaced, events.NameSnapshotRestored) {
+		t.Fatalf("the replaced sandbox: %+v, events %v", sb, replaced)
+	}
+	if got := sh(b, look); got != before {
+		t.Fatalf("the replaced workspace differs:\n%s\nsnapshot taken of:\n%s", got, before)
+	}
+	if got := trim(sh(b, "[ \"$(stat -c %u blob)\" = \"$(id -u)\" ] && echo owned")); got != "owned" {
+		t.Fatalf("the replaced files' owner: %q", got)
 	}
 	d := s.key("snap", "d")
 	if _, err := snapshots.Restore(ctx, s.m, "nope", sandkeep.RunRequest{Key: d}); sandkeep.CodeOf(err) != "SNAPSHOT_NOT_FOUND" {

@@ -79,6 +79,17 @@ func Restore(ctx context.Context, m *sandkeep.Manager, name string, rr sandkeep.
 	return engine.Facade.Sandbox(sb).(sandkeep.Sandbox), nil
 }
 
+// Replace is Restore onto rr.Key whether or not it exists: an existing key's sandbox is stopped and its workspace
+// replaced whole by the snapshot's, once the archive is extracted beside it (a failure before that leaves the key
+// as it was), then started again. A workspace on its own quota file system (resources.disk) is refused.
+func Replace(ctx context.Context, m *sandkeep.Manager, name string, rr sandkeep.RunRequest) (sandkeep.Sandbox, error) {
+	sb, err := engine.Facade.Manager(m).ReplaceFromSnapshot(ctx, name, engine.Facade.RunRequest(rr))
+	if err != nil {
+		return sandkeep.Sandbox{}, err
+	}
+	return engine.Facade.Sandbox(sb).(sandkeep.Sandbox), nil
+}
+
 // ForkLimits bound what a fork may copy: regular files' bytes and entries in all (zero: no bound of its own;
 // the new key's template's workspace quota, resources.disk, bounds it anyway).
 type ForkLimits struct {

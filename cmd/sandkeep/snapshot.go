@@ -113,15 +113,18 @@ func newSnapshotList(g *globals) *cobra.Command {
 
 func newSnapshotRestore(g *globals) *cobra.Command {
 	var (
-		w      who
-		pf     policyFlags
-		asJSON bool
+		w       who
+		pf      policyFlags
+		asJSON  bool
+		replace bool
 	)
 	cmd := &cobra.Command{
-		Use:   "restore NAME --user U [--tenant T] [--json]",
+		Use:   "restore NAME --user U [--tenant T] [--replace] [--json]",
 		Short: "Make a new user's sandbox from a snapshot; prints its name",
 		Long: "restore makes the user (a new one: SANDBOX_EXISTS otherwise) a sandbox whose /workspace holds the tenant's\n" +
-			"snapshot NAME, in the snapshot's template, admitted as the user's first exec would be.",
+			"snapshot NAME, in the snapshot's template, admitted as the user's first exec would be. With --replace the\n" +
+			"user may exist: its sandbox is stopped and its workspace replaced by the snapshot's (extracted beside it\n" +
+			"first, so a failure leaves it as it was), then started again.",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return fault.New(fault.InvalidArgument, fmt.Sprintf("e.g. %s before-upgrade --user alice-retry", cmd.CommandPath()),
@@ -139,7 +142,11 @@ func newSnapshotRestore(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeAll()
-			sb, err := snapshots.Restore(cmd.Context(), m, args[0], pf.request(key, g.stderr))
+			restore := snapshots.Restore
+			if replace {
+				restore = snapshots.Replace
+			}
+			sb, err := restore(cmd.Context(), m, args[0], pf.request(key, g.stderr))
 			if err != nil {
 				return err
 			}
@@ -156,6 +163,7 @@ func newSnapshotRestore(g *globals) *cobra.Command {
 	f.StringVar(&pf.sandbox, "sandbox", "", "sandbox mode: auto or inline (a restore always needs a sandbox)")
 	f.StringVar(&pf.driver, "driver", "", "require this driver")
 	f.BoolVar(&asJSON, "json", false, "print the new sandbox as JSON")
+	f.BoolVar(&replace, "replace", false, "restore onto an existing user: stop it and replace its workspace")
 	return cmd
 }
 

@@ -41,6 +41,11 @@ func TestSnapshots(t *testing.T) {
 		t.Fatalf("the restored file: %q", r.stdout)
 	}
 	c.run(t, "snapshot", "restore", "base", "--tenant", ten, "--user", "bob").wantFailure(t, "SANDBOX_EXISTS")
+	c.run(t, "exec", "--tenant", ten, "--user", "bob", "--", "sh", "-c", "echo bob > /workspace/d/f; touch /workspace/mine").want(t, 0)
+	c.run(t, "snapshot", "restore", "base", "--tenant", ten, "--user", "bob", "--replace").want(t, 0)
+	if r := c.run(t, "exec", "--tenant", ten, "--user", "bob", "--", "sh", "-c", "cat /workspace/d/f; ls /workspace").want(t, 0); r.stdout != "one\nd\n" {
+		t.Fatalf("the workspace replaced by --replace: %q", r.stdout)
+	}
 	c.run(t, "snapshot", "restore", "nope", "--tenant", ten, "--user", "carol").wantFailure(t, "SNAPSHOT_NOT_FOUND")
 	c.run(t, "snapshot", "rm", "base", "--tenant", ten).want(t, 0)
 	c.run(t, "snapshot", "rm", "base", "--tenant", ten).wantFailure(t, "SNAPSHOT_NOT_FOUND")

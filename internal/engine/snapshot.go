@@ -111,6 +111,17 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, tenant, name string, se Sn
 // SNAPSHOT_NOT_FOUND, a key that has a sandbox or a workspace SANDBOX_EXISTS; a failed restore leaves nothing.
 // The snapshot's source need not exist any more.
 func (m *Manager) RestoreSnapshot(ctx context.Context, name string, rr RunRequest) (Sandbox, error) {
+	return m.restoreSnapshot(ctx, name, rr, false)
+}
+
+// ReplaceFromSnapshot is RestoreSnapshot onto rr.Key whether or not it exists: an existing key's sandbox is
+// stopped and its workspace replaced whole by the snapshot's, once the archive is extracted beside it (a failure
+// before that leaves the key as it was); a new key is restored as RestoreSnapshot does.
+func (m *Manager) ReplaceFromSnapshot(ctx context.Context, name string, rr RunRequest) (Sandbox, error) {
+	return m.restoreSnapshot(ctx, name, rr, true)
+}
+
+func (m *Manager) restoreSnapshot(ctx context.Context, name string, rr RunRequest, replace bool) (Sandbox, error) {
 	if rr.RunID != "" {
 		return Sandbox{}, fault.New(fault.InvalidArgument, "restore without a run id: a restore is a run of the new user's own",
 			"a restore cannot attach to run %s", rr.RunID)
@@ -141,7 +152,7 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, name string, rr RunReques
 		return Sandbox{}, err
 	}
 	start := time.Now()
-	name, err = m.restore(ctx, run, sn)
+	name, err = m.restore(ctx, run, sn, replace)
 	if err == nil {
 		run.event(events.NameSnapshotRestored, events.SnapshotRestored{Snapshot: sn.Name, Sandbox: name,
 			Digest: sn.Digest, Bytes: sn.Bytes, DurationMS: time.Since(start).Milliseconds()})
@@ -154,13 +165,13 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, name string, rr RunReques
 }
 
 // restore extracts sn's archive into run's new key and makes its sandbox, whose name it returns.
-func (m *Manager) restore(ctx context.Context, run *Run, sn Snapshot) (string, error) {
+func (m *Manager) restore(ctx context.Context, run *Run, sn Snapshot, replace bool) (string, error) {
 	rc, err := m.snaps.Open(sn)
 	if err != nil {
 		return "", err
 	}
 	defer rc.Close()
-	sb, err := run.lc.Restore(ctx, run.key, run.shape, rc, lifecycle.RestoreOptions{OnEvent: run.sink})
+	sb, err := run.lc.Restore(ctx, run.key, run.shape, rc, lifecycle.RestoreOptions{OnEvent: run.sink, Replace: replace})
 	if err != nil {
 		return "", err
 	}

@@ -2,7 +2,11 @@ package lifecycle
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"io"
+	"os"
 
 	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/fault"
@@ -41,6 +45,10 @@ func (m *Manager) ArchiveWorkspace(ctx context.Context, key identity.Key, w io.W
 type RestoreOptions struct {
 	Limits  files.Limits
 	OnEvent Sink // the caller's run: sandbox_started of the new sandbox
+	// Replace lets to be a key that exists: the archive is extracted beside its workspace first (a damaged one
+	// leaves the key as it was), then its sandbox is stopped and the workspace replaced whole; its next start
+	// binds the restored one (replaceWorkspace).
+	Replace bool
 }
 
 // Restore makes to a new key whose workspace holds the tar archive r (files.FS.ExtractTar: confined to the
@@ -59,7 +67,10 @@ func (m *Manager) Restore(ctx context.Context, to identity.Key, sh *Shape, r io.
 	}
 	defer release()
 	if err := m.checkNew(ctx, to); err != nil {
-		return nil, err
+		if !opts.Replace || !fault.Is(err, fault.SandboxExists) {
+			return nil, err
+		}
+		return m.replaceWorkspace(ctx, to, sh, r, opts)
 	}
 	ok := false
 	defer func() {
@@ -102,4 +113,69 @@ func (m *Manager) undoNew(ctx context.Context, key identity.Key) {
 	m.forget(key)
 	m.dropListener(key)
 	_ = m.home.RemoveWorkspace(key)
+}
+
+// replaceWorkspace is Restore onto key, which exists (the caller holds its gate): the archive is extracted into a
+// directory beside key's workspace (same file system), and only once it is whole is key's sandbox stopped and the
+// workspace swapped for it, the old one removed; key's sandbox is then started again over the restored files. A
+// failure before the swap leaves key as it was. A workspace on its own quota file system (resources.disk) is a
+// mount point, which a rename cannot swap: refused.
+func (m *Manager) replaceWorkspace(ctx context.Context, key identity.Key, sh *Shape, r io.Reader, opts RestoreOptions) (*driver.Sandbox, error) {
+	if sh.cfg.DiskBytes > 0 {
+		return nil, fault.New(fault.InvalidArgument, "restore into a new user, or remove this one first (sandkeep rm)",
+			"%s's workspace is on its own quota file system (resources.disk), which a restore cannot replace yet", key)
+	}
+	uid, gid, err := m.idOf(key, sh)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := m.ensureWorkspace(ctx, key, sh, false)
+	if err != nil {
+		return nil, err
+	}
+	var raw [6]byte
+	_, _ = rand.Read(raw[:])
+	suffix := hex.EncodeToString(raw[:])
+	staging, old := dst+".restore-"+suffix, dst+".replaced-"+suffix
+	if err := os.Mkdir(staging, 0o700); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	defer os.RemoveAll(staging) // gone by the swap when it succeeded
+	if geteuid() == 0 {
+		if err := os.Lchown(staging, uid, gid); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+	}
+	fs, err := files.Open(staging, uid, gid, opts.Limits)
+	if err != nil {
+		return nil, err
+	}
+	_, err = fs.ExtractTar(ctx, "", r)
+	fs.Close()
+	if err != nil {
+		return nil, err
+	}
+	if sb, err := m.owned(ctx, key); err == nil {
+		m.forget(key)
+		if err := m.drv.Stop(ctx, sb, m.cfg.StopGrace); err != nil {
+			return nil, err
+		}
+	} else if !fault.Is(err, fault.NotFound) {
+		return nil, err
+	}
+	if err := os.Rename(dst, old); err != nil {
+		return nil, fmt.Errorf("restore: set the old workspace aside: %w", err)
+	}
+	if err := os.Rename(staging, dst); err != nil {
+		_ = os.Rename(old, dst)
+		return nil, fmt.Errorf("restore: put the restored workspace in place: %w", err)
+	}
+	if err := os.RemoveAll(old); err != nil {
+		m.cfg.Logger.Warn("restore: the replaced workspace was not removed", "dir", old, "err", err)
+	}
+	sb, _, err := m.ensure(ctx, key, sh)
+	if err != nil {
+		return nil, err
+	}
+	return sb.Clone(), nil
 }
