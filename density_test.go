@@ -52,9 +52,10 @@ func TestTemplateRequestsChecked(t *testing.T) {
 	}
 }
 
-// densityTemplate may use half a core and 256 MiB but reserves a hundredth of a core and 16 MiB: forty of its
-// sandboxes would need 20 cores as Guaranteed pods, and fit a two-core node by their requests.
-var densityTemplate = sandkeep.Template{CPUs: 0.5, MemoryBytes: 256 << 20, Requests: sandkeep.Requests{CPUs: 0.01, MemoryBytes: 16 << 20}}
+// densityTemplate is issue 27's small template: it may use half a core and 256 MiB but requests 0.05 of a core
+// and 128 MiB (`requests: {cpus: 0.05, memory: 128m}`). Forty of its sandboxes would need 20 cores as Guaranteed
+// pods; by their requests they fill a two-core node exactly (40 x 50m = 2000m).
+var densityTemplate = sandkeep.Template{CPUs: 0.5, MemoryBytes: 256 << 20, Requests: sandkeep.Requests{CPUs: 0.05, MemoryBytes: 128 << 20}}
 
 // Idle sandboxes cost what their template requests, not what it may use. On kubernetes: 40 sandboxes of a small
 // template run at once on the two-core test node, each pod requesting the template's requests under its limits.
@@ -102,14 +103,14 @@ func TestDensity(t *testing.T) {
 	if err != nil || c == nil || len(c.Shapes) != 2 {
 		t.Fatalf("Capacity: %+v, %v; want the default shape and the template", c, err)
 	}
-	if def, small := c.Shapes[0], c.Shapes[1]; small.Template != "small" || small.CPUs != 0.01 || small.Fits < int64(n) || def.Fits >= small.Fits {
-		t.Errorf("Capacity %+v: want the small template's 0.01 CPU fitting at least %d times, more than the default shape", c, n)
+	if def, small := c.Shapes[0], c.Shapes[1]; small.Template != "small" || small.CPUs != 0.05 || small.Fits < int64(n) || def.Fits >= small.Fits {
+		t.Errorf("Capacity %+v: want the small template's 0.05 CPU fitting at least %d times, more than the default shape", c, n)
 	}
 	if !onKube {
 		for _, sb := range s.containersOf(s.m) {
 			hc := s.inspect(sb.ID).HostConfig
-			if hc.CPUShares != 10 || hc.MemoryReservation != 16<<20 || hc.NanoCPUs != 5e8 || hc.Memory != 256<<20 {
-				t.Errorf("container %s: cpu shares %d, memory reservation %d, nano cpus %d, memory %d; want 10, 16 MiB, 0.5 CPU, 256 MiB",
+			if hc.CPUShares != 51 || hc.MemoryReservation != 128<<20 || hc.NanoCPUs != 5e8 || hc.Memory != 256<<20 {
+				t.Errorf("container %s: cpu shares %d, memory reservation %d, nano cpus %d, memory %d; want 51, 128 MiB, 0.5 CPU, 256 MiB",
 					sb.ID, hc.CPUShares, hc.MemoryReservation, hc.NanoCPUs, hc.Memory)
 			}
 		}
@@ -129,8 +130,8 @@ func TestDensity(t *testing.T) {
 		}
 		running++
 		r := p.Spec.Containers[0].Resources
-		if !r.Requests.Cpu().Equal(resource.MustParse("10m")) || !r.Limits.Cpu().Equal(resource.MustParse("500m")) ||
-			!r.Requests.Memory().Equal(*resource.NewQuantity(16<<20, resource.BinarySI)) || p.Status.QOSClass != corev1.PodQOSBurstable {
+		if !r.Requests.Cpu().Equal(resource.MustParse("50m")) || !r.Limits.Cpu().Equal(resource.MustParse("500m")) ||
+			!r.Requests.Memory().Equal(*resource.NewQuantity(128<<20, resource.BinarySI)) || p.Status.QOSClass != corev1.PodQOSBurstable {
 			t.Errorf("pod %s: requests %v, limits %v, QoS %s; want the template's requests under its limits (Burstable)",
 				p.Name, r.Requests, r.Limits, p.Status.QOSClass)
 		}
@@ -138,5 +139,6 @@ func TestDensity(t *testing.T) {
 	if running != n {
 		t.Errorf("%d sandbox pods running at once, want %d", running, n)
 	}
-	t.Logf("%d sandboxes of a 0.5-CPU template running at once on the test node, each requesting 10m CPU and 16 MiB", running)
+	t.Logf("%d sandboxes of a 0.5-CPU template running at once on the test node, each requesting 50m CPU and 128 MiB; doctor's capacity: %s, %d node(s), %d of them fit",
+		running, c.Source, c.Nodes, c.Shapes[1].Fits)
 }

@@ -37,7 +37,7 @@ type fleetConfig struct {
 	ReapInterval string `yaml:"reap_interval"` // how often the leading replica reaps (default 1m; "0": never)
 	// Leader is how the reaping replica is chosen and what it reaps: "store" (default: a lease in the store; the
 	// Docker engine's containers) or "kubernetes" (a coordination.k8s.io Lease through client-go's leader
-	// election; the sandbox namespace's records and pods, servefleet_kube.go).
+	// election; the sandbox namespace's pods, records, claims and NetworkPolicies, servefleet_kube.go).
 	Leader string `yaml:"leader"`
 	// SandboxDir is where replicas on one host with homes of their own keep what sandboxes see of the host
 	// (workspaces, channel directories, the agent): the same directory on every replica of the host, so the
@@ -117,6 +117,10 @@ func (g *globals) openFleet(fc fleetConfig) (*fleetSetup, error) {
 	return &fleetSetup{cfg: fc, secret: secret, ttl: ttl, ln: ln, address: addr}, nil
 }
 
+// reaperOwner names the reaper in the key leases it takes while it removes: not the replica's own id, which
+// would let this replica's own claim of the key renew the reaper's lease and adopt what is being removed.
+func (f *fleetSetup) reaperOwner() string { return f.replica.ID() + "/reaper" }
+
 // pinInstallation makes home's installation id the fleet's: written when the home has none yet, refused when it
 // has another (its sandboxes would be another installation's).
 func pinInstallation(home, id string) error {
@@ -175,7 +179,7 @@ func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.S
 			fmt.Fprintf(log, "sandkeep: fleet: no reaper: %v\n", err)
 		} else {
 			r := reaper.New(reaper.Config{Installation: f.cfg.Installation, Source: reaper.Docker{API: docker}, Store: st,
-				Logger: slog.New(slog.NewTextHandler(log, nil))})
+				Logger: slog.New(slog.NewTextHandler(log, nil)), Owner: f.reaperOwner()})
 			wg.Go(func() {
 				defer docker.Close()
 				r.RunLeader(ctx, st, f.replica.ID(), f.ttl, every)

@@ -37,7 +37,7 @@ const (
 	retryPeriod   = 2 * time.Second
 )
 
-// reapKube reaps the sandbox namespace (records and pods, kube.ReapSource) while this replica holds ReaperLease,
+// reapKube reaps the sandbox namespace (pods, records, claims, NetworkPolicies: kube.ReapSource) while this replica holds ReaperLease,
 // through client-go's leader election, until ctx ends; the lease is released then (ReleaseOnCancel), so the next
 // replica leads at once.
 func (f *fleetSetup) reapKube(ctx context.Context, st store.Store, every time.Duration, log io.Writer) {
@@ -54,7 +54,7 @@ func (f *fleetSetup) reapKube(ctx context.Context, st store.Store, every time.Du
 	}
 	ns := cmp.Or(os.Getenv(kube.EnvNamespace), kube.DefaultNamespace)
 	r := reaper.New(reaper.Config{Installation: f.cfg.Installation, Source: kube.ReapSource{API: api, Namespace: ns},
-		Store: st, Logger: logger})
+		Store: st, Logger: logger, Owner: f.reaperOwner()})
 	lock := &resourcelock.LeaseLock{LeaseMeta: metav1.ObjectMeta{Name: ReaperLease, Namespace: ns},
 		Client: api.CoordinationV1(), LockConfig: resourcelock.ResourceLockConfig{Identity: f.replica.ID()}}
 	for ctx.Err() == nil {

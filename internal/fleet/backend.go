@@ -40,14 +40,27 @@ var (
 
 // route claims key: it returns nil when this replica serves it, else the owner to forward to.
 func (b *Backend) route(ctx context.Context, key sandkeep.Key) (*leaseAddr, error) {
-	o, err := b.r.Claim(ctx, key)
-	if err != nil {
-		return nil, claimErr(err)
+	deadline := time.Now().Add(b.r.TTL() + 5*time.Second)
+	for {
+		o, err := b.r.Claim(ctx, key)
+		if err != nil {
+			return nil, claimErr(err)
+		}
+		if o.Self {
+			return nil, nil
+		}
+		if o.Lease.Address != "" || time.Now().After(deadline) {
+			return &leaseAddr{Owner: o.Lease.Owner, Address: o.Lease.Address}, nil
+		}
+		// Held by what takes no calls: the reaper, for the moment it removes the key's orphaned sandbox
+		// (internal/reaper). Claim again until it released the key.
+		b.r.Forget(key)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(handoverPoll):
+		}
 	}
-	if o.Self {
-		return nil, nil
-	}
-	return &leaseAddr{Owner: o.Lease.Owner, Address: o.Lease.Address}, nil
 }
 
 // mine is route for the owner's side of a forwarded call: another owner is an error, never a second hop.

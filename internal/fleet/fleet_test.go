@@ -223,3 +223,34 @@ func TestForwardUnreachable(t *testing.T) {
 		t.Errorf("forward cut mid-call: %v (started %v), want OWNER_LOST after the start", err, started)
 	}
 }
+
+// TestRouteWaitsForReaper: a key held by what takes no forwarded calls (the reaper, while it removes the key's
+// orphaned sandbox: a lease without an address) is not forwarded anywhere; the replica claims it again until the
+// holder releases it, then serves it itself.
+func TestRouteWaitsForReaper(t *testing.T) {
+	st := openStore(t)
+	r := newReplica(t, st, "a", time.Second)
+	b := &Backend{r: r}
+	key := mustKey(t, "orphan")
+	l, err := st.AcquireLease(t.Context(), LeaseName(key), "a/reaper", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hold = 300 * time.Millisecond
+	released := make(chan error, 1)
+	go func() {
+		time.Sleep(hold)
+		released <- st.ReleaseLease(context.Background(), l)
+	}()
+	start := time.Now()
+	to, err := b.route(t.Context(), key)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || to != nil {
+		t.Fatalf("route = %+v, %v; want this replica, once the reaper released the key", to, err)
+	}
+	if waited := time.Since(start); waited < hold {
+		t.Errorf("route returned after %s, before the reaper released the key (%s)", waited, hold)
+	}
+}

@@ -225,6 +225,9 @@ func NewForwarder(hc *http.Client, secret string) *Forwarder {
 // final one's result is decoded into out. The errors say where it broke: not reached (OWNER_UNAVAILABLE), or
 // cut once the owner had the call (OWNER_LOST).
 func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on func(frame) error, out any) error {
+	if l.Address == "" { // a holder that takes no calls (the reaper) kept the key past Backend.route's wait
+		return unavailable(l, errors.New("the holder takes no forwarded calls"))
+	}
 	body, err := json.Marshal(c)
 	if err != nil {
 		return err

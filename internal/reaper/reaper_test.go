@@ -11,10 +11,14 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
+	"github.com/sandkeep/sandkeep/internal/build"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/driver/docker"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/store"
@@ -38,6 +42,7 @@ func labels(t *testing.T, installation, tenant, user string) map[string]string {
 func TestDecide(t *testing.T) {
 	boom := errors.New("boom")
 	none := Facts{}
+	now := time.Date(2026, 12, 3, 19, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name   string
 		res    Resource
@@ -62,9 +67,25 @@ func TestDecide(t *testing.T) {
 		{"lease error beats a known run", Resource{Labels: labels(t, ours, "acme", "a"), State: "exited"}, Facts{LeaseErr: boom, RunActive: false}, false, ReasonLeaseUnknown},
 		{"store error", Resource{Labels: labels(t, ours, "acme", "a"), State: "exited"}, Facts{RunErr: boom}, false, ReasonStoreUnknown},
 		{"running run", Resource{Labels: labels(t, ours, "acme", "a"), State: "exited"}, Facts{RunActive: true}, false, ReasonRunActive},
+		{"running pod of a dead owner", Resource{Labels: labels(t, ours, "acme", "a"), State: "running", ReapRunning: true}, none, true, ReasonOrphaned},
+		{"running pod of a live owner", Resource{Labels: labels(t, ours, "acme", "a"), State: "running", ReapRunning: true}, Facts{LeaseLive: true}, false, ReasonLeased},
+		{"paused, even where running is reapable", Resource{Labels: labels(t, ours, "acme", "a"), State: "paused", ReapRunning: true}, none, false, ReasonActive},
+		{"a hold of the source", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Hold: ReasonWorkspaceKept}, none, false, ReasonWorkspaceKept},
+		{"a hold does not make another installation's ours", Resource{Labels: labels(t, "ffffffffffffffffffffffffffffffff", "acme", "a"), Hold: ReasonInUse}, none, false, ReasonForeign},
+		{"claim within its grace", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, Facts{LastActive: now.Add(-time.Minute)}, false, ReasonRecent},
+		{"claim past its grace", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, Facts{LastActive: now.Add(-2 * time.Hour)}, true, ReasonOrphaned},
+		{"claim never used, grace", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, none, true, ReasonOrphaned},
+		{"grace does not beat a store error", Resource{Kind: "claim", Labels: labels(t, ours, "acme", "a"), Grace: time.Hour}, Facts{RunErr: boom}, false, ReasonStoreUnknown},
+		{"keyless abandoned", Resource{Kind: "networkpolicy", Keyless: true, State: "exited"}, none, true, ReasonOrphaned},
+		{"keyless in use", Resource{Kind: "networkpolicy", Keyless: true, Hold: ReasonInUse}, none, false, ReasonInUse},
+		{"keyless of another installation", Resource{Kind: "networkpolicy", Keyless: true, Labels: map[string]string{driver.LabelInstallation: "ff"}}, none, false, ReasonForeign},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := Decide(ours, tc.res, func(identity.Key) Facts { return tc.facts })
+			asked := false
+			v := Decide(ours, tc.res, now, func(identity.Key) Facts { asked = true; return tc.facts })
+			if tc.res.Keyless && asked {
+				t.Errorf("a keyless resource's key facts were asked")
+			}
 			if v.Remove != tc.remove || v.Reason != tc.reason {
 				t.Errorf("Decide = %+v, want remove %v, reason %s", v, tc.remove, tc.reason)
 			}
@@ -166,9 +187,65 @@ func TestReaperDocker(t *testing.T) {
 	storeErr := make("storeerr", inst, false)
 	running := make("running", inst, true)
 	other := make("other", foreign, false)
+	// Compose companions (running, with a named volume): the dead sandbox's go with it (the next rounds see its
+	// sandbox gone, then the volume unused); the leased sandbox's stay.
+	companion := func(of string) (string, string) {
+		t.Helper()
+		name, vol := of+"-c-db", of+"-v-data"
+		lbl := map[string]string{docker.LabelCompanionOf: of, docker.LabelCompanionService: "db"}
+		if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: vol, Labels: lbl}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name,
+			Config: &container.Config{Image: image, Cmd: []string{"sleep", "3600"}, Labels: lbl},
+			HostConfig: &container.HostConfig{NetworkMode: "none",
+				Mounts: []mount.Mount{{Type: mount.TypeVolume, Source: vol, Target: "/data"}}}})
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		t.Cleanup(func() {
+			_, _ = cli.ContainerRemove(context.Background(), c.ID, client.ContainerRemoveOptions{Force: true})
+			_, _ = cli.VolumeRemove(context.Background(), vol, client.VolumeRemoveOptions{Force: true})
+		})
+		if _, err := cli.ContainerStart(ctx, c.ID, client.ContainerStartOptions{}); err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+		return name, vol
+	}
+	deadComp, deadVol := companion(dead)
+	leasedComp, leasedVol := companion(leased)
+	// Build images (of a digest of this test's own: the engine is shared): one no container uses, removed (no
+	// grace here); one a container was made from, kept.
+	digest := "reapertest-" + inst
+	src, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{Image: image, Cmd: []string{"true"}},
+		HostConfig: &container.HostConfig{NetworkMode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := func(tag string) string {
+		t.Helper()
+		res, err := cli.ContainerCommit(ctx, src.ID, client.ContainerCommitOptions{Reference: tag,
+			Changes: []string{"LABEL " + build.LabelDigest + "=" + digest, "LABEL reapertest=" + tag}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = cli.ImageRemove(context.Background(), res.ID, client.ImageRemoveOptions{Force: true}) })
+		return tag
+	}
+	unusedImg, usedImg := commit("sandkeep-reapertest-unused:"+suffix), commit("sandkeep-reapertest-used:"+suffix)
+	user, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{Image: usedImg, Cmd: []string{"true"}},
+		HostConfig: &container.HostConfig{NetworkMode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{src.ID, user.ID} {
+		t.Cleanup(func() {
+			_, _ = cli.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true})
+		})
+	}
 	time.Sleep(10 * time.Millisecond) // the dead owner's 1ms lease is over
 
-	r := New(Config{Installation: inst, Source: Docker{API: cli}, Store: faultyStore{Store: st, leaseFails: "leaseerr", runFails: "storeerr"}})
+	r := New(Config{Installation: inst, Source: Docker{API: cli, ImageGrace: -1, onlyDigest: digest}, Store: faultyStore{Store: st, leaseFails: "leaseerr", runFails: "storeerr"}})
 	rep, err := r.Once(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +267,31 @@ func TestReaperDocker(t *testing.T) {
 		if exists := ierr == nil; exists == (want == ReasonOrphaned) {
 			t.Errorf("%s: exists %v after the pass (inspect: %v); want removed only when orphaned", name, exists, ierr)
 		}
+	}
+	for name, want := range map[string]string{deadComp: ReasonOrphaned, deadVol: ReasonOrphaned, leasedComp: ReasonInUse, leasedVol: ReasonInUse,
+		unusedImg: ReasonOrphaned, usedImg: ReasonInUse} {
+		got := rep.Kept[name]
+		if removed[name] {
+			got = ReasonOrphaned
+		}
+		if got != want {
+			t.Errorf("companion's %s: %q, want %q", name, got, want)
+		}
+	}
+	if _, err := cli.ContainerInspect(ctx, deadComp, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the dead sandbox's companion after the pass: %v, want it removed", err)
+	}
+	if _, err := cli.VolumeInspect(ctx, deadVol, client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the dead sandbox's companion volume after the pass: %v, want it removed", err)
+	}
+	if _, err := cli.ImageInspect(ctx, unusedImg); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the unused build image after the pass: %v, want it removed", err)
+	}
+	if _, err := cli.ImageInspect(ctx, usedImg); err != nil {
+		t.Errorf("the build image a container uses after the pass: %v, want it kept", err)
+	}
+	if _, err := cli.ContainerInspect(ctx, leasedComp, client.ContainerInspectOptions{}); err != nil {
+		t.Errorf("the leased sandbox's companion after the pass: %v, want it kept", err)
 	}
 	evs, err := st.ListEvents(ctx, store.EventFilter{})
 	if err != nil {
@@ -276,5 +378,52 @@ func TestLeader(t *testing.T) {
 	wg.Wait()
 	if src.overlap.Load() {
 		t.Errorf("two replicas reaped at once")
+	}
+}
+
+// leaseCheckingSource is one orphaned resource of key whose Remove looks at the key's lease meanwhile.
+type leaseCheckingSource struct {
+	t      *testing.T
+	st     store.Store
+	key    identity.Key
+	done   bool
+	during store.Lease
+	claim  error // a replica's claim of the key during the removal
+}
+
+func (s *leaseCheckingSource) List(context.Context) ([]Resource, error) {
+	if s.done {
+		return nil, nil
+	}
+	return []Resource{{Kind: "pod", Name: s.key.ContainerName(), Labels: labels(s.t, ours, s.key.Tenant, s.key.User), State: "running", ReapRunning: true}}, nil
+}
+
+func (s *leaseCheckingSource) Remove(ctx context.Context, _ Resource) error {
+	s.during, _ = s.st.GetLease(ctx, LeaseName(s.key))
+	_, s.claim = s.st.AcquireLease(ctx, LeaseName(s.key), "replica", "10.0.0.1:7879", time.Minute)
+	s.done = true
+	return nil
+}
+
+// TestRemoveUnderLease: a dead owner's running resource is removed under its key's lease, taken by the reaper
+// first (a replica's claim meanwhile is refused: it cannot adopt what is being removed) and released after (the
+// next claim takes the key at once).
+func TestRemoveUnderLease(t *testing.T) {
+	st := openStore(t)
+	key, _ := identity.New("acme", "dead")
+	src := &leaseCheckingSource{t: t, st: st, key: key}
+	r := New(Config{Installation: ours, Source: src, Store: st, Owner: "the-reaper"})
+	rep, err := r.Once(t.Context())
+	if err != nil || len(rep.Removed) != 1 {
+		t.Fatalf("Once = %+v, %v; want the one resource removed", rep, err)
+	}
+	if src.during.Owner != "the-reaper" || !src.during.Live {
+		t.Errorf("the key's lease during the removal: %+v; want the reaper's, live", src.during)
+	}
+	if !errors.Is(src.claim, store.ErrLeaseHeld) {
+		t.Errorf("a replica's claim during the removal: %v; want ErrLeaseHeld", src.claim)
+	}
+	if l, err := st.AcquireLease(t.Context(), LeaseName(key), "replica", "10.0.0.1:7879", time.Minute); err != nil || l.Owner != "replica" {
+		t.Errorf("a claim after the pass: %+v, %v; want the key taken", l, err)
 	}
 }

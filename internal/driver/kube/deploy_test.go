@@ -57,8 +57,12 @@ var driverAccess = []access{
 	{verb: "get", resource: "configmaps"}, {verb: "list", resource: "configmaps"}, {verb: "create", resource: "configmaps"},
 	{verb: "patch", resource: "configmaps"}, {verb: "delete", resource: "configmaps"},
 	{verb: "create", resource: "persistentvolumeclaims"}, {verb: "delete", resource: "persistentvolumeclaims"},
+	{verb: "patch", resource: "persistentvolumeclaims"}, // a kept workspace's mark (kube.go Remove, ensureClaim)
+	{verb: "list", resource: "persistentvolumeclaims"},  // the fleet's reaper (reap.go)
 	{verb: "create", group: "networking.k8s.io", resource: "networkpolicies"},
 	{verb: "delete", group: "networking.k8s.io", resource: "networkpolicies"},
+	{verb: "patch", group: "networking.k8s.io", resource: "networkpolicies"}, // the channel policy touched at Start
+	{verb: "list", group: "networking.k8s.io", resource: "networkpolicies"},  // the fleet's reaper (reap.go)
 	{verb: "get", resource: "namespaces", name: "@sandbox"},
 	{verb: "list", resource: "resourcequotas"}, // SANDBOX_CAPACITY: which quota refused a pod (kube.go overQuota)
 	// the fleet's reaper leader election (cmd/sandkeep servefleet_kube.go, client-go's LeaseLock)

@@ -80,7 +80,14 @@ const (
 	AnnotationLabels = driver.LabelPrefix + "labels" // the sandbox's labels exactly, as JSON
 	AnnotationRecord = driver.LabelPrefix + "record" // image, image ID and posture, as JSON
 	AnnotationFinish = driver.LabelPrefix + "finished-at"
-	PodSecurityLabel = "pod-security.kubernetes.io/enforce"
+	// AnnotationWorkspaceKept marks a workspace claim whose sandbox was removed on purpose with its workspace
+	// kept (a suspend, rm --keep-workspace, a recycle: Remove sets it, Create clears it): the reaper keeps it.
+	AnnotationWorkspaceKept = driver.LabelPrefix + "workspace-kept"
+	// AnnotationChannel is the channel address a replica's channel policy allows; AnnotationUsedAt when a Start
+	// last relied on it (the reaper removes a policy no pod dials and no Start used for a while).
+	AnnotationChannel = driver.LabelPrefix + "channel"
+	AnnotationUsedAt  = driver.LabelPrefix + "used-at"
+	PodSecurityLabel  = "pod-security.kubernetes.io/enforce"
 	// IsolationPolicy is the NetworkPolicy that denies sandbox pods all ingress and egress (posture network
 	// "none"); where the cluster's network plugin enforces NetworkPolicy it is what "none" means here.
 	IsolationPolicy = "sandkeep-sandboxes-isolated"
@@ -412,7 +419,8 @@ func (d *Driver) ensureChannelPolicy(ctx context.Context) error {
 	portVal := intstr.FromInt32(int32(pn))
 	np := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: ChannelPolicyPrefix + addrName(d.ch.addr),
-			Labels: map[string]string{LabelManagedBy: ManagedBy}},
+			Labels:      map[string]string{LabelManagedBy: ManagedBy},
+			Annotations: map[string]string{AnnotationChannel: d.ch.addr, AnnotationUsedAt: time.Now().UTC().Format(time.RFC3339Nano)}},
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
@@ -425,6 +433,23 @@ func (d *Driver) ensureChannelPolicy(ctx context.Context) error {
 	if _, err := d.api.NetworkingV1().NetworkPolicies(d.opts.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fault.Wrap(err, fault.DriverUnavailable, "give sandkeep create on networkpolicies in "+d.opts.Namespace,
 			"cannot create the agent channel's NetworkPolicy in %s", d.opts.Namespace)
+	}
+	return nil
+}
+
+// touchChannelPolicy says a Start relies on the channel policy now (AnnotationUsedAt), and makes it again when
+// it is gone (the reaper removes a policy no pod dials and no Start used for a while).
+func (d *Driver) touchChannelPolicy(ctx context.Context) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		AnnotationChannel: d.ch.addr, AnnotationUsedAt: time.Now().UTC().Format(time.RFC3339Nano)}}})
+	_, err := d.api.NetworkingV1().NetworkPolicies(d.opts.Namespace).Patch(ctx, ChannelPolicyPrefix+addrName(d.ch.addr),
+		types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return d.ensureChannelPolicy(ctx)
+	}
+	if err != nil {
+		return fault.Wrap(err, fault.DriverUnavailable, "give sandkeep patch on networkpolicies in "+d.opts.Namespace,
+			"cannot update the agent channel's NetworkPolicy in %s", d.opts.Namespace)
 	}
 	return nil
 }
@@ -528,7 +553,9 @@ type record struct {
 }
 
 // ClaimName is the name of the workspace claim of the sandbox with this name (one per key).
-func ClaimName(sandbox string) string { return sandbox + "-workspace" }
+func ClaimName(sandbox string) string { return sandbox + claimSuffix }
+
+const claimSuffix = "-workspace"
 
 // Inspect returns the sandbox named name: its record and pod, or a foreign pod or ConfigMap of that name.
 func (d *Driver) Inspect(ctx context.Context, name string) (*driver.Sandbox, error) {
@@ -682,20 +709,31 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error {
 	ns, pvc := d.opts.Namespace, d.claimFor(spec.Name, spec.Labels)
 	_, err := d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
-	if err == nil || apierrors.IsAlreadyExists(err) {
+	if apierrors.IsAlreadyExists(err) {
+		// A kept workspace is this sandbox's again: no longer kept on purpose (the reaper judges it by its sandbox
+		// and its key again); a claim from before the labels annotation gets it.
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+			AnnotationWorkspaceKept: nil, AnnotationLabels: pvc.Annotations[AnnotationLabels]}}})
+		_, err = d.api.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, pvc.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	}
+	if err == nil {
 		return nil
 	}
 	return fault.Wrap(err, fault.SandboxFailed, "check sandkeep's RBAC on persistentvolumeclaims in "+ns+" and the storage class",
 		"the cluster could not make the workspace claim %s", pvc.Name)
 }
 
-// claimFor is the workspace claim of the sandbox named name, labelled with its identity labels.
+// claimFor is the workspace claim of the sandbox named name, labelled with its identity labels (and, exactly, in
+// the AnnotationLabels annotation: the reaper reads them there).
 func (d *Driver) claimFor(name string, labels map[string]string) *corev1.PersistentVolumeClaim {
+	ids := map[string]string{
+		driver.LabelInstallation: labels[driver.LabelInstallation], driver.LabelKey: labels[driver.LabelKey],
+		driver.LabelTenant: labels[driver.LabelTenant], driver.LabelUser: labels[driver.LabelUser],
+	}
+	labelsJSON, _ := json.Marshal(ids) // a map of strings always marshals
 	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: ClaimName(name), Labels: kubeLabels(map[string]string{
-			driver.LabelInstallation: labels[driver.LabelInstallation], driver.LabelKey: labels[driver.LabelKey],
-			driver.LabelTenant: labels[driver.LabelTenant], driver.LabelUser: labels[driver.LabelUser],
-		})},
+		ObjectMeta: metav1.ObjectMeta{Name: ClaimName(name), Labels: kubeLabels(ids),
+			Annotations: map[string]string{AnnotationLabels: string(labelsJSON)}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: d.size}},
@@ -763,6 +801,9 @@ func (d *Driver) Start(ctx context.Context, sb *driver.Sandbox) error {
 	}
 	var pc *podChannel
 	if d.ch != nil {
+		if err := d.touchChannelPolicy(ctx); err != nil {
+			return fmt.Errorf("start %s: %w", sb.Name, err)
+		}
 		token, err := newToken()
 		if err != nil {
 			return fmt.Errorf("start %s: channel token: %w", sb.Name, err)
@@ -1046,6 +1087,14 @@ func (d *Driver) Remove(ctx context.Context, sb *driver.Sandbox) error {
 		if err := d.deletePod(ctx, pod, 0); err != nil {
 			return fmt.Errorf("remove %s: %w", sb.Name, err)
 		}
+	}
+	// The workspace stays on purpose (RemoveWorkspace deletes it when the caller does not keep it): marked before
+	// the record goes, so the reaper never sees it without a sandbox and unmarked.
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		AnnotationWorkspaceKept: time.Now().UTC().Format(time.RFC3339Nano)}}})
+	_, err = d.api.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, ClaimName(sb.Name), types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove %s: keep its workspace: %w", sb.Name, err)
 	}
 	uid := types.UID(sb.ID)
 	err = d.api.CoreV1().ConfigMaps(ns).Delete(ctx, sb.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})

@@ -183,6 +183,18 @@ func podFor(name string, owner types.UID, rec record, labels map[string]string, 
 	return pod, nil
 }
 
+// podChannelAddr is the channel address pod's agent dials (its init's --net-channel), or "".
+func podChannelAddr(pod *corev1.Pod) string {
+	for _, c := range pod.Spec.Containers {
+		for i, arg := range c.Command {
+			if arg == "--net-channel" && i+1 < len(c.Command) {
+				return c.Command[i+1]
+			}
+		}
+	}
+	return ""
+}
+
 // podChannel is what a pod needs for the agent channel: the address to dial and its token.
 type podChannel struct {
 	addr, token string
