@@ -86,13 +86,7 @@ func (m *Manager) Restore(ctx context.Context, to identity.Key, sh *Shape, r io.
 	if err != nil {
 		return nil, err
 	}
-	fs, err := files.Open(dst, uid, gid, opts.Limits)
-	if err != nil {
-		return nil, err
-	}
-	_, err = fs.ExtractTar(ctx, "", r)
-	fs.Close()
-	if err != nil {
+	if err := extractInto(ctx, dst, uid, gid, opts.Limits, r); err != nil {
 		return nil, err
 	}
 	sb, _, err := m.ensure(ctx, to, sh)
@@ -101,6 +95,18 @@ func (m *Manager) Restore(ctx context.Context, to identity.Key, sh *Shape, r io.
 	}
 	ok = true
 	return sb.Clone(), nil
+}
+
+// extractInto extracts the archive r into dir as uid:gid through the file API (files.FS.ExtractTar: its
+// entry checks, and lim's sizes): a restore into a new key and one onto an existing key.
+func extractInto(ctx context.Context, dir string, uid, gid int, lim files.Limits, r io.Reader) error {
+	fs, err := files.Open(dir, uid, gid, lim)
+	if err != nil {
+		return err
+	}
+	defer fs.Close()
+	_, err = fs.ExtractTar(ctx, "", r)
+	return err
 }
 
 // undoNew removes what was made for a new key that did not come to be: its sandbox, workspace and listener.
@@ -146,13 +152,7 @@ func (m *Manager) replaceWorkspace(ctx context.Context, key identity.Key, sh *Sh
 			return nil, fmt.Errorf("restore: %w", err)
 		}
 	}
-	fs, err := files.Open(staging, uid, gid, opts.Limits)
-	if err != nil {
-		return nil, err
-	}
-	_, err = fs.ExtractTar(ctx, "", r)
-	fs.Close()
-	if err != nil {
+	if err := extractInto(ctx, staging, uid, gid, opts.Limits, r); err != nil {
 		return nil, err
 	}
 	if sb, err := m.owned(ctx, key); err == nil {
