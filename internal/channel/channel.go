@@ -173,21 +173,28 @@ func (l *Listener) acceptLoop() {
 }
 
 func peerPID(c *net.UnixConn) (int, error) {
-	raw, err := c.SyscallConn()
+	cred, err := PeerCred(c)
 	if err != nil {
 		return 0, err
+	}
+	return int(cred.Pid), nil
+}
+
+// PeerCred is what the kernel says of the process at the other end of c (SO_PEERCRED: its pid, uid and gid when
+// it connected), which the peer cannot forge.
+func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return 0, err
+		return nil, err
 	}
-	if cerr != nil {
-		return 0, cerr
-	}
-	return int(cred.Pid), nil
+	return cred, cerr
 }
 
 // Close stops accepting, closes the current connection and removes the socket file.

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandkeep/sandkeep/internal/channel"
 	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/events"
@@ -98,13 +96,8 @@ func (m *Manager) serveOwner(key identity.Key, ke *keyEgress, dir string) {
 
 // sameUser reports whether c's peer runs as this process's user or as root.
 func sameUser(c *net.UnixConn) bool {
-	raw, err := c.SyscallConn()
+	cred, err := channel.PeerCred(c)
 	if err != nil {
-		return false
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
 		return false
 	}
 	return cred.Uid == uint32(os.Getuid()) || cred.Uid == 0
