@@ -308,6 +308,7 @@ func (g *Group) commit(group []*op) {
 		failed, opErr := -1, error(nil)
 		var held map[Fence]bool
 		err := g.c.InTx(ctx, func(w Writes) error {
+			failed, opErr = -1, nil // InTx may run this again (a transaction PostgreSQL aborted for a conflict)
 			var err error
 			if held, err = checkFences(ctx, w, live); err != nil {
 				return err
