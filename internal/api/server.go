@@ -261,7 +261,7 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b 
 	s.handle("GET /metrics", authMetrics, metricsHandler(s.gatherer).ServeHTTP)
 	if mcp != nil {
 		h := mcp(s.backend, mcpHooks)
-		s.handle("/mcp", authToken, h.ServeHTTP)
+		s.handle("/mcp", authToken, s.ownedMCP(h.ServeHTTP))
 	}
 	if e2b != nil {
 		h := e2b(s.backend, s.e2bHooks())
@@ -284,6 +284,31 @@ func (s *Server) owned(h http.HandlerFunc) http.HandlerFunc {
 		key, err := keyOf(r)
 		if err != nil {
 			s.writeError(w, r, err)
+			return
+		}
+		served, err := s.forward(w, r, key)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !served {
+			h(w, r)
+		}
+	}
+}
+
+// ownedMCP wraps /mcp: an MCP request names one key (its token's tenant, its Sandkeep-User header's user), and
+// Config.Forward may hand it whole to that key's owner, where the MCP session then lives (a session whose key
+// moves to another replica is not found there: its client starts a new one). A request that names no key is
+// served here, and the MCP handler answers it.
+func (s *Server) ownedMCP(h http.HandlerFunc) http.HandlerFunc {
+	if s.forward == nil {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, err := mcpHooks.KeyFor(r)
+		if err != nil {
+			h(w, r)
 			return
 		}
 		served, err := s.forward(w, r, key)
