@@ -80,7 +80,7 @@ type Config struct {
 	E2B func(b service.Backend, hooks E2BHooks) http.Handler
 
 	// Forward, when set, is asked first by the routes that hold a stream to one key's sandbox or its files (a
-	// TTY, port forwarding, processes, files), once the token is checked: when it serves the request itself it
+	// TTY, port forwarding, processes, files) and by /mcp (whose requests name one key), once the token is checked: when it serves the request itself it
 	// returns true (a fleet replica hands the request to the key's owner); an error is answered as every error
 	// is, before anything was written. false and nil: the route serves the request here.
 	Forward func(w http.ResponseWriter, r *http.Request, key sandkeep.Key) (bool, error)
