@@ -21,9 +21,11 @@ type Writes interface {
 	// InsertRunLog appends l (prepared) to its run's log within RunLogLimit (FitRunLog): the entry's sequence
 	// number, or 0 when the log was full and l was dropped.
 	InsertRunLog(ctx context.Context, l RunLog) (int64, error)
-	// CheckFence returns ErrFenced(f) unless lease f.Lease is live with token f.Token, and keeps it so until the
-	// transaction ends (a takeover waits for it).
-	CheckFence(ctx context.Context, f Fence) error
+	// CheckFences returns which of fs hold (lease f.Lease live with token f.Token) and keeps those so until the
+	// transaction ends (a takeover waits for it). It takes the lease rows in name order, as RenewLeases does, so
+	// a group's fence checks and a renewal of the same leases never wait for each other in a cycle (a deadlock
+	// PostgreSQL breaks by failing one of them).
+	CheckFences(ctx context.Context, fs []Fence) (map[Fence]bool, error)
 }
 
 // Committer runs fn in one write transaction and commits it when fn returns nil (rolls it back otherwise).
@@ -79,6 +81,7 @@ type Group struct {
 type op struct {
 	ctx   context.Context // the caller's; a synchronous write whose caller left is not made. nil when enqueued
 	apply func(ctx context.Context, w Writes) error
+	fence *Fence // a fenced write (Group.Fenced): applied only while it holds, refused with ErrFenced otherwise
 	sync  bool
 	// last marks a run's finish: nothing of its run follows, so its group is committed now (the caller does not
 	// wait) rather than after FlushDelay or with the next request's run row, which would wait for it.
@@ -246,10 +249,15 @@ func (g *Group) Close() error {
 
 // do makes a synchronous write and waits for its outcome (or for ctx).
 func (g *Group) do(ctx context.Context, apply func(ctx context.Context, w Writes) error) error {
+	return g.doFenced(ctx, nil, apply)
+}
+
+// doFenced is do of a write made under fence (none when nil).
+func (g *Group) doFenced(ctx context.Context, fence *Fence, apply func(ctx context.Context, w Writes) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	o := &op{ctx: ctx, apply: apply, sync: true, result: make(chan error, 1)}
+	o := &op{ctx: ctx, apply: apply, fence: fence, sync: true, result: make(chan error, 1)}
 	g.enqueue(o)
 	select {
 	case err := <-o.result:
@@ -325,8 +333,10 @@ func (g *Group) loop() {
 	}
 }
 
-// commit writes group in one transaction. A write that fails is taken out with its error and the rest are
-// committed again without it; an error of the transaction itself (begin, commit) is every write's.
+// commit writes group in one transaction. The fences of its fenced writes are checked first, all at once (in
+// lease name order); a write whose fence does not hold is refused with ErrFenced and the others are committed. A
+// write that fails is taken out with its error and the rest are committed again without it; an error of the
+// transaction itself (begin, commit) is every write's.
 func (g *Group) commit(group []*op) {
 	live := make([]*op, 0, len(group))
 	for _, o := range group {
@@ -340,8 +350,17 @@ func (g *Group) commit(group []*op) {
 	defer cancel()
 	for len(live) > 0 {
 		failed, opErr := -1, error(nil)
+		var held map[Fence]bool
 		err := g.c.InTx(ctx, func(w Writes) error {
+			failed, opErr = -1, nil // InTx may run this again (a transaction PostgreSQL aborted for a conflict)
+			var err error
+			if held, err = checkFences(ctx, w, live); err != nil {
+				return err
+			}
 			for i, o := range live {
+				if o.fence != nil && !held[*o.fence] {
+					continue
+				}
 				if err := o.apply(ctx, w); err != nil {
 					failed, opErr = i, err
 					return err
@@ -355,8 +374,28 @@ func (g *Group) commit(group []*op) {
 			continue
 		}
 		for _, o := range live {
+			if err == nil && o.fence != nil && !held[*o.fence] {
+				o.deliver(ErrFenced(*o.fence))
+				continue
+			}
 			o.deliver(err)
 		}
 		return
 	}
+}
+
+// checkFences checks the distinct fences of ops in one call; nil when none is fenced.
+func checkFences(ctx context.Context, w Writes, ops []*op) (map[Fence]bool, error) {
+	var fs []Fence
+	seen := map[Fence]bool{}
+	for _, o := range ops {
+		if o.fence != nil && !seen[*o.fence] {
+			seen[*o.fence] = true
+			fs = append(fs, *o.fence)
+		}
+	}
+	if len(fs) == 0 {
+		return nil, nil
+	}
+	return w.CheckFences(ctx, fs)
 }

@@ -33,8 +33,13 @@ func (f *fakeWrites) InsertRunLog(_ context.Context, l RunLog) (int64, error) {
 	f.cur = append(f.cur, "log "+l.Text)
 	return int64(len(f.cur)), nil
 }
-
-func (f *fakeWrites) CheckFence(context.Context, Fence) error { return nil }
+func (f *fakeWrites) CheckFences(_ context.Context, fs []Fence) (map[Fence]bool, error) {
+	held := make(map[Fence]bool, len(fs))
+	for _, x := range fs {
+		held[x] = true
+	}
+	return held, nil
+}
 
 func (f *fakeWrites) InTx(_ context.Context, fn func(w Writes) error) error {
 	f.mu.Lock()
