@@ -60,7 +60,8 @@ const (
 
 // channel is init's side of the persistent channel. Only runChannel's goroutine touches it.
 type channel struct {
-	dialer func() (*os.File, error) // one connection to the host (dialUnix of the socket, or dialNet)
+	dialer func() (*os.File, error) // one connection to the host (dialUnix of the socket, or dialNet); nil: none
+	relays <-chan *os.File          // verified relay connections (relay_linux.go); nil: none
 	exe    string                   // this binary, for the serve child
 	log    *log.Logger              // stderr
 
@@ -93,13 +94,20 @@ type channel struct {
 //
 // A new connection therefore proves that every process of the previous session is gone. Like plain init, it
 // ignores every signal (see runInit): the host ends it with SIGKILL through the engine.
-func runChannel(path string) int {
-	return runChannelWith(func() (*os.File, error) { return dialUnix(path) })
+func runChannel(path string, relays <-chan *os.File) int {
+	var dial func() (*os.File, error)
+	if path != "" {
+		dial = func() (*os.File, error) { return dialUnix(path) }
+	}
+	return runChannelWith(dial, relays)
 }
 
-// runChannelWith is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go).
-func runChannelWith(dial func() (*os.File, error)) int {
-	c := &channel{dialer: dial, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
+// runChannelWith is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go), and
+// the relays' sessions that arrive on relays. Either may be nil. A relay is taken only while no session runs
+// and the last one's sweep is done, exactly when init would dial; otherwise it is closed unanswered, which the
+// relay reports as turned away.
+func runChannelWith(dial func() (*os.File, error), relays <-chan *os.File) int {
+	c := &channel{dialer: dial, relays: relays, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
 	if os.Getpid() != 1 {
 		c.log.Printf("--channel needs to run as PID 1 (pid is %d)", os.Getpid())
 		return 2
@@ -118,10 +126,14 @@ func runChannelWith(dial func() (*os.File, error)) int {
 				c.cleanEnd = false
 				c.redial(timer)
 			}
+		case f := <-c.relays:
+			c.takeRelay(f)
 		case <-timer.C:
 			switch c.state {
 			case dialing:
-				c.dial(timer)
+				if c.dialer != nil {
+					c.dial(timer)
+				}
 			case sweeping:
 				c.sweep(timer)
 			}
@@ -234,6 +246,25 @@ func (c *channel) dial(timer *time.Timer) {
 	if err != nil {
 		c.log.Printf("start serve: %v", err)
 		c.retryLater(timer)
+		return
+	}
+	c.state, c.serve = serving, pid
+}
+
+// takeRelay starts the serve child on a verified relay connection when no session runs, and turns it away
+// otherwise.
+func (c *channel) takeRelay(f *os.File) {
+	defer f.Close() // the child has its own copy; with this one closed, its death is EOF for the relay
+	if c.state != dialing {
+		return
+	}
+	if _, err := f.Write([]byte{relayAccept}); err != nil {
+		return
+	}
+	c.started = time.Now()
+	pid, err := c.startServe(f)
+	if err != nil {
+		c.log.Printf("start serve for a relay: %v", err)
 		return
 	}
 	c.state, c.serve = serving, pid
