@@ -61,6 +61,7 @@ const (
 // channel is init's side of the persistent channel. Only runChannel's goroutine touches it.
 type channel struct {
 	dialer func() (*os.File, error) // one connection to the host (dialUnix of the socket, or dialNet); nil: none
+	follow func() bool              // nil, or: reports that the address to dial moved (follow_linux.go)
 	relays <-chan *os.File          // verified relay connections (relay_linux.go); nil: none
 	exe    string                   // this binary, for the serve child
 	log    *log.Logger              // stderr
@@ -99,15 +100,16 @@ func runChannel(path string, relays <-chan *os.File) int {
 	if path != "" {
 		dial = func() (*os.File, error) { return dialUnix(path) }
 	}
-	return runChannelWith(dial, relays)
+	return runChannelFollowing(dial, nil, relays)
 }
 
-// runChannelWith is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go), and
-// the relays' sessions that arrive on relays. Either may be nil. A relay is taken only while no session runs
-// and the last one's sweep is done, exactly when init would dial; otherwise it is closed unanswered, which the
-// relay reports as turned away.
-func runChannelWith(dial func() (*os.File, error), relays <-chan *os.File) int {
-	c := &channel{dialer: dial, relays: relays, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
+// runChannelFollowing is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go),
+// and the relays' sessions that arrive on relays; either may be nil. Where the address to dial may move
+// (follow_linux.go), while no session is up every signal asks follow, and a new address is dialled at once. A
+// relay is taken only while no session runs and the last one's sweep is done, exactly when init would dial;
+// otherwise it is closed unanswered, which the relay reports as turned away.
+func runChannelFollowing(dial func() (*os.File, error), follow func() bool, relays <-chan *os.File) int {
+	c := &channel{dialer: dial, follow: follow, relays: relays, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
 	if os.Getpid() != 1 {
 		c.log.Printf("--channel needs to run as PID 1 (pid is %d)", os.Getpid())
 		return 2
@@ -125,6 +127,10 @@ func runChannelWith(dial func() (*os.File, error), relays <-chan *os.File) int {
 			if c.cleanEnd {
 				c.cleanEnd = false
 				c.redial(timer)
+			}
+			if c.state == dialing && c.follow != nil && c.follow() { // announced: the new owner listens now
+				c.delay = dialBackoffMin
+				timer.Reset(0)
 			}
 		case f := <-c.relays:
 			c.takeRelay(f)
