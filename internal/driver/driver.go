@@ -169,6 +169,9 @@ type Stats struct {
 	MemoryUsed  int64
 	MemoryLimit int64
 	MemoryCache int64
+	// DiskUsed and DiskTotal: the workspace's file system where the driver keeps the workspace itself and
+	// measures it (the kubernetes driver's claim); zero otherwise.
+	DiskUsed, DiskTotal int64
 }
 
 // NoNetworkChecker is optional: a driver whose network "none" rests on enforcement it has to prove (the
