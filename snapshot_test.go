@@ -12,12 +12,12 @@ import (
 	"github.com/sandkeep/sandkeep/snapshots"
 )
 
-// TestSnapshotsDocker: a snapshot on the real driver. It keeps the workspace as it was (contents, modes, links),
+// TestSnapshots: a snapshot on the real driver (Docker: of the host workspace; kubernetes: of the claim, through
+// the pod's agent). It keeps the workspace as it was (contents, modes, links),
 // restores into a new key after its source is removed, in its template; later changes stay apart; names are per
 // tenant (SNAPSHOT_EXISTS, SNAPSHOT_NOT_FOUND), the tenant's quota holds (QUOTA_EXCEEDED, nothing kept), a
 // restore onto a key that exists is SANDBOX_EXISTS; create, restore and delete are recorded as events.
-func TestSnapshotsDocker(t *testing.T) {
-	dockerOnly(t, "snapshots archive a host workspace; on kubernetes the workspace is a claim")
+func TestSnapshots(t *testing.T) {
 	cfg := baseConfig(t)
 	cfg.Templates = map[string]sandkeep.Template{"py": {Env: []string{"FLAVOUR=py"}}}
 	cfg.SnapshotQuota = sandkeep.SnapshotQuota{Count: 2}
