@@ -105,6 +105,9 @@ type Config struct {
 	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take the
 	// defaults (100 snapshots, 10 GiB); a negative one lifts the bound.
 	SnapshotQuota SnapshotQuota
+	// SnapshotStore, when its Bucket is set, keeps snapshot archives in that S3-compatible bucket (records stay
+	// in Home).
+	SnapshotStore SnapshotStore
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
@@ -147,6 +150,13 @@ type Config struct {
 type SnapshotQuota struct {
 	Count int
 	Bytes int64
+}
+
+// SnapshotStore is an S3-compatible bucket: Endpoint host[:port] (TLS unless Insecure), an object name Prefix;
+// empty keys come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+type SnapshotStore struct {
+	Endpoint, Bucket, Prefix, Region, AccessKey, SecretKey string
+	Insecure                                               bool
 }
 
 // Store is where runs, events and API tokens are recorded (package sandkeep/stores opens one).
@@ -236,7 +246,7 @@ func (c Config) engine() engine.Config {
 		MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, NoSweeper: c.NoSweeper, SweepInterval: c.SweepInterval, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
 		SandboxDefault: c.SandboxDefault, Spec: c.Spec, HostState: c.HostState, HostStateHome: c.HostStateHome, HostStatePaths: c.HostStatePaths, Repository: c.Repository, HostServices: c.HostServices, DefaultTemplate: c.DefaultTemplate,
-		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: engine.SnapshotQuota(c.SnapshotQuota), MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
+		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: engine.SnapshotQuota(c.SnapshotQuota), SnapshotStore: engine.SnapshotStore(c.SnapshotStore), MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
 		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
 		OnEvent: engine.EventFunc(c.OnEvent), Logger: c.Logger, EnvErr: c.envErr,

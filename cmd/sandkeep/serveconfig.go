@@ -94,6 +94,18 @@ type serverConfig struct {
 		Count int   `yaml:"count"`
 		Bytes int64 `yaml:"bytes"`
 	} `yaml:"snapshot_quota"`
+	// SnapshotStore keeps snapshot archives in an S3-compatible bucket (records stay in the home):
+	// `snapshot_store: {endpoint: s3.example:9000, bucket: snaps, prefix: site-a/, region: us-east-1}`; the keys
+	// come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in serve's environment unless given here.
+	SnapshotStore struct {
+		Endpoint  string `yaml:"endpoint"`
+		Bucket    string `yaml:"bucket"`
+		Prefix    string `yaml:"prefix"`
+		Region    string `yaml:"region"`
+		AccessKey string `yaml:"access_key"`
+		SecretKey string `yaml:"secret_key"`
+		Insecure  bool   `yaml:"insecure"`
+	} `yaml:"snapshot_store"`
 	// Fleet makes this server one replica of several over one store (servefleet.go).
 	Fleet fleetConfig `yaml:"fleet"`
 }

@@ -109,6 +109,9 @@ type Config struct {
 	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take
 	// DefaultSnapshotQuota's; a negative one lifts the bound.
 	SnapshotQuota SnapshotQuota
+	// SnapshotStore, when its Bucket is set, keeps the snapshots' archives in that S3-compatible bucket instead
+	// of the home (the records stay in the home).
+	SnapshotStore SnapshotStore
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
