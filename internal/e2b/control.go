@@ -166,7 +166,7 @@ func (f *Front) handleCreate(w http.ResponseWriter, r *http.Request) {
 	if snap != nil {
 		rec.OpTemplate = snap.Template
 		sn, _ := snapshotter(b)
-		if _, err := sn.RestoreSnapshot(r.Context(), snap.Name, key, service.AdmitRequest{RequestID: f.requestID(r)}); err != nil {
+		if _, err := sn.RestoreSnapshot(r.Context(), snap.Name, key, service.AdmitRequest{RequestID: f.requestID(r)}, service.RestoreOptions{}); err != nil {
 			f.cleanup(b, key)
 			f.writeError(w, r, err)
 			return
