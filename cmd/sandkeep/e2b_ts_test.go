@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,8 +40,15 @@ func TestE2BTypeScript(t *testing.T) {
 	c := newCLI(t)
 	conf := filepath.Join(t.TempDir(), "server.yaml")
 	slow := c.ten("slow") // a tenant whose request rate the suite passes: RateLimitError
-	if err := os.WriteFile(conf, []byte("e2b:\n  max_timeout: 1h\nfiles:\n  max_file: 1m\n"+
-		"tenants:\n  "+slow+": {requests_per_second: 0.01, burst: 2}\n"), 0o600); err != nil {
+	yaml := "e2b:\n  max_timeout: 1h\nfiles:\n  max_file: 1m\n" +
+		"tenants:\n  " + slow + ": {requests_per_second: 0.01, burst: 2}\n"
+	netTarget := ""
+	if c.kc == nil && !gvisor() { // the network checks: a template whose network allows a loopback server of ours
+		netTarget = loopbackServer(t)
+		yaml += "templates:\n  net:\n    image: " + testutil.ProbeImage(t) + "\n" +
+			"    network: {mode: allowlist, rules: [\"" + netTarget + "\", \"**.example.test\"]}\n    tenants: [" + c.ten("acme") + "]\n"
+	}
+	if err := os.WriteFile(conf, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := c.startServer(t, "--config", conf)
@@ -57,6 +65,9 @@ func TestE2BTypeScript(t *testing.T) {
 	if c.kc == nil { // fork, snapshots and metrics are required on Docker; on kubernetes they may not be served
 		cmd.Env = append(cmd.Env, "E2B_EXPECT_FORK=1", "E2B_EXPECT_METRICS=1")
 	}
+	if netTarget != "" {
+		cmd.Env = append(cmd.Env, "E2B_NET_TARGET="+netTarget)
+	}
 	if c.processesServed() { // commands run beside a background one (elsewhere one at a time: docs/E2B.md)
 		cmd.Env = append(cmd.Env, "E2B_CONCURRENT=1")
 	}
@@ -68,4 +79,30 @@ func TestE2BTypeScript(t *testing.T) {
 	if err != nil || strings.Contains(string(out), "FAIL") || !strings.Contains(string(out), "all passed") {
 		t.Errorf("the e2b SDK suite failed: %v", err)
 	}
+}
+
+// loopbackServer serves one HTTP answer to every connection on a loopback port of the test's and returns its
+// address: what a template's network may allow and a caller's narrowing takes away.
+func loopbackServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				buf := make([]byte, 4096)
+				_, _ = conn.Read(buf)
+				_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\nreached"))
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -92,6 +92,9 @@ type createBody struct {
 	EnvVars    map[string]string `json:"envVars"`
 	AutoPause  bool              `json:"autoPause"`
 	Secure     *bool             `json:"secure"`
+	// AllowInternet is E2B's allow_internet_access (the SDK's allowInternetAccess); Network its network config.
+	AllowInternet *bool           `json:"allow_internet_access"`
+	Network       json.RawMessage `json:"network"`
 }
 
 // sandboxJSON is E2B's Sandbox and SandboxDetail/ListedSandbox in one: the SDK reads the fields it knows.
@@ -106,14 +109,18 @@ type sandboxJSON struct {
 	EndAt           *time.Time        `json:"endAt,omitempty"`
 	State           string            `json:"state,omitempty"`
 	Metadata        map[string]string `json:"metadata,omitempty"`
-	CPUCount        int               `json:"cpuCount"`
-	MemoryMB        int               `json:"memoryMB"`
-	DiskSizeMB      int               `json:"diskSizeMB"`
+	// AllowInternet and Network are what the sandbox's network was asked to be (getInfo's allowInternetAccess
+	// and network), as given.
+	AllowInternet *bool        `json:"allowInternetAccess,omitempty"`
+	Network       *networkJSON `json:"network,omitempty"`
+	CPUCount      int          `json:"cpuCount"`
+	MemoryMB      int          `json:"memoryMB"`
+	DiskSizeMB    int          `json:"diskSizeMB"`
 }
 
 func (f *Front) describe(r *record, withToken bool) sandboxJSON {
 	s := sandboxJSON{TemplateID: r.Template, SandboxID: r.ID, ClientID: "sandkeep", EnvdVersion: EnvdVersion,
-		State: r.state(), Metadata: r.Metadata}
+		State: r.state(), Metadata: r.Metadata, AllowInternet: r.AllowInternet, Network: r.Network}
 	started, end := r.StartedAt, r.EndAt
 	s.StartedAt, s.EndAt = &started, &end
 	if withToken {
@@ -165,6 +172,20 @@ func (f *Front) handleCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	if snap != nil {
 		rec.OpTemplate = snap.Template
+	}
+	// The network asked for is admitted before anything is made: a block that would widen the template's
+	// (NETWORK_WIDENED) or that sandkeep cannot apply (NETWORK_INVALID) is refused with nothing left behind.
+	netw, err := parseNetwork(body.Network)
+	if err != nil {
+		f.writeError(w, r, err)
+		return
+	}
+	if rec.Networked, err = f.admitNetwork(r, b, rec, body.AllowInternet, netw); err != nil {
+		f.writeError(w, r, err)
+		return
+	}
+	rec.AllowInternet, rec.Network = body.AllowInternet, netw
+	if snap != nil {
 		sn, _ := snapshotter(b)
 		if _, err := sn.RestoreSnapshot(r.Context(), snap.Name, key, service.AdmitRequest{RequestID: f.requestID(r)}, service.RestoreOptions{}); err != nil {
 			f.cleanup(b, key)
@@ -200,7 +221,7 @@ func (f *Front) exec(ctx context.Context, b service.Backend, rec *record, argv [
 	if err != nil {
 		return nil, err
 	}
-	return b.Exec(ctx, key, service.AdmitRequest{Template: rec.OpTemplate},
+	return b.Exec(ctx, key, service.AdmitRequest{Template: rec.OpTemplate, Network: rec.network()},
 		sandkeep.ExecRequest{Argv: argv, Env: envList(rec.Env, env), Timeout: 2 * time.Minute})
 }
 

@@ -60,6 +60,11 @@ type Front struct {
 	mux     *http.ServeMux
 	stopped chan struct{}
 
+	// networked tells whether an admitted run's commands get a network (service.Networked; tests stand in).
+	networked func(*sandkeep.Run) bool
+	// netMu orders a network update against the start of a command on the exec path (network.go).
+	netMu sync.Mutex
+
 	cpuMu   sync.Mutex
 	lastCPU map[string]cpuSample // the previous metrics sample of each sandbox (metrics.go)
 }
@@ -73,7 +78,8 @@ func New(cfg Config) (*Front, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses(), lastCPU: map[string]cpuSample{}}
+	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses(), lastCPU: map[string]cpuSample{},
+		networked: service.Networked}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
@@ -105,7 +111,7 @@ func (f *Front) Handler(b service.Backend, hooks api.E2BHooks) http.Handler {
 	mux.HandleFunc("POST /e2b/sandboxes/{id}/snapshots", f.handleCreateSnapshot)
 	mux.HandleFunc("GET /e2b/snapshots", f.handleSnapshots)
 	mux.HandleFunc("DELETE /e2b/templates/{id}", f.handleDeleteSnapshot)
-	mux.HandleFunc("PUT /e2b/sandboxes/{id}/network", f.unsupported("updating a sandbox's network"))
+	mux.HandleFunc("PUT /e2b/sandboxes/{id}/network", f.handleNetwork)
 	// envd (the SDK's EnvdApiClient and its Connect transport).
 	mux.HandleFunc("GET /e2b/envd/health", f.envd(f.handleHealth))
 	mux.HandleFunc("GET /e2b/envd/files", f.envd(f.handleDownload))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -137,7 +138,34 @@ type fakeBackend struct {
 	removed []string
 	stopped []string
 	failTpl string
+	// nets are the network blocks the front admitted runs and commands with, in order ("" for none given).
+	nets []string
 }
+
+// netString is a network block as the fake records it.
+func netString(n *sandkeep.Network) string {
+	if n == nil {
+		return ""
+	}
+	return n.Mode + strings.Join(append([]string{""}, n.Rules...), " ")
+}
+
+// Admit refuses what the real admission would for the cases the tests use: an unknown template, and a block
+// naming widen.example (a host the template's network does not allow: NETWORK_WIDENED).
+func (b *fakeBackend) Admit(_ context.Context, key sandkeep.Key, ar service.AdmitRequest) (*sandkeep.Run, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ar.Template != "" && ar.Template == b.failTpl {
+		return nil, fault.New(fault.TemplateNotFound, "list them: GET /v1/templates", "no template %q", ar.Template)
+	}
+	if ar.Network != nil && slices.Contains(ar.Network.Rules, "widen.example") {
+		return nil, fault.New(fault.NetworkWidened, "ask for a subset of the template's hosts", "rule widen.example is not within the template's")
+	}
+	b.nets = append(b.nets, netString(ar.Network))
+	return &sandkeep.Run{ID: "run-" + key.User}, nil
+}
+
+func (b *fakeBackend) EndRun(context.Context, string, bool) error { return nil }
 
 func (b *fakeBackend) Exec(_ context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
 	b.mu.Lock()
@@ -146,6 +174,7 @@ func (b *fakeBackend) Exec(_ context.Context, key sandkeep.Key, ar service.Admit
 		return nil, fault.New(fault.TemplateNotFound, "list them: GET /v1/templates", "no template %q", ar.Template)
 	}
 	b.execs = append(b.execs, key.Tenant+"/"+key.User+":"+strings.Join(req.Argv, " "))
+	b.nets = append(b.nets, netString(ar.Network))
 	return &sandkeep.ExecResult{}, nil
 }
 
@@ -181,7 +210,8 @@ func fakeHooks() api.E2BHooks {
 			if fe == nil {
 				return fault.New(fault.Internal, "", "internal"), 500
 			}
-			return fe, map[fault.Code]int{fault.Unauthenticated: 401, fault.TemplateNotFound: 404, fault.SpecUnsupported: 422}[fe.Code]
+			return fe, map[fault.Code]int{fault.Unauthenticated: 401, fault.TemplateNotFound: 404, fault.SpecUnsupported: 422,
+				fault.NetworkWidened: 403, fault.NetworkInvalid: 422}[fe.Code]
 		},
 		RequestID: func(*http.Request) string { return "" },
 	}
@@ -260,7 +290,7 @@ func TestControlPlane(t *testing.T) {
 		{"snapshot without a snapshotter", "POST", "/sandboxes/" + id + "/snapshots", "key-acme", `{}`, 422, "SPEC_UNSUPPORTED: this server's backend keeps no snapshots"},
 		{"another tenant's snapshot", "POST", "/sandboxes/" + id + "/snapshots", "key-globex", `{}`, 404, "not found"},
 		{"snapshot list without a snapshotter", "GET", "/snapshots", "key-acme", ``, 422, "SPEC_UNSUPPORTED"},
-		{"network update", "PUT", "/sandboxes/" + id + "/network", "key-acme", `{}`, 501, "not supported"},
+		{"another tenant's network update", "PUT", "/sandboxes/" + id + "/network", "key-globex", `{}`, 404, "not found"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			st, body := h.do(c.method, c.path, c.key, c.body)
@@ -296,16 +326,16 @@ func TestControlPlane(t *testing.T) {
 	// The front restarts: the sandbox and its timeout are still known, and the sweeper removes it once due.
 	h.f.Close()
 	h2 := newHarness(t, dir, b, &now)
-	if len(b.removed) != 1 || b.removed[0] == "e2b-"+id {
-		t.Fatalf("removed %v: want the refused create's sandbox cleaned up, and only it", b.removed)
+	if len(b.removed) != 0 {
+		t.Fatalf("removed %v: a create refused at admission makes nothing to remove", b.removed)
 	}
 	h2.f.SweepOnce(t.Context())
-	if len(b.removed) != 1 {
+	if len(b.removed) != 0 {
 		t.Fatalf("swept before its end: %v", b.removed)
 	}
 	now = now.Add(61 * time.Second)
 	h2.f.SweepOnce(t.Context())
-	if len(b.removed) != 2 || b.removed[1] != "e2b-"+id {
+	if len(b.removed) != 1 || b.removed[0] != "e2b-"+id {
 		t.Fatalf("sweeper removed %v, want e2b-%s", b.removed, id)
 	}
 	if st, _ := h2.do("GET", "/sandboxes/"+id, "key-acme", ""); st != 404 {

@@ -248,7 +248,9 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	for k, v := range cfg.GetEnvs() {
 		env[k] = v
 	}
-	if pb, ok := s.f.engineProcs(sc.b); ok {
+	// The engine's processes carry no network: a sandbox whose commands have one (its template's, narrowed or
+	// not) runs them on the exec path, where each command is a session of the sandbox's egress proxy.
+	if pb, ok := s.f.engineProcs(sc.b); ok && !sc.rec.Networked {
 		lifetime := timeout
 		if _, ok := ctx.Deadline(); ok {
 			lifetime += lifetimeSlack
@@ -291,10 +293,19 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	// ends at its deadline, on a kill signal, or when its sandbox is killed or paused.
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel = cancel
-	if err := s.f.procs.add(p); err != nil {
-		cancel()
-		return err
+	// The network is read with the command's entry made, under the lock a network update holds while it looks
+	// for running commands: a command runs with the network before an update or after it, never between.
+	s.f.netMu.Lock()
+	cur, err := s.f.recs.get(sc.rec.ID)
+	if err == nil {
+		err = s.f.procs.add(p)
 	}
+	s.f.netMu.Unlock()
+	if err != nil {
+		cancel()
+		return s.f.connectErr(r, err)
+	}
+	ar.Network = cur.network()
 	evs, unsubscribe := p.subscribe()
 	defer unsubscribe()
 	started := make(chan struct{})

@@ -236,7 +236,8 @@ func (f *Front) handleFork(w http.ResponseWriter, r *http.Request) {
 		now := f.now().UTC()
 		rec := &record{ID: newID(), Tenant: tok.Tenant, Template: src.Template, OpTemplate: src.OpTemplate,
 			Metadata: src.Metadata, Env: src.Env, StartedAt: now, EndAt: now.Add(timeout), AutoPause: src.AutoPause,
-			AccessToken: newAccessToken(), TokenID: tok.ID, TokenHash: tok.Hash}
+			AccessToken: newAccessToken(), TokenID: tok.ID, TokenHash: tok.Hash,
+			AllowInternet: src.AllowInternet, Network: src.Network, Networked: src.Networked} // a fork never widens
 		err := f.fork(r.Context(), b, fk, from, rec, f.requestID(r))
 		if err != nil {
 			st, msg := f.status(r, err)

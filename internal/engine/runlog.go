@@ -1,32 +1,30 @@
 package engine
 
 import (
-	"context"
 	"io"
 	"sync"
-	"time"
 
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 // runLogChunk is how much of a setup step's output is gathered before it is written as one run log entry: a build
-// prints many short lines, and each entry is a transaction.
+// prints many short lines, and each entry is a row.
 const runLogChunk = 8 << 10
 
-// runLogWrite bounds one run log write; a store that cannot take it in that time loses the line, never the run.
-const runLogWrite = 10 * time.Second
-
 // logLine adds text to the run's log (store.RunLogStore) as source, when a store records the run. The log is what
-// an operator reads after the fact; a failed write is logged and never fails the run.
+// an operator reads after the fact, so the line is enqueued (committed with the run's events, in order) and the
+// command never waits for a transaction of its own: the driver's line of a warm command ("reuse sandbox") was
+// one on every served request (issue 26). A failed write is logged and never fails the run.
 func (r *Run) logLine(source, text string) {
 	if r.m.st == nil || r.ID == "" || text == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), runLogWrite)
-	defer cancel()
-	if _, err := r.m.st.AppendRunLog(ctx, store.RunLog{RunID: r.ID, Source: source, Text: text}); err != nil {
-		logger(r.m.cfg.Logger).Warn("run log: append failed", "run", r.ID, "source", source, "err", err)
-	}
+	log, id := logger(r.m.cfg.Logger), r.ID
+	r.m.st.EnqueueRunLog(store.RunLog{RunID: id, Source: source, Text: text}, func(_ int64, err error) {
+		if err != nil {
+			log.Warn("run log: append failed", "run", id, "source", source, "err", err)
+		}
+	})
 }
 
 // logTee returns a writer that copies what is written to out (which may be nil) into the run's log as source,

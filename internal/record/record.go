@@ -1,5 +1,7 @@
 // Package record writes runs and their events to a store on behalf of the CLI and the library: how a run that
 // sandkeep owns ends, and a sink that appends a command's events to its run without ever failing the command.
+// A run costs two commits on its command's path: its row with the verdict before anything runs, and its finish
+// (with the command's events) before the result is handed back.
 package record
 
 import (
@@ -8,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -54,11 +57,16 @@ func (r *Recorder) warn(name string, err error) {
 	})
 }
 
+// finishWrite bounds the commit of a run's finish. It is not the caller's context: a command cancelled by its
+// caller still ends its run.
+const finishWrite = 10 * time.Second
+
 // Finish records how run id ended: succeeded when sandkeep ran the command (whatever its exit status, which
-// exec_finished records), else failed with the failure's code and whether a retry may help. The update is
-// enqueued after the run's events (store.Store.EnqueueUpdate), so the caller's answer does not wait for the
-// store; this process reads it at once (its reads flush), another within a few milliseconds. It returns an error
-// only for an update the store refuses up front; a failure to commit it is logged on slog's default logger.
+// exec_finished records), else failed with the failure's code and whether a retry may help. It returns once the
+// finish is committed, together with every event and run log line enqueued before it (store.Store.UpdateRun
+// commits what waits in one transaction), so whoever is told the command's result (the HTTP answer, the CLI's
+// exit status) is told it only after the store holds it: a crash after the answer loses nothing the caller was
+// told (issue 26). It returns the store's error, which the command's outcome does not depend on.
 func Finish(st store.Store, id string, err error) error {
 	upd := store.RunUpdate{Status: store.StatusSucceeded}
 	if err != nil {
@@ -69,15 +77,12 @@ func Finish(st store.Store, id string, err error) error {
 			upd.FailureCode = string(fault.Internal)
 		}
 	}
-	upd, perr := store.PrepareUpdate(id, upd)
-	if perr != nil {
-		return perr
+	ctx, cancel := context.WithTimeout(context.Background(), finishWrite)
+	defer cancel()
+	if err := st.UpdateRun(ctx, id, upd); err != nil {
+		slog.Warn("cannot record the end of a run", "run", id, "err", err)
+		return err
 	}
-	st.EnqueueUpdate(id, upd, func(err error) {
-		if err != nil {
-			slog.Warn("cannot record the end of a run", "run", id, "err", err)
-		}
-	})
 	return nil
 }
 

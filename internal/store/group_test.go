@@ -29,7 +29,17 @@ func (f *fakeWrites) InsertEvent(_ context.Context, e Event) (int64, error) {
 	return int64(len(f.cur)), nil
 }
 
-func (f *fakeWrites) CheckFence(context.Context, Fence) error { return nil }
+func (f *fakeWrites) InsertRunLog(_ context.Context, l RunLog) (int64, error) {
+	f.cur = append(f.cur, "log "+l.Text)
+	return int64(len(f.cur)), nil
+}
+func (f *fakeWrites) CheckFences(_ context.Context, fs []Fence) (map[Fence]bool, error) {
+	held := make(map[Fence]bool, len(fs))
+	for _, x := range fs {
+		held[x] = true
+	}
+	return held, nil
+}
 
 func (f *fakeWrites) InTx(_ context.Context, fn func(w Writes) error) error {
 	f.mu.Lock()
@@ -73,6 +83,32 @@ func TestGroupCommitsAFinishAtOnce(t *testing.T) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	want := []string{"event exec_started", "event exec_finished", "finish r1"}
+	if len(f.txs) != 1 || len(f.txs[0]) != len(want) {
+		t.Fatalf("transactions %q, want one: %q", f.txs, want)
+	}
+	for i := range want {
+		if f.txs[0][i] != want[i] {
+			t.Fatalf("transactions %q, want one: %q", f.txs, want)
+		}
+	}
+}
+
+// TestGroupCommitsRunLogsWithTheFinish: the driver's run log line of a command is enqueued like its events and
+// goes into the finish's transaction, in order: one commit for all of it (issue 26: the line was a transaction of
+// its own on every command's path).
+func TestGroupCommitsRunLogsWithTheFinish(t *testing.T) {
+	f := &fakeWrites{}
+	g := NewGroup(f, GroupOptions{FlushDelay: time.Hour})
+	defer g.Close()
+	g.EnqueueEvent(Event{RunID: "r1", Name: "sandbox_shared"}, nil)
+	g.EnqueueRunLog(RunLog{RunID: "r1", Source: LogDriver, Text: "reuse sandbox"}, nil)
+	g.EnqueueEvent(Event{RunID: "r1", Name: "exec_finished"}, nil)
+	if err := g.UpdateRun(t.Context(), "r1", RunUpdate{Status: StatusSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	want := []string{"event sandbox_shared", "log reuse sandbox", "event exec_finished", "finish r1"}
 	if len(f.txs) != 1 || len(f.txs[0]) != len(want) {
 		t.Fatalf("transactions %q, want one: %q", f.txs, want)
 	}

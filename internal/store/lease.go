@@ -121,21 +121,12 @@ type fenced struct {
 	f Fence
 }
 
-func (w fenced) wrap(apply func(ctx context.Context, ws Writes) error) func(ctx context.Context, ws Writes) error {
-	return func(ctx context.Context, ws Writes) error {
-		if err := ws.CheckFence(ctx, w.f); err != nil {
-			return err
-		}
-		return apply(ctx, ws)
-	}
-}
-
 func (w fenced) CreateRun(ctx context.Context, r Run) error {
 	r, err := PrepareRun(r)
 	if err != nil {
 		return err
 	}
-	return w.g.do(ctx, w.wrap(func(ctx context.Context, ws Writes) error { return ws.InsertRun(ctx, r) }))
+	return w.g.doFenced(ctx, &w.f, func(ctx context.Context, ws Writes) error { return ws.InsertRun(ctx, r) })
 }
 
 func (w fenced) UpdateRun(ctx context.Context, id string, upd RunUpdate) error {
@@ -143,7 +134,7 @@ func (w fenced) UpdateRun(ctx context.Context, id string, upd RunUpdate) error {
 	if err != nil {
 		return err
 	}
-	return w.g.do(ctx, w.wrap(func(ctx context.Context, ws Writes) error { return ws.FinishRun(ctx, id, upd) }))
+	return w.g.doFenced(ctx, &w.f, func(ctx context.Context, ws Writes) error { return ws.FinishRun(ctx, id, upd) })
 }
 
 func (w fenced) AppendEvent(ctx context.Context, e Event) (int64, error) {
@@ -152,11 +143,11 @@ func (w fenced) AppendEvent(ctx context.Context, e Event) (int64, error) {
 		return 0, err
 	}
 	var seq int64
-	err = w.g.do(ctx, w.wrap(func(ctx context.Context, ws Writes) error {
+	err = w.g.doFenced(ctx, &w.f, func(ctx context.Context, ws Writes) error {
 		var err error
 		seq, err = ws.InsertEvent(ctx, e)
 		return err
-	}))
+	})
 	return seq, err
 }
 
@@ -170,11 +161,12 @@ func (w fenced) EnqueueEvent(e Event, done func(seq int64, err error)) {
 	}
 	var seq int64
 	w.g.enqueue(&op{
-		apply: w.wrap(func(ctx context.Context, ws Writes) error {
+		fence: &w.f,
+		apply: func(ctx context.Context, ws Writes) error {
 			var err error
 			seq, err = ws.InsertEvent(ctx, e)
 			return err
-		}),
+		},
 		done: func(err error) {
 			if done != nil {
 				done(seq, err)
@@ -192,7 +184,9 @@ func (w fenced) EnqueueUpdate(id string, upd RunUpdate, done func(err error)) {
 		return
 	}
 	w.g.enqueue(&op{
-		apply: w.wrap(func(ctx context.Context, ws Writes) error { return ws.FinishRun(ctx, id, upd) }),
+		fence: &w.f,
+		last:  true,
+		apply: func(ctx context.Context, ws Writes) error { return ws.FinishRun(ctx, id, upd) },
 		done: func(err error) {
 			if done != nil {
 				done(err)

@@ -47,7 +47,13 @@ type RunLogStore interface {
 	// entry's sequence number, or 0 when the log was full and l was dropped. A zero l.Time is now. Appends to one
 	// run are serialized, so a reader polling with AfterSeq misses none.
 	AppendRunLog(ctx context.Context, l RunLog) (int64, error)
-	// ListRunLogs returns the entries of f.RunID in ascending sequence order.
+	// EnqueueRunLog appends l as AppendRunLog does, without waiting for it: it is committed with the writes
+	// around it (Store.EnqueueEvent), in the order of the calls, and then done (when not nil; it must not block)
+	// is called with the entry's sequence number or error. It is how the driver's lines reach a run's log without
+	// a transaction each on the command's path.
+	EnqueueRunLog(l RunLog, done func(seq int64, err error))
+	// ListRunLogs returns the entries of f.RunID in ascending sequence order, after a Flush (a process reads what
+	// it wrote).
 	ListRunLogs(ctx context.Context, f RunLogFilter) ([]RunLog, error)
 }
 

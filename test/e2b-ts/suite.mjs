@@ -1,6 +1,7 @@
 // Runs the e2b JavaScript SDK, unmodified, against sandkeep serve's E2B front. The Go test
 // (cmd/sandkeep TestE2BTypeScript) starts the server and passes, in the environment:
-//   E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (tenant A), E2B_OTHER_KEY (tenant B), E2B_MAX_TIMEOUT_S.
+//   E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (tenant A), E2B_OTHER_KEY (tenant B), E2B_MAX_TIMEOUT_S, and
+//   E2B_NET_TARGET (a loopback server the template 'net' allows) where the network checks run.
 // Each check prints "ok <name>" or "FAIL <name>: <why>"; the process exits non-zero when any failed.
 import { Sandbox, CommandExitError, NotFoundError, AuthenticationError, TimeoutError, SandboxError, InvalidArgumentError, RateLimitError, FileType } from 'e2b'
 
@@ -306,6 +307,48 @@ await check('bad input gets E2B\'s error shape', async () => {
   // A signal to a pid that is not the sandbox's: not found (the SDK's kill answers false).
   eq(await sbx.commands.kill(987654), false, 'kill of a pid the sandbox does not have')
 })
+
+// The sandbox's network is the caller's narrowing of the operator's template (docs/E2B.md, "Network"): the
+// template 'net' allows one loopback server of the Go test's (E2B_NET_TARGET); allowInternetAccess: false and an
+// allowOut without it take it away; asking for what the template lacks is refused, and so is a widening update.
+const netTarget = process.env.E2B_NET_TARGET
+if (netTarget) {
+  const get = `skprobe proxied http://${netTarget}/`
+  const reached = async (s) => {
+    try { return /status 200/.test((await s.commands.run(get)).stdout) } catch (err) {
+      if (err instanceof CommandExitError) return false
+      throw err
+    }
+  }
+  await check('network: the template\'s by default; allowInternetAccess false and a narrower allowOut take it away', async () => {
+    const made = []
+    try {
+      const open = await Sandbox.create('net'); made.push(open)
+      eq(await reached(open), true, 'the template\'s network reaches the server')
+      const closed = await Sandbox.create('net', { allowInternetAccess: false }); made.push(closed)
+      eq((await closed.getInfo()).allowInternetAccess, false, 'getInfo allowInternetAccess')
+      eq(await reached(closed), false, 'with allowInternetAccess false')
+      const narrow = await Sandbox.create('net', { network: { allowOut: ['*.example.test'], denyOut: ['0.0.0.0/0'] } }); made.push(narrow)
+      eq(await reached(narrow), false, 'with an allowOut that does not list it')
+      // The update narrows a running sandbox for the commands after it, and refuses what would widen it.
+      await open.updateNetwork({ allowInternetAccess: false })
+      eq(await reached(open), false, 'after updateNetwork({allowInternetAccess: false})')
+      const e = await rejects(closed.updateNetwork({ allowOut: ['10.0.0.1'], denyOut: ['0.0.0.0/0'] }), SandboxError, 'a widening update')
+      eq(e.statusCode, 403, 'a widening update: status'); ok(/NETWORK_WIDENED/.test(e.message), `message: ${e.message}`)
+    } finally {
+      for (const s of made) await s.kill()
+    }
+  })
+  await check('network: asking for more than the template allows is refused, and nothing is made', async () => {
+    const ids = async () => (await Sandbox.list({ limit: 1000 }).nextItems()).map((s) => s.sandboxId).sort()
+    const before = await ids()
+    const e1 = await rejects(Sandbox.create('net', { network: { allowOut: ['10.0.0.1'], denyOut: ['0.0.0.0/0'] } }), SandboxError, 'an address the template lacks')
+    eq(e1.statusCode, 403, 'status'); ok(/NETWORK_WIDENED/.test(e1.message), `message: ${e1.message}`)
+    const e2 = await rejects(Sandbox.create('net', { network: { denyOut: ['10.0.0.1'] } }), SandboxError, 'a single denial')
+    eq(e2.statusCode, 422, 'status'); ok(/NETWORK_INVALID/.test(e2.message), `message: ${e2.message}`)
+    eq(await ids(), before, 'sandboxes after the refused creates')
+  })
+}
 
 await check('a tenant past its request rate gets RateLimitError', async () => {
   const slow = { apiKey: process.env.E2B_SLOW_KEY, retries: 0 }

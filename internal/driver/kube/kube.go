@@ -35,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -572,7 +573,7 @@ func (d *Driver) Inspect(ctx context.Context, name string) (*driver.Sandbox, err
 		pod = nil
 	}
 	if err != nil { // no record
-		if pod == nil {
+		if pod == nil || orphanedPod(pod) {
 			return nil, fmt.Errorf("inspect %s: %w", name, cerrdefs.ErrNotFound)
 		}
 		// A pod sandkeep did not record: report it with its own labels, so the caller sees it is not ours.
@@ -615,6 +616,17 @@ func fromObjects(cm *corev1.ConfigMap, pod *corev1.Pod) *driver.Sandbox {
 		}
 	}
 	return sb
+}
+
+// orphanedPod: a pod whose record is gone is one the garbage collector is removing (its owner reference names
+// the record of its name). It is no sandbox, not a foreign one: Start replaces it when the key's next record is made.
+func orphanedPod(pod *corev1.Pod) bool {
+	for _, o := range pod.OwnerReferences {
+		if o.Kind == "ConfigMap" && o.Name == pod.Name {
+			return true
+		}
+	}
+	return false
 }
 
 func ownedBy(pod *corev1.Pod, uid types.UID) bool {
@@ -1043,7 +1055,11 @@ func pendingReason(pod *corev1.Pod) string {
 
 // deletePod deletes pod (this very one: UID precondition) with grace and waits until it is gone.
 func (d *Driver) deletePod(ctx context.Context, pod *corev1.Pod, grace time.Duration) error {
-	pods := d.api.CoreV1().Pods(d.opts.Namespace)
+	return deletePodAndWait(ctx, d.api.CoreV1().Pods(d.opts.Namespace), pod, grace)
+}
+
+// deletePodAndWait deletes pod (that very pod: a newer one of its name stays) and waits until it is gone.
+func deletePodAndWait(ctx context.Context, pods typedcorev1.PodInterface, pod *corev1.Pod, grace time.Duration) error {
 	secs := int64((grace + time.Second - 1) / time.Second)
 	uid := pod.UID
 	err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &secs, Preconditions: &metav1.Preconditions{UID: &uid}})

@@ -207,8 +207,13 @@ func (s ReapSource) Remove(ctx context.Context, r reaper.Resource) error {
 	var err error
 	switch r.Kind {
 	case KindRecord:
+		// Its pod goes first, and is waited for, as Driver.Remove does it: a pod left behind its record for the
+		// garbage collector's lag would be what the key's next command finds.
+		if err := s.removePodOf(ctx, r); err != nil {
+			return err
+		}
 		bg := metav1.DeletePropagationBackground
-		opts.PropagationPolicy = &bg // its pod goes with it
+		opts.PropagationPolicy = &bg
 		err = s.API.CoreV1().ConfigMaps(s.Namespace).Delete(ctx, r.Name, opts)
 	case KindPod:
 		err = s.API.CoreV1().Pods(s.Namespace).Delete(ctx, r.Name, opts)
@@ -223,4 +228,20 @@ func (s ReapSource) Remove(ctx context.Context, r reaper.Resource) error {
 		return nil // gone, or replaced by a newer one (the precondition): not ours to remove
 	}
 	return err
+}
+
+// removePodOf deletes the pod of the record r, if it has one, and waits until it is gone.
+func (s ReapSource) removePodOf(ctx context.Context, r reaper.Resource) error {
+	pods := s.API.CoreV1().Pods(s.Namespace)
+	pod, err := pods.Get(ctx, r.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && !ownedBy(pod, types.UID(r.ID))) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reap %s: %w", r.Name, err)
+	}
+	if err := deletePodAndWait(ctx, pods, pod, 0); err != nil {
+		return fmt.Errorf("reap %s: %w", r.Name, err)
+	}
+	return nil
 }

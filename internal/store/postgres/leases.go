@@ -61,9 +61,15 @@ func (s *Store) RenewLeases(ctx context.Context, owner string, held []store.Leas
 	for i, l := range held {
 		names[i], tokens[i] = l.Name, l.Token
 	}
-	rows, err := s.pool.Query(ctx, `UPDATE leases AS l SET expires_at = now() + $2 * interval '1 microsecond'
-		FROM unnest($3::text[], $4::bigint[]) AS h(name, token)
-		WHERE l.name = h.name AND l.token = h.token AND l.owner = $1 AND l.expires_at > now()
+	// The rows are locked first, in name order, as CheckFences locks them: an UPDATE alone locks them in its
+	// plan's order, and a group commit checking the same leases' fences then deadlocked with it (40P01).
+	rows, err := s.pool.Query(ctx, `WITH h AS (
+			SELECT l.name FROM leases AS l
+			JOIN unnest($3::text[], $4::bigint[]) AS h(name, token) ON l.name = h.name AND l.token = h.token
+			WHERE l.owner = $1 AND l.expires_at > now()
+			ORDER BY l.name FOR NO KEY UPDATE OF l)
+		UPDATE leases AS l SET expires_at = now() + $2 * interval '1 microsecond'
+		FROM h WHERE l.name = h.name
 		RETURNING l.name, l.owner, l.address, l.token, l.expires_at, true`,
 		owner, ttl.Microseconds(), names, tokens)
 	if err != nil {
@@ -112,19 +118,32 @@ func (s *Store) ListLeases(ctx context.Context, prefix string) ([]store.Lease, e
 	return ls, nil
 }
 
-// CheckFence implements store.Writes: FOR SHARE keeps the row as it is until the transaction ends, so a takeover
-// (an UPDATE of the row) is ordered after the writes this fence let through.
-func (w writes) CheckFence(ctx context.Context, f store.Fence) error {
-	var one int
-	err := w.tx.QueryRow(ctx, `SELECT 1 FROM leases WHERE name = $1 AND token = $2 AND expires_at > now() FOR SHARE`,
-		f.Lease, f.Token).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return store.ErrFenced(f)
+// CheckFences implements store.Writes in one statement: FOR SHARE keeps the rows of the fences that hold as they
+// are until the transaction ends, so a takeover (an UPDATE of a row) is ordered after the writes they let through.
+// The rows are locked in name order (the lock is taken above the sort), as RenewLeases locks them.
+func (w writes) CheckFences(ctx context.Context, fs []store.Fence) (map[store.Fence]bool, error) {
+	names := make([]string, len(fs))
+	tokens := make([]int64, len(fs))
+	for i, f := range fs {
+		names[i], tokens[i] = f.Lease, f.Token
 	}
+	rows, err := w.tx.Query(ctx, `SELECT l.name, l.token FROM leases AS l
+		JOIN unnest($1::text[], $2::bigint[]) AS f(name, token) ON l.name = f.name AND l.token = f.token
+		WHERE l.expires_at > now()
+		ORDER BY l.name FOR SHARE OF l`, names, tokens)
 	if err != nil {
-		return fmt.Errorf("check fence %s: %w", f.Lease, err)
+		return nil, fmt.Errorf("check fences: %w", err)
 	}
-	return nil
+	held := make(map[store.Fence]bool, len(fs))
+	var f store.Fence
+	_, err = pgx.ForEachRow(rows, []any{&f.Lease, &f.Token}, func() error {
+		held[f] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("check fences: %w", err)
+	}
+	return held, nil
 }
 
 func scanLease(row pgx.Row) (store.Lease, error) {

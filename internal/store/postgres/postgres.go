@@ -37,7 +37,14 @@ var migrations embed.FS
 const (
 	codeUniqueViolation     = "23505"
 	codeForeignKeyViolation = "23503"
+	// A transaction PostgreSQL aborted to break a cycle of waits or a serialization conflict: it did nothing,
+	// and the same transaction again is the documented answer.
+	codeSerializationFailure = "40001"
+	codeDeadlockDetected     = "40P01"
 )
+
+// txAttempts bounds how often InTx runs a transaction that PostgreSQL aborted for a conflict.
+const txAttempts = 4
 
 // Store is a store.Store over a PostgreSQL database.
 type Store struct {
@@ -116,8 +123,23 @@ const runColumns = `id, tenant, user_name, trust, requested_mode, resolved_mode,
 	failure_code, disposition, created_at, finished_at`
 
 // InTx implements store.Committer: fn runs in one transaction, committed when it returns nil.
+//
+// A transaction aborted for a deadlock or a serialization conflict (which rolls all of it back) is run again, a
+// few times, after a short pause: otherwise a group commit's every write, a run's finish among them, would fail
+// for what another transaction did.
 func (s *Store) InTx(ctx context.Context, fn func(w store.Writes) error) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(writes{tx: tx}) })
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(writes{tx: tx}) })
+		if attempt == txAttempts || !(isCode(err, codeDeadlockDetected) || isCode(err, codeSerializationFailure)) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 5 * time.Millisecond):
+		}
+	}
 }
 
 // writes are the store's writes inside transaction tx.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/store/postgres"
@@ -131,5 +133,42 @@ func TestOpenErrors(t *testing.T) {
 	u.RawQuery = q.Encode()
 	if _, err := postgres.Open(ctx, u.String()); err == nil {
 		t.Error("Open with a missing schema succeeded")
+	}
+}
+
+// TestInTxRunsAnAbortedTransactionAgain: a transaction PostgreSQL aborts for a deadlock or a serialization
+// conflict is run again (a group commit's writes, a run's finish among them, would otherwise all fail for what
+// another transaction did); any other error is returned at once.
+func TestInTxRunsAnAbortedTransactionAgain(t *testing.T) {
+	s, err := postgres.Open(t.Context(), freshSchema(t, testDSN(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tc := range []struct {
+		code  string
+		calls int
+		ok    bool
+	}{
+		{"40P01", 2, true}, // deadlock_detected
+		{"40001", 2, true}, // serialization_failure
+		{"23505", 1, false},
+	} {
+		calls := 0
+		err := s.InTx(t.Context(), func(store.Writes) error {
+			calls++
+			if calls == 1 {
+				return &pgconn.PgError{Code: tc.code}
+			}
+			return nil
+		})
+		if calls != tc.calls || (err == nil) != tc.ok {
+			t.Errorf("a transaction failing once with %s: %d calls, %v; want %d calls, success %v", tc.code, calls, err, tc.calls, tc.ok)
+		}
+	}
+	calls := 0
+	err = s.InTx(t.Context(), func(store.Writes) error { calls++; return &pgconn.PgError{Code: "40P01"} })
+	if !strings.Contains(fmt.Sprint(err), "40P01") || calls < 2 || calls > 8 {
+		t.Errorf("a transaction that always deadlocks: %d calls, %v; want a few, then its error", calls, err)
 	}
 }

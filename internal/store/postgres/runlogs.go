@@ -10,47 +10,45 @@ import (
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
-// AppendRunLog implements store.RunLogStore in one transaction under a per-run advisory lock: the run's bytes so
-// far are read and the entry written while no other appender of that run can, so the bound holds across replicas
-// and one run's seqs become visible in increasing order.
-func (s *Store) AppendRunLog(ctx context.Context, l store.RunLog) (int64, error) {
-	l, err := store.PrepareRunLog(l)
+// InsertRunLog implements store.Writes inside the group's transaction, under a per-run advisory lock held to its
+// end: the run's bytes so far are read and the entry written while no other appender of that run can, so the
+// bound holds across replicas and one run's seqs become visible in increasing order.
+func (w writes) InsertRunLog(ctx context.Context, l store.RunLog) (int64, error) {
+	seq, err := w.insertRunLog(ctx, l)
 	if err != nil {
+		return 0, fmt.Errorf("append run log %s: %w", l.RunID, err)
+	}
+	return seq, nil
+}
+
+func (w writes) insertRunLog(ctx context.Context, l store.RunLog) (int64, error) {
+	if _, err := w.tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('run_logs/' || $1, 0))`, l.RunID); err != nil {
+		return 0, err
+	}
+	var one int
+	if err := w.tx.QueryRow(ctx, `SELECT 1 FROM runs WHERE id = $1`, l.RunID).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
+		return 0, store.ErrRunNotFound("append run log", l.RunID)
+	} else if err != nil {
+		return 0, err
+	}
+	var (
+		used      int64
+		truncated bool
+	)
+	if err := w.tx.QueryRow(ctx, `SELECT COALESCE(SUM(CASE WHEN source = $2 THEN 0 ELSE octet_length(text) END), 0)::bigint,
+		COALESCE(bool_or(source = $2), false) FROM run_logs WHERE run_id = $1`, l.RunID, store.LogTruncated).Scan(&used, &truncated); err != nil {
 		return 0, err
 	}
 	var seq int64
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('run_logs/' || $1, 0))`, l.RunID); err != nil {
-			return err
+	for i, e := range store.FitRunLog(l, used, truncated) {
+		var got int64
+		if err := w.tx.QueryRow(ctx, `INSERT INTO run_logs (run_id, time, source, text) VALUES ($1, $2, $3, $4) RETURNING seq`,
+			e.RunID, e.Time, e.Source, e.Text).Scan(&got); err != nil {
+			return 0, err
 		}
-		var one int
-		if err := tx.QueryRow(ctx, `SELECT 1 FROM runs WHERE id = $1`, l.RunID).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
-			return store.ErrRunNotFound("append run log", l.RunID)
-		} else if err != nil {
-			return err
+		if i == 0 && e.Source == l.Source {
+			seq = got
 		}
-		var (
-			used      int64
-			truncated bool
-		)
-		if err := tx.QueryRow(ctx, `SELECT COALESCE(SUM(CASE WHEN source = $2 THEN 0 ELSE octet_length(text) END), 0)::bigint,
-			COALESCE(bool_or(source = $2), false) FROM run_logs WHERE run_id = $1`, l.RunID, store.LogTruncated).Scan(&used, &truncated); err != nil {
-			return err
-		}
-		for i, e := range store.FitRunLog(l, used, truncated) {
-			var got int64
-			if err := tx.QueryRow(ctx, `INSERT INTO run_logs (run_id, time, source, text) VALUES ($1, $2, $3, $4) RETURNING seq`,
-				e.RunID, e.Time, e.Source, e.Text).Scan(&got); err != nil {
-				return err
-			}
-			if i == 0 && e.Source == l.Source {
-				seq = got
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("append run log %s: %w", l.RunID, err)
 	}
 	return seq, nil
 }
@@ -58,6 +56,9 @@ func (s *Store) AppendRunLog(ctx context.Context, l store.RunLog) (int64, error)
 // ListRunLogs implements store.RunLogStore.
 func (s *Store) ListRunLogs(ctx context.Context, f store.RunLogFilter) ([]store.RunLog, error) {
 	if err := store.CheckRunLogFilter(f); err != nil {
+		return nil, err
+	}
+	if err := s.Flush(ctx); err != nil {
 		return nil, err
 	}
 	q := `SELECT seq, run_id, time, source, text FROM run_logs WHERE run_id = $1 AND seq > $2 ORDER BY seq`

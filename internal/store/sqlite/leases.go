@@ -139,19 +139,24 @@ func (s *Store) ListLeases(ctx context.Context, prefix string) ([]store.Lease, e
 	return ls, nil
 }
 
-// CheckFence implements store.Writes: the transaction holds SQLite's write lock, so nothing changes the lease
-// before it commits.
-func (w writes) CheckFence(ctx context.Context, f store.Fence) error {
-	var one int
-	err := w.tx.QueryRowContext(ctx, `SELECT 1 FROM leases WHERE name = ? AND token = ? AND expires_at > ?`,
-		f.Lease, f.Token, fmtTime(time.Now())).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return store.ErrFenced(f)
+// CheckFences implements store.Writes: the transaction holds SQLite's write lock, so nothing changes a lease
+// before it commits (and no order of taking rows matters).
+func (w writes) CheckFences(ctx context.Context, fs []store.Fence) (map[store.Fence]bool, error) {
+	now := fmtTime(time.Now())
+	held := make(map[store.Fence]bool, len(fs))
+	for _, f := range fs {
+		var one int
+		err := w.tx.QueryRowContext(ctx, `SELECT 1 FROM leases WHERE name = ? AND token = ? AND expires_at > ?`,
+			f.Lease, f.Token, now).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("check fence %s: %w", f.Lease, err)
+		}
+		held[f] = true
 	}
-	if err != nil {
-		return fmt.Errorf("check fence %s: %w", f.Lease, err)
-	}
-	return nil
+	return held, nil
 }
 
 func scanLease(sc scanner, now time.Time) (store.Lease, error) {

@@ -9,41 +9,33 @@ import (
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
-// AppendRunLog implements store.RunLogStore in one BEGIN IMMEDIATE transaction: the run's bytes so far are read
-// and the entry written under the same write lock, so concurrent appenders never pass the bound together.
-func (s *Store) AppendRunLog(ctx context.Context, l store.RunLog) (int64, error) {
-	l, err := store.PrepareRunLog(l)
-	if err != nil {
-		return 0, err
+// InsertRunLog implements store.Writes inside the group's BEGIN IMMEDIATE transaction: the run's bytes so far
+// are read and the entry written under the same write lock, so concurrent appenders never pass the bound together.
+func (w writes) InsertRunLog(ctx context.Context, l store.RunLog) (int64, error) {
+	var status string
+	if err := w.tx.StmtContext(ctx, w.s.runStatus).QueryRowContext(ctx, l.RunID).Scan(&status); errors.Is(err, sql.ErrNoRows) {
+		return 0, store.ErrRunNotFound("append run log", l.RunID)
+	} else if err != nil {
+		return 0, fmt.Errorf("append run log %s: %w", l.RunID, err)
+	}
+	var used int64
+	var truncated int
+	if err := w.tx.StmtContext(ctx, w.s.runLogUsed).QueryRowContext(ctx, store.LogTruncated, store.LogTruncated, l.RunID).Scan(&used, &truncated); err != nil {
+		return 0, fmt.Errorf("append run log %s: %w", l.RunID, err)
 	}
 	var seq int64
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		var one int
-		if err := tx.QueryRowContext(ctx, `SELECT 1 FROM runs WHERE id = ?`, l.RunID).Scan(&one); errors.Is(err, sql.ErrNoRows) {
-			return store.ErrRunNotFound("append run log", l.RunID)
-		} else if err != nil {
-			return err
+	for i, e := range store.FitRunLog(l, used, truncated == 1) {
+		res, err := w.tx.StmtContext(ctx, w.s.insertRunLog).ExecContext(ctx, e.RunID, fmtTime(e.Time), e.Source, e.Text)
+		var got int64
+		if err == nil {
+			got, err = res.LastInsertId()
 		}
-		var used int64
-		var truncated int
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(CASE WHEN source = ? THEN 0 ELSE length(CAST(text AS BLOB)) END), 0),
-			COALESCE(MAX(source = ?), 0) FROM run_logs WHERE run_id = ?`, store.LogTruncated, store.LogTruncated, l.RunID).Scan(&used, &truncated); err != nil {
-			return err
+		if err != nil {
+			return 0, fmt.Errorf("append run log %s: %w", l.RunID, err)
 		}
-		for i, e := range store.FitRunLog(l, used, truncated == 1) {
-			var got int64
-			if err := tx.QueryRowContext(ctx, `INSERT INTO run_logs (run_id, time, source, text) VALUES (?, ?, ?, ?) RETURNING seq`,
-				e.RunID, fmtTime(e.Time), e.Source, e.Text).Scan(&got); err != nil {
-				return err
-			}
-			if i == 0 && e.Source == l.Source {
-				seq = got
-			}
+		if i == 0 && e.Source == l.Source {
+			seq = got
 		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("append run log %s: %w", l.RunID, err)
 	}
 	return seq, nil
 }
@@ -51,6 +43,9 @@ func (s *Store) AppendRunLog(ctx context.Context, l store.RunLog) (int64, error)
 // ListRunLogs implements store.RunLogStore.
 func (s *Store) ListRunLogs(ctx context.Context, f store.RunLogFilter) ([]store.RunLog, error) {
 	if err := store.CheckRunLogFilter(f); err != nil {
+		return nil, err
+	}
+	if err := s.Flush(ctx); err != nil {
 		return nil, err
 	}
 	q := `SELECT seq, run_id, time, source, text FROM run_logs WHERE run_id = ? AND seq > ? ORDER BY seq`

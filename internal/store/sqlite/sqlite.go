@@ -53,6 +53,9 @@ type Store struct {
 	runStatus   *sql.Stmt
 	finishRun   *sql.Stmt
 	insertEvent *sql.Stmt
+	// The run log's bound check and insert: the driver's line on every command (a warm sandbox reused).
+	runLogUsed   *sql.Stmt
+	insertRunLog *sql.Stmt
 }
 
 // prepare prepares the statements of the command's path, or none.
@@ -64,8 +67,11 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.tokenByHash, `SELECT ` + tokenColumns + ` FROM tokens WHERE hash = ?`},
 		{&s.insertRun, `INSERT INTO runs (` + runColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
 		{&s.runStatus, `SELECT status FROM runs WHERE id = ?`},
-		{&s.finishRun, `UPDATE runs SET status = ?, failure_code = ?, disposition = ?, finished_at = ? WHERE id = ?`},
-		{&s.insertEvent, `INSERT INTO events (run_id, time, name, payload, request_id) VALUES (?, ?, ?, ?, ?) RETURNING seq`},
+		{&s.finishRun, `UPDATE runs SET status = ?, failure_code = ?, disposition = ?, finished_at = ? WHERE id = ? AND status = 'running'`},
+		{&s.insertEvent, `INSERT INTO events (run_id, time, name, payload, request_id) VALUES (?, ?, ?, ?, ?)`},
+		{&s.runLogUsed, `SELECT COALESCE(SUM(CASE WHEN source = ? THEN 0 ELSE length(CAST(text AS BLOB)) END), 0),
+			COALESCE(MAX(source = ?), 0) FROM run_logs WHERE run_id = ?`},
+		{&s.insertRunLog, `INSERT INTO run_logs (run_id, time, source, text) VALUES (?, ?, ?, ?)`},
 	} {
 		stmt, err := s.db.PrepareContext(ctx, p.sql)
 		if err != nil {
@@ -79,7 +85,7 @@ func (s *Store) prepare(ctx context.Context) error {
 
 func (s *Store) closeStatements() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{s.tokenByHash, s.insertRun, s.runStatus, s.finishRun, s.insertEvent} {
+	for _, st := range []*sql.Stmt{s.tokenByHash, s.insertRun, s.runStatus, s.finishRun, s.insertEvent, s.runLogUsed, s.insertRunLog} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}
@@ -194,28 +200,37 @@ func (w writes) InsertRun(ctx context.Context, r store.Run) error {
 	return nil
 }
 
+// FinishRun is one conditional statement (only a running run changes); when it changes nothing, a second read
+// says whether the run is absent or already finished.
 func (w writes) FinishRun(ctx context.Context, id string, upd store.RunUpdate) error {
+	res, err := w.tx.StmtContext(ctx, w.s.finishRun).ExecContext(ctx, upd.Status, upd.FailureCode, upd.Disposition, fmtTime(upd.FinishedAt), id)
+	if err != nil {
+		return fmt.Errorf("update run %s: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("update run %s: %w", id, err)
+	} else if n == 1 {
+		return nil
+	}
 	var status string
-	err := w.tx.StmtContext(ctx, w.s.runStatus).QueryRowContext(ctx, id).Scan(&status)
+	err = w.tx.StmtContext(ctx, w.s.runStatus).QueryRowContext(ctx, id).Scan(&status)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.ErrRunNotFound("update run", id)
 	}
 	if err != nil {
 		return fmt.Errorf("update run %s: %w", id, err)
 	}
-	if status != store.StatusRunning {
-		return store.ErrFinished(id, status)
-	}
-	_, err = w.tx.StmtContext(ctx, w.s.finishRun).ExecContext(ctx, upd.Status, upd.FailureCode, upd.Disposition, fmtTime(upd.FinishedAt), id)
-	if err != nil {
-		return fmt.Errorf("update run %s: %w", id, err)
-	}
-	return nil
+	return store.ErrFinished(id, status)
 }
 
 func (w writes) InsertEvent(ctx context.Context, e store.Event) (int64, error) {
+	// Exec and the rowid (seq is the INTEGER PRIMARY KEY) rather than RETURNING: no result rows to step through
+	// and scan, on every event of every command.
+	res, err := w.tx.StmtContext(ctx, w.s.insertEvent).ExecContext(ctx, nullString(e.RunID), fmtTime(e.Time), e.Name, string(e.Payload), e.RequestID)
 	var seq int64
-	err := w.tx.StmtContext(ctx, w.s.insertEvent).QueryRowContext(ctx, nullString(e.RunID), fmtTime(e.Time), e.Name, string(e.Payload), e.RequestID).Scan(&seq)
+	if err == nil {
+		seq, err = res.LastInsertId()
+	}
 	if isCode(err, sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY) {
 		return 0, store.ErrRunNotFound("append event "+e.Name, e.RunID)
 	}

@@ -58,6 +58,36 @@ func testRunLogs(t *testing.T, s store.Store) {
 	if _, err := s.ListRunLogs(ctx, store.RunLogFilter{}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("no run id: %v, want InvalidArgument", err)
 	}
+
+	// Enqueued lines (the driver's line of every command) keep their order among synchronous ones, are read at
+	// once by this process (ListRunLogs flushes), and report their seq or error to done.
+	c := newRun(t, "acme", "carol")
+	mustCreate(t, s, c)
+	seqs := make(chan int64, 2)
+	s.EnqueueRunLog(store.RunLog{RunID: c.ID, Source: store.LogDriver, Text: "reuse sandbox"}, func(seq int64, err error) {
+		if err != nil {
+			t.Errorf("enqueued run log: %v", err)
+		}
+		seqs <- seq
+	})
+	after := write(c.ID, store.LogPostAttach, "attached")
+	s.EnqueueRunLog(store.RunLog{RunID: c.ID, Source: store.LogDriver, Text: "last"}, nil)
+	got, err = s.ListRunLogs(ctx, store.RunLogFilter{RunID: c.ID})
+	if err != nil || len(got) != 3 || got[0].Text != "reuse sandbox" || got[1].Seq != after || got[2].Text != "last" {
+		t.Fatalf("after enqueued appends: %+v, %v; want reuse sandbox, attached (seq %d), last", got, err, after)
+	}
+	if first := <-seqs; first != got[0].Seq {
+		t.Errorf("done got seq %d, the entry has %d", first, got[0].Seq)
+	}
+	notFound := make(chan error, 1)
+	s.EnqueueRunLog(store.RunLog{RunID: "0190c4f0-0000-7000-8000-000000000000", Source: store.LogDriver, Text: "x"},
+		func(_ int64, err error) { notFound <- err })
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-notFound; !errdefs.IsNotFound(err) {
+		t.Errorf("enqueued append to no run: %v, want NotFound", err)
+	}
 }
 
 // testRunLogBound: concurrent appenders to one run together keep at most store.RunLogLimit bytes of text: the
