@@ -105,8 +105,7 @@ type Config struct {
 	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take the
 	// defaults (100 snapshots, 10 GiB); a negative one lifts the bound.
 	SnapshotQuota SnapshotQuota
-	// SnapshotStore, when its Bucket is set, keeps snapshot archives in that S3-compatible bucket (records stay
-	// in Home).
+	// SnapshotStore, when its Bucket is set, keeps snapshot archives there (the records stay in Home).
 	SnapshotStore SnapshotStore
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
@@ -297,6 +296,9 @@ type Template struct {
 	// container (on kubernetes its pod) removed and its workspace kept, so it holds nothing of the node. The key's
 	// next command resumes it transparently (sandbox_suspended, sandbox_resumed). 0: never.
 	SuspendAfter time.Duration
+	// PauseOnRetention: a sandbox past Config.Retention is suspended (workspace kept, resumed by the next
+	// command) rather than removed; RemoveWorkspaceOnRetention does not apply.
+	PauseOnRetention bool
 }
 
 // Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit. On
@@ -316,7 +318,7 @@ type TemplateSecret struct {
 func (t Template) engine() engine.Template {
 	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
 		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants, Pool: t.Pool,
-		Requests: engine.Requests(t.Requests), HostState: t.HostState, Services: t.Services, SuspendAfter: t.SuspendAfter}
+		Requests: engine.Requests(t.Requests), HostState: t.HostState, Services: t.Services, SuspendAfter: t.SuspendAfter, PauseOnRetention: t.PauseOnRetention}
 	for _, s := range t.Secrets {
 		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
 	}

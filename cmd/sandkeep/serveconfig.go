@@ -127,6 +127,9 @@ type templateConfig struct {
 	// SuspendAfter: an idle sandbox of the template is suspended after this long (pod or container removed,
 	// workspace kept; the next command resumes it), e.g. 10m.
 	SuspendAfter string `yaml:"suspend_after"`
+	// PauseOnRetention: a sandbox of the template whose time runs out (stopped past retention) is suspended
+	// (workspace kept, resumed by the next command) rather than removed.
+	PauseOnRetention bool `yaml:"pause_on_retention"`
 	// Requests is what each sandbox reserves apart from its limits (cpus, memory): `requests: {cpus: 0.05,
 	// memory: 128m}` packs idle sandboxes densely on a Kubernetes node.
 	Requests struct {
@@ -172,6 +175,7 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 			}
 			t.SuspendAfter = d
 		}
+		t.PauseOnRetention = tc.PauseOnRetention
 		t.Requests.CPUs = tc.Requests.CPUs
 		if tc.Requests.Memory != "" {
 			n, err := bytesize.Parse(tc.Requests.Memory)

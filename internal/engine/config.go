@@ -230,8 +230,23 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
 		EgressResolver: c.EgressResolver, EgressUpstreamRoots: c.EgressRoots, EgressRefused: refused,
 		HostServices: services,
-		SuspendAfter: c.suspendAfter(),
+		SuspendAfter: c.suspendAfter(), PauseOnRetention: c.pauseOnRetention(),
 	}, nil
+}
+
+// pauseOnRetention names the templates whose sandboxes are suspended rather than removed past retention; nil
+// when none is.
+func (c Config) pauseOnRetention() map[string]bool {
+	var out map[string]bool
+	for name, t := range c.Templates {
+		if t.PauseOnRetention {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[name] = true
+		}
+	}
+	return out
 }
 
 // suspendAfter is each template's SuspendAfter, for the sweeper; nil when no template suspends.
