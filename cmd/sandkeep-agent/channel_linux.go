@@ -61,6 +61,7 @@ const (
 // channel is init's side of the persistent channel. Only runChannel's goroutine touches it.
 type channel struct {
 	dialer func() (*os.File, error) // one connection to the host (dialUnix of the socket, or dialNet)
+	follow func() bool              // nil, or: reports that the address to dial moved (follow_linux.go)
 	exe    string                   // this binary, for the serve child
 	log    *log.Logger              // stderr
 
@@ -98,8 +99,12 @@ func runChannel(path string) int {
 }
 
 // runChannelWith is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go).
-func runChannelWith(dial func() (*os.File, error)) int {
-	c := &channel{dialer: dial, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
+func runChannelWith(dial func() (*os.File, error)) int { return runChannelFollowing(dial, nil) }
+
+// runChannelFollowing is runChannelWith where the address to dial may move (follow_linux.go): while no session
+// is up, every signal asks follow, and a new address is dialled at once.
+func runChannelFollowing(dial func() (*os.File, error), follow func() bool) int {
+	c := &channel{dialer: dial, follow: follow, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
 	if os.Getpid() != 1 {
 		c.log.Printf("--channel needs to run as PID 1 (pid is %d)", os.Getpid())
 		return 2
@@ -117,6 +122,10 @@ func runChannelWith(dial func() (*os.File, error)) int {
 			if c.cleanEnd {
 				c.cleanEnd = false
 				c.redial(timer)
+			}
+			if c.state == dialing && c.follow != nil && c.follow() { // announced: the new owner listens now
+				c.delay = dialBackoffMin
+				timer.Reset(0)
 			}
 		case <-timer.C:
 			switch c.state {

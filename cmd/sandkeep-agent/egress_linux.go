@@ -63,13 +63,13 @@ func startEgress(addr, channel string, logger *log.Logger) {
 // startNetEgress is startEgress for a pod (the kubernetes driver): each connection goes to the server's channel
 // address over TCP, opened with the pod's egress hello (the same name and token as the channel's), and the
 // server hands what follows to the pod's egress proxy. The pod's NetworkPolicy allows that address only.
-func startNetEgress(addr, server string, hello []byte, logger *log.Logger) {
+func startNetEgress(addr string, server func() string, hello []byte, logger *log.Logger) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		logger.Printf("egress forwarder: %v (commands in this sandbox have no network)", err)
 		return
 	}
-	go forwardEgress(ln, func() (net.Conn, error) { return dialEgressNet(server, hello) })
+	go forwardEgress(ln, func() (net.Conn, error) { return dialEgressNet(server(), hello) })
 }
 
 // dialEgressNet connects to the server and writes the egress hello.

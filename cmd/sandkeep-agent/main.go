@@ -18,6 +18,10 @@
 //	                        the same over TCP (the kubernetes driver): reads and removes the token, dials the
 //	                        server and opens each connection with a hello naming the pod and the token; with
 //	                        --egress, forwards that address to the server's egress endpoint (the same address)
+//	sandkeep-agent announce FILE ANNOUNCEMENT
+//	                        writes a channel announcement (a new owner's address, authenticated by the pod's
+//	                        token) to FILE and signals PID 1, which dials that address when it is not connected
+//	                        (follow_linux.go)
 //	sandkeep-agent probe-net SECONDS ADDR...
 //	                        dials each ADDR (IP:port) over and over for SECONDS (0: once), sending nothing: the
 //	                        kubernetes driver's NetworkPolicy probes, whose server side watches what arrives
@@ -89,6 +93,9 @@ func main() {
 		os.Exit(code)
 	}
 	if code, ok := probeNetBuiltin(os.Args[1:]); ok { // probe-net SECONDS ADDR...: see probe_linux.go
+		os.Exit(code)
+	}
+	if code, ok := announceBuiltin(os.Args[1:]); ok { // announce FILE ANNOUNCEMENT: see follow_linux.go
 		os.Exit(code)
 	}
 	if len(os.Args) != 2 {

@@ -69,6 +69,7 @@ func runNetInit(f initFlags) int {
 	if err == nil && f.egress != "" {
 		egressHello, err = agentproto.AppendHello(nil, agentproto.Hello{Name: f.pod, Token: token, Egress: true})
 	}
+	fw := newFollower(f, token, logger) // keeps the token: announcements are checked against it (follow_linux.go)
 	clear(token)
 	if err != nil {
 		logger.Printf("channel hello: %v (no channel)", err)
@@ -76,9 +77,12 @@ func runNetInit(f initFlags) int {
 	}
 	fixTmp()
 	if f.egress != "" {
-		startNetEgress(f.egress, f.netChannel, egressHello, logger)
+		startNetEgress(f.egress, fw.current, egressHello, logger)
 	}
-	return runChannelWith(func() (*os.File, error) { return dialNet(f.netChannel, hello) })
+	return runChannelFollowing(func() (*os.File, error) {
+		fw.check()
+		return dialNet(fw.current(), hello)
+	}, fw.check)
 }
 
 // takeToken reads the token file (never following a link) and removes it, whatever the read gave.

@@ -80,7 +80,7 @@ type Config struct {
 	E2B func(b service.Backend, hooks E2BHooks) http.Handler
 
 	// Forward, when set, is asked first by the routes that hold a stream to one key's sandbox or its files (a
-	// TTY, port forwarding, processes, files), once the token is checked: when it serves the request itself it
+	// TTY, port forwarding, processes, files) and by /mcp (whose requests name one key), once the token is checked: when it serves the request itself it
 	// returns true (a fleet replica hands the request to the key's owner); an error is answered as every error
 	// is, before anything was written. false and nil: the route serves the request here.
 	Forward func(w http.ResponseWriter, r *http.Request, key sandkeep.Key) (bool, error)
@@ -261,7 +261,7 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b 
 	s.handle("GET /metrics", authMetrics, metricsHandler(s.gatherer).ServeHTTP)
 	if mcp != nil {
 		h := mcp(s.backend, mcpHooks)
-		s.handle("/mcp", authToken, h.ServeHTTP)
+		s.handle("/mcp", authToken, s.ownedMCP(h.ServeHTTP))
 	}
 	if e2b != nil {
 		h := e2b(s.backend, s.e2bHooks())
@@ -284,6 +284,31 @@ func (s *Server) owned(h http.HandlerFunc) http.HandlerFunc {
 		key, err := keyOf(r)
 		if err != nil {
 			s.writeError(w, r, err)
+			return
+		}
+		served, err := s.forward(w, r, key)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !served {
+			h(w, r)
+		}
+	}
+}
+
+// ownedMCP wraps /mcp: an MCP request names one key (its token's tenant, its Sandkeep-User header's user), and
+// Config.Forward may hand it whole to that key's owner, where the MCP session then lives (a session whose key
+// moves to another replica is not found there: its client starts a new one). A request that names no key is
+// served here, and the MCP handler answers it.
+func (s *Server) ownedMCP(h http.HandlerFunc) http.HandlerFunc {
+	if s.forward == nil {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, err := mcpHooks.KeyFor(r)
+		if err != nil {
+			h(w, r)
 			return
 		}
 		served, err := s.forward(w, r, key)

@@ -212,6 +212,14 @@ type AgentChannels interface {
 	AgentChannel(sb *Sandbox) *channel.Slot
 }
 
+// AgentAnnouncer is optional: a driver whose sandboxes' agents dial an address (the kubernetes driver's pod
+// network) tells a running sandbox's agent to dial this process instead, when this process takes on a sandbox
+// another made (in a fleet: a replica that took the key over from a dead one). It reports whether it told the
+// agent anything; the agent then connects within moments, so a command may wait for the channel a little.
+type AgentAnnouncer interface {
+	AnnounceChannel(ctx context.Context, sb *Sandbox) (bool, error)
+}
+
 // State is a sandbox's engine state, normalised across drivers.
 type State string
 

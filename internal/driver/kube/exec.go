@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -114,11 +115,16 @@ func (d *Driver) executor(pod string) (remotecommand.Executor, error) {
 			Container: ContainerName, Command: []string{driver.AgentPath, "serve"},
 			Stdin: true, Stdout: true, Stderr: true,
 		}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(d.execs.cfg, "GET", req.URL().String())
+	return d.executorFor(req.URL())
+}
+
+// executorFor is executor for the exec request at u.
+func (d *Driver) executorFor(u *url.URL) (remotecommand.Executor, error) {
+	ws, err := remotecommand.NewWebSocketExecutor(d.execs.cfg, "GET", u.String())
 	if err != nil {
 		return nil, err
 	}
-	spdy, err := remotecommand.NewSPDYExecutor(d.execs.cfg, "POST", req.URL())
+	spdy, err := remotecommand.NewSPDYExecutor(d.execs.cfg, "POST", u)
 	if err != nil {
 		return nil, err
 	}

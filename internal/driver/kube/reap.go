@@ -106,6 +106,10 @@ func (s ReapSource) List(ctx context.Context) ([]reaper.Resource, error) {
 	state := map[string]string{}  // sandbox pod name -> its state in the reaper's words
 	standing := map[string]bool{} // sandbox names with a record or a pod
 	dialed := map[string]bool{}   // channel addresses a pod that is not being deleted dials
+	records := map[string]*corev1.ConfigMap{}
+	for i := range cms.Items {
+		records[cms.Items[i].Name] = &cms.Items[i]
+	}
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.DeletionTimestamp != nil {
@@ -117,7 +121,7 @@ func (s ReapSource) List(ctx context.Context) ([]reaper.Resource, error) {
 		}
 		state[p.Name] = reapState(p)
 		standing[p.Name] = true
-		if addr := podChannelAddr(p); addr != "" {
+		if addr := dialedAddr(p, records[p.Name]); addr != "" { // the address last announced to it, if any
 			dialed[addr] = true
 		}
 	}

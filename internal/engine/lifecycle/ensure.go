@@ -120,6 +120,7 @@ func (m *Manager) provide(ctx context.Context, key identity.Key, sh *Shape) (*dr
 		ok := compatible(sb, imageID, hash)
 		switch {
 		case ok && sb.State == driver.StateRunning:
+			adopted = m.announceChannel(ctx, key, sb) || adopted // follow.go: its agent dials this process now
 			d := pick(adopted, DecisionAdopt, DecisionReuse)
 			m.decided(key, sb, d)
 			if d == DecisionAdopt {
