@@ -62,6 +62,8 @@ type Front struct {
 
 	// networked tells whether an admitted run's commands get a network (service.Networked; tests stand in).
 	networked func(*sandkeep.Run) bool
+	// noteUpdate records network_updated in an update's run (service.NoteNetworkUpdate; tests stand in).
+	noteUpdate func(run *sandkeep.Run, sandbox string)
 	// netMu orders a network update against the start of a command on the exec path (network.go).
 	netMu sync.Mutex
 
@@ -79,7 +81,7 @@ func New(cfg Config) (*Front, error) {
 		return nil, err
 	}
 	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses(), lastCPU: map[string]cpuSample{},
-		networked: service.Networked}
+		networked: service.Networked, noteUpdate: service.NoteNetworkUpdate}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
