@@ -205,6 +205,7 @@ func (f *Front) handleCreate(w http.ResponseWriter, r *http.Request) {
 		f.writeError(w, r, err)
 		return
 	}
+	f.hold(r.Context(), rec.ID)
 	writeJSON(w, http.StatusCreated, f.describe(rec, true))
 }
 

@@ -479,3 +479,11 @@ type HostServicesDropped struct {
 	Services []string `json:"services"`
 	Why      string   `json:"why"`
 }
+
+// NetworkUpdated: a caller replaced the network block of a sandbox's later commands (the E2B front's network
+// update), as admitted: Mode "" is the template's network as it is, else none or allowlist with Rules.
+type NetworkUpdated struct {
+	Sandbox string   `json:"sandbox"`
+	Mode    string   `json:"mode"`
+	Rules   []string `json:"rules,omitempty"`
+}

@@ -51,6 +51,7 @@ type Manager struct {
 	egress    map[string]*keyEgress        // key hex -> the key's egress proxy, served by this process (egress.go)
 	pools     *pools                       // the warm pools this process keeps (pool.go); nil: none
 	services  sync.Map                     // key hex -> *keyServices, the key's host services served by this process (services.go)
+	relays    sync.Map                     // key hex -> *relaySlot, the key's channel carried by a relay (relay.go)
 
 	nextID atomic.Uint32
 	procs  procWatch // the watchers of the processes this Manager started (process.go)
@@ -451,6 +452,7 @@ func (m *Manager) Close() error {
 	m.images.close()
 	m.closeEgress()
 	m.closeServices()
+	m.closeRelays()
 	m.mu.Lock()
 	ls := m.listeners
 	m.listeners = map[string]*channel.Listener{}
