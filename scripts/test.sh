@@ -293,8 +293,10 @@ env "${docker_env[@]}" go test -race -count=1 -timeout 30m -run "$cli_inprocess"
 
 # 2c: the exec transport (Docker exec of the agent, the fallback when the channel is down). The driver's
 # conformance (drivertest, in 2a: every exec of the Docker driver is an engine exec) and lifecycle's
-# TestSecretFilesDocker run it already; the library's command guarantees run once more over it, as a group.
-exec_group='^(TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestCancelledCallerKeepsGate|TestWorkdir|TestPosture|TestFiles)$'
+# TestSecretFilesDocker run it already; the library's command guarantees run once more over it, as a group, and
+# its processes and concurrent commands, which the exec transport carries over a relay (an engine exec of
+# `sandkeep-agent relay` that init takes only from uid 0).
+exec_group='^(TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestCancelledCallerKeepsGate|TestWorkdir|TestPosture|TestFiles|TestProcessBesideCommands|TestProcessEnds|TestConcurrentExec|TestProcessUnavailable|TestRelayOnlyFromTheEngine)$'
 phase "tier 2: go test -race (the exec transport) -run '$exec_group' ."
 env "${docker_env[@]}" SANDKEEP_TRANSPORT=exec go test -race -count=1 -timeout 30m -run "$exec_group" . \
 	|| fail "go test (the exec transport)"
@@ -320,7 +322,7 @@ if [ "$SANDKEEP_RUNSC" = 1 ]; then
 	phase "tier 3: go test -race under gVisor (runsc): ./internal/driver/docker ./internal/engine/lifecycle"
 	env "${runsc_env[@]}" go test -race -count=1 -p 1 -timeout 30m -skip '^(TestBuild.*|TestEgress[A-Z].*)$' \
 		./internal/driver/docker/ ./internal/engine/lifecycle/ || fail "go test (runsc, driver and lifecycle)"
-	runsc_lib='^(TestGVisorRefusesNetwork|TestPosture|TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestStoppedSandboxRestarts|TestRestartAdopts|TestFiles|TestDevcontainerAsWritten)$'
+	runsc_lib='^(TestRelayOnlyFromTheEngine|TestProcessUnavailable|TestGVisorRefusesNetwork|TestPosture|TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestStoppedSandboxRestarts|TestRestartAdopts|TestFiles|TestDevcontainerAsWritten)$'
 	phase "tier 3: go test -race under gVisor (runsc): the library's runtime group"
 	env "${runsc_env[@]}" go test -race -count=1 -timeout 30m -run "$runsc_lib" . || fail "go test (runsc, library)"
 	runsc_cli='^(TestExecRuntime|TestExec|TestExecTimeout)$'

@@ -105,7 +105,14 @@ func RunWith(ctx context.Context, conn Conn, req Request, stdout, stderr io.Writ
 		r.fw.stop(false)
 		return Result{}, fmt.Errorf("%w: send request %d: %w", ErrCutBeforeAccept, req.ID, err)
 	}
-	go r.readFrames()
+	if dq, ok := conn.(interface{ direct() *muxCommands }); ok {
+		r.queue = dq.direct()
+	}
+	if r.queue != nil { // a Mux's command queue: loop takes its frames itself
+		close(r.exited)
+	} else {
+		go r.readFrames()
+	}
 	if req.Stdin {
 		go pumpStdin(r.fw, req.ID, stdin) // not waited for: see the doc comment
 	}
@@ -126,6 +133,7 @@ type run struct {
 	out    stream
 	errs   stream
 	frames chan readItem  // reader -> loop, one frame at a time
+	queue  *muxCommands   // when set, loop reads the Mux's queue itself and there is no reader
 	next   chan struct{}  // loop -> reader: the frame was handled, its buffer may be reused
 	done   chan struct{}  // closed when Run returns
 	exited chan struct{}  // closed when the reader has returned
@@ -177,9 +185,48 @@ func (r *run) loop(ctx context.Context, acceptWait time.Duration) (res Result, e
 	}
 	var stopBound <-chan time.Time
 	ctxDone := ctx.Done()
+	var (
+		queued     <-chan queued
+		dead, gone <-chan struct{}
+		buf        []byte
+	)
+	if q := r.queue; q != nil {
+		queued, dead, gone = q.frames, q.m.dead, q.gone
+	}
 	for {
+		var (
+			it     readItem
+			direct bool
+		)
 		select {
-		case it := <-r.frames:
+		case it = <-r.frames:
+		case b := <-queued:
+			it.f, it.err = r.queue.frame(b, &buf)
+			direct = true
+		case <-dead:
+			it.f, it.err = r.queue.ended(&buf)
+			direct = true
+		case <-gone:
+			it.f, it.err = r.queue.ended(&buf)
+			direct = true
+		case <-ctxDone:
+			ctxDone = nil
+			r.sendCancel()
+			t := time.NewTimer(r.req.Grace() + ReportSlack)
+			defer t.Stop()
+			stopBound = t.C
+			continue
+		case <-acceptBound:
+			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w within %v", id, ErrNotAccepted, acceptWait)
+		case <-stopBound:
+			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w: agent did not stop within %v of the cancel: %w",
+				id, ErrProtocol, r.req.Grace()+ReportSlack, context.Cause(ctx))
+		case <-backstop.C:
+			r.sendCancel()
+			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w: agent did not report within timeout + grace + %v",
+				id, ErrProtocol, ReportSlack)
+		}
+		{
 			if it.err != nil && !r.acked && !errors.Is(it.err, ErrProtocol) {
 				return Result{}, endBadData, fmt.Errorf("agent command %d: %w: %w", id, ErrCutBeforeAccept, unexpectedEOF(it.err))
 			}
@@ -199,22 +246,9 @@ func (r *run) loop(ctx context.Context, acceptWait time.Duration) (res Result, e
 			if r.acked {
 				acceptBound = nil
 			}
-			r.next <- struct{}{} // the reader is waiting for this (it only returns after an error or 'R')
-		case <-ctxDone:
-			ctxDone = nil
-			r.sendCancel()
-			t := time.NewTimer(r.req.Grace() + ReportSlack)
-			defer t.Stop()
-			stopBound = t.C
-		case <-acceptBound:
-			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w within %v", id, ErrNotAccepted, acceptWait)
-		case <-stopBound:
-			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w: agent did not stop within %v of the cancel: %w",
-				id, ErrProtocol, r.req.Grace()+ReportSlack, context.Cause(ctx))
-		case <-backstop.C:
-			r.sendCancel()
-			return Result{}, endTimeout, fmt.Errorf("agent command %d: %w: agent did not report within timeout + grace + %v",
-				id, ErrProtocol, ReportSlack)
+			if !direct {
+				r.next <- struct{}{} // the reader is waiting for this (it only returns after an error or 'R')
+			}
 		}
 	}
 }
