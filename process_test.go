@@ -18,10 +18,15 @@ import (
 	"github.com/sandkeep/sandkeep/processes"
 )
 
-// processesHere: processes need the sandbox's agent channel: Docker's under runc, or the kubernetes driver's pod
-// channel; gVisor and the exec transport refuse them with PROCESS_UNAVAILABLE (checked by TestProcessUnavailable).
+// processesHere: processes need the sandbox's agent channel and a subreaper per process: on Docker under runc
+// (its socket with the transport auto or agent, else a relay through the engine's exec), on kubernetes the
+// driver's pod channel, which the exec transport turns off. gVisor has the relay but no subreaper but PID 1.
+// Elsewhere PROCESS_UNAVAILABLE (TestProcessUnavailable).
 func processesHere() bool {
-	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" && os.Getenv("SANDKEEP_TRANSPORT") != "exec"
+	if onKube {
+		return os.Getenv("SANDKEEP_TRANSPORT") != "exec"
+	}
+	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" // gVisor: no subreaper but PID 1 (TestProcessUnavailable)
 }
 
 // eventLog collects events from OnEvent.
@@ -217,17 +222,65 @@ func TestConcurrentExec(t *testing.T) {
 	}
 }
 
-// TestProcessUnavailable: where the agent channel is not this process's (gVisor, the exec transport), a process
-// is refused with PROCESS_UNAVAILABLE and nothing starts.
+// TestProcessUnavailable: where this process cannot have the sandbox's agent channel, a process is refused
+// with PROCESS_UNAVAILABLE and nothing starts: under gVisor (no subreaper), on kubernetes with the exec
+// transport (no pod channel), and on Docker while another process holds the channel (its agent turns a second
+// session away: the relay of a manager with the exec transport beside one that serves the socket).
 func TestProcessUnavailable(t *testing.T) {
 	cfg := baseConfig(t)
-	if processesHere() {
+	if onKube && processesHere() {
 		cfg = withTransport(t, cfg, "exec")
 	}
 	s := newSuite(t, cfg)
 	key := s.key("proc", "u4")
-	_, err := processes.Start(t.Context(), s.m, key, processes.StartRequest{Argv: []string{"sleep", "60"}})
+	m := s.m
+	if !onKube && processesHere() {
+		s = newSuite(t, withTransport(t, cfg, "auto"))
+		key = s.key("proc", "u4")
+		holder, err := processes.Start(t.Context(), s.m, key, processes.StartRequest{Argv: []string{"sleep", "60"}})
+		if err != nil || !holder.Running {
+			t.Fatalf("the holder's process: %+v %v", holder, err)
+		}
+		m = s.open(withTransport(t, s.cfg, "exec"))
+	}
+	_, err := processes.Start(t.Context(), m, key, processes.StartRequest{Argv: []string{"sleep", "60"}})
 	if !fault.Is(err, fault.ProcessUnavailable) {
 		t.Fatalf("StartProcess: %v", err)
+	}
+	if !onKube && processesHere() {
+		if ps, err := processes.List(t.Context(), s.m, key); err != nil || len(ps) != 1 {
+			t.Fatalf("the holder's processes after the refusal: %+v %v", ps, err)
+		}
+	}
+}
+
+// TestRelayOnlyFromTheEngine: the sandbox's init takes a relayed channel session only from uid 0, which only
+// the engine's exec makes: a command that runs the relay itself (as the sandbox's user) is turned away and gets
+// no session, while the host's relay (the exec transport's processes) is taken. Under gVisor too, whose sentry
+// checks the credentials a process claims as the kernel does.
+func TestRelayOnlyFromTheEngine(t *testing.T) {
+	if onKube {
+		t.Skip("the kubernetes driver has no relay: its pods' channel is the pod network")
+	}
+	s := newSuite(t, withTransport(t, baseConfig(t), "exec"))
+	key := s.key("proc", "u5")
+	out := s.sh(key, "/.sandkeep/sandkeep-agent relay </dev/null; echo exit=$?")
+	if strings.Contains(out, "ok") || !strings.Contains(out, "exit=1") {
+		t.Fatalf("a command's relay: %q, want it turned away", out)
+	}
+	if !processesHere() {
+		return
+	}
+	p, err := processes.Start(t.Context(), s.m, key, processes.StartRequest{Argv: []string{"sleep", "60"}, Tag: "after"})
+	if err != nil || !p.Running {
+		t.Fatalf("the host's relay after a command's: %+v %v", p, err)
+	}
+	// While the host's session is up, a command's relay is turned away too, and the session goes on.
+	out = s.sh(key, "/.sandkeep/sandkeep-agent relay </dev/null; echo exit=$?")
+	if strings.Contains(out, "ok") || !strings.Contains(out, "exit=1") {
+		t.Fatalf("a command's relay beside the host's session: %q", out)
+	}
+	if ps, err := processes.List(t.Context(), s.m, key); err != nil || len(ps) != 1 || !ps[0].Running {
+		t.Fatalf("the host's session after a command's relay: %+v %v", ps, err)
 	}
 }

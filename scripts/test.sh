@@ -106,14 +106,14 @@ k8s_stage_run() {
 	# starts; one at a time, so no import lands under another binary's running tests.
 	not_on_kube='^(TestDevcontainerAsWritten|TestLibraryRuns|TestDegradedRunProceeds)$'
 	kube_env=(SANDKEEP_TEST_DRIVER=kubernetes KUBECONFIG="$kubeconfig" SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1)
-	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestServeProcesses, TestServeProcessesMCP, TestFleetKube, TestFleetKubeFollow, TestDoctorCapacityKube"
+	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestServeProcesses, TestServeProcessesMCP, TestFleetKube, TestFleetKubeFollow, TestFleetDeployedKube, TestDoctorCapacityKube"
 	k8s_suites_start=$(date +%s)
 	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
 		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
 	# warm pools on the node (issue 23): members, claims through two replicas, SIGKILL mid-claim, drain
 	env "${kube_env[@]}" go test -race -count=1 -timeout 20m -run '^(TestPoolKube|TestPoolClaimKilledKube)$' ./internal/engine/lifecycle \
 		|| fail "go test (warm pools on kubernetes; node logs in $k8s_log_dir)"
-	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestServeProcesses|TestServeProcessesMCP|TestFleetKube|TestFleetKubeFollow|TestDoctorCapacityKube)$' ./cmd/sandkeep \
+	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestServeProcesses|TestServeProcessesMCP|TestFleetKube|TestFleetKubeFollow|TestFleetDeployedKube|TestDoctorCapacityKube)$' ./cmd/sandkeep \
 		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"
@@ -293,8 +293,10 @@ env "${docker_env[@]}" go test -race -count=1 -timeout 30m -run "$cli_inprocess"
 
 # 2c: the exec transport (Docker exec of the agent, the fallback when the channel is down). The driver's
 # conformance (drivertest, in 2a: every exec of the Docker driver is an engine exec) and lifecycle's
-# TestSecretFilesDocker run it already; the library's command guarantees run once more over it, as a group.
-exec_group='^(TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestCancelledCallerKeepsGate|TestWorkdir|TestPosture|TestFiles)$'
+# TestSecretFilesDocker run it already; the library's command guarantees run once more over it, as a group, and
+# its processes and concurrent commands, which the exec transport carries over a relay (an engine exec of
+# `sandkeep-agent relay` that init takes only from uid 0).
+exec_group='^(TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestCancelledCallerKeepsGate|TestWorkdir|TestPosture|TestFiles|TestProcessBesideCommands|TestProcessEnds|TestConcurrentExec|TestProcessUnavailable|TestRelayOnlyFromTheEngine)$'
 phase "tier 2: go test -race (the exec transport) -run '$exec_group' ."
 env "${docker_env[@]}" SANDKEEP_TRANSPORT=exec go test -race -count=1 -timeout 30m -run "$exec_group" . \
 	|| fail "go test (the exec transport)"
@@ -320,7 +322,7 @@ if [ "$SANDKEEP_RUNSC" = 1 ]; then
 	phase "tier 3: go test -race under gVisor (runsc): ./internal/driver/docker ./internal/engine/lifecycle"
 	env "${runsc_env[@]}" go test -race -count=1 -p 1 -timeout 30m -skip '^(TestBuild.*|TestEgress[A-Z].*)$' \
 		./internal/driver/docker/ ./internal/engine/lifecycle/ || fail "go test (runsc, driver and lifecycle)"
-	runsc_lib='^(TestGVisorRefusesNetwork|TestPosture|TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestStoppedSandboxRestarts|TestRestartAdopts|TestFiles|TestDevcontainerAsWritten)$'
+	runsc_lib='^(TestRelayOnlyFromTheEngine|TestProcessUnavailable|TestGVisorRefusesNetwork|TestPosture|TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestStoppedSandboxRestarts|TestRestartAdopts|TestFiles|TestDevcontainerAsWritten)$'
 	phase "tier 3: go test -race under gVisor (runsc): the library's runtime group"
 	env "${runsc_env[@]}" go test -race -count=1 -timeout 30m -run "$runsc_lib" . || fail "go test (runsc, library)"
 	runsc_cli='^(TestExecRuntime|TestExec|TestExecTimeout)$'

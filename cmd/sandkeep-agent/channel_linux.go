@@ -60,8 +60,9 @@ const (
 
 // channel is init's side of the persistent channel. Only runChannel's goroutine touches it.
 type channel struct {
-	dialer func() (*os.File, error) // one connection to the host (dialUnix of the socket, or dialNet)
+	dialer func() (*os.File, error) // one connection to the host (dialUnix of the socket, or dialNet); nil: none
 	follow func() bool              // nil, or: reports that the address to dial moved (follow_linux.go)
+	relays <-chan *os.File          // verified relay connections (relay_linux.go); nil: none
 	exe    string                   // this binary, for the serve child
 	log    *log.Logger              // stderr
 
@@ -94,17 +95,21 @@ type channel struct {
 //
 // A new connection therefore proves that every process of the previous session is gone. Like plain init, it
 // ignores every signal (see runInit): the host ends it with SIGKILL through the engine.
-func runChannel(path string) int {
-	return runChannelWith(func() (*os.File, error) { return dialUnix(path) })
+func runChannel(path string, relays <-chan *os.File) int {
+	var dial func() (*os.File, error)
+	if path != "" {
+		dial = func() (*os.File, error) { return dialUnix(path) }
+	}
+	return runChannelFollowing(dial, nil, relays)
 }
 
-// runChannelWith is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go).
-func runChannelWith(dial func() (*os.File, error)) int { return runChannelFollowing(dial, nil) }
-
-// runChannelFollowing is runChannelWith where the address to dial may move (follow_linux.go): while no session
-// is up, every signal asks follow, and a new address is dialled at once.
-func runChannelFollowing(dial func() (*os.File, error), follow func() bool) int {
-	c := &channel{dialer: dial, follow: follow, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
+// runChannelFollowing is runChannel over connections dial makes (the Unix socket, or the network: net_linux.go),
+// and the relays' sessions that arrive on relays; either may be nil. Where the address to dial may move
+// (follow_linux.go), while no session is up every signal asks follow, and a new address is dialled at once. A
+// relay is taken only while no session runs and the last one's sweep is done, exactly when init would dial;
+// otherwise it is closed unanswered, which the relay reports as turned away.
+func runChannelFollowing(dial func() (*os.File, error), follow func() bool, relays <-chan *os.File) int {
+	c := &channel{dialer: dial, follow: follow, relays: relays, exe: selfExe(), log: log.New(os.Stderr, "sandkeep-agent init: ", 0), delay: dialBackoffMin}
 	if os.Getpid() != 1 {
 		c.log.Printf("--channel needs to run as PID 1 (pid is %d)", os.Getpid())
 		return 2
@@ -127,10 +132,14 @@ func runChannelFollowing(dial func() (*os.File, error), follow func() bool) int 
 				c.delay = dialBackoffMin
 				timer.Reset(0)
 			}
+		case f := <-c.relays:
+			c.takeRelay(f)
 		case <-timer.C:
 			switch c.state {
 			case dialing:
-				c.dial(timer)
+				if c.dialer != nil {
+					c.dial(timer)
+				}
 			case sweeping:
 				c.sweep(timer)
 			}
@@ -243,6 +252,25 @@ func (c *channel) dial(timer *time.Timer) {
 	if err != nil {
 		c.log.Printf("start serve: %v", err)
 		c.retryLater(timer)
+		return
+	}
+	c.state, c.serve = serving, pid
+}
+
+// takeRelay starts the serve child on a verified relay connection when no session runs, and turns it away
+// otherwise.
+func (c *channel) takeRelay(f *os.File) {
+	defer f.Close() // the child has its own copy; with this one closed, its death is EOF for the relay
+	if c.state != dialing {
+		return
+	}
+	if _, err := f.Write([]byte{relayAccept}); err != nil {
+		return
+	}
+	c.started = time.Now()
+	pid, err := c.startServe(f)
+	if err != nil {
+		c.log.Printf("start serve for a relay: %v", err)
 		return
 	}
 	c.state, c.serve = serving, pid

@@ -535,6 +535,9 @@ func TestParseInitArgs(t *testing.T) {
 		{name: "egress without channel", args: []string{"--egress", "127.0.0.1:3128"}, bad: true},
 		{name: "egress not loopback", args: []string{"--channel", "/c/a.sock", "--egress", "0.0.0.0:3128"}, bad: true},
 		{name: "egress no port", args: []string{"--channel", "/c/a.sock", "--egress", "127.0.0.1"}, bad: true},
+		{name: "relay alone", args: []string{"--relay"}},
+		{name: "relay with channel", args: []string{"--channel", "/c/a.sock", "--relay"}, channel: "/c/a.sock"},
+		{name: "relay with a value", args: []string{"--relay=maybe"}, bad: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

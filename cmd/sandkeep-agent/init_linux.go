@@ -11,17 +11,28 @@ import (
 // It ignores every signal: the only ones that could reach it come from its own commands (the kernel delivers
 // nothing else to a namespace's init but SIGKILL and SIGSTOP from outside), so the host stops a sandbox with
 // SIGKILL through the engine (Posture.StopSignal) and a command's `kill -TERM 1` changes nothing. It blocks on
-// signals and never polls. With a channel path it also keeps the persistent channel to the host up (see runChannel), and
-// with an egress address it forwards that address to the host's egress proxy (see startEgress).
-func runInit(channel, egress string) int {
+// signals and never polls. With a channel path it also keeps the persistent channel to the host up (see runChannel),
+// with relay it also takes the channel's sessions from relays the host execs (see relay_linux.go), and with an
+// egress address it forwards that address to the host's egress proxy (see startEgress).
+func runInit(channel, egress string, relay bool) int {
+	logger := log.New(os.Stderr, "sandkeep-agent init: ", 0)
 	if os.Getpid() == 1 {
 		fixTmp()
 	}
 	if egress != "" && os.Getpid() == 1 {
-		startEgress(egress, channel, log.New(os.Stderr, "sandkeep-agent init: ", 0))
+		startEgress(egress, channel, logger)
 	}
-	if channel != "" {
-		return runChannel(channel)
+	var relays chan *os.File
+	if relay && os.Getpid() == 1 {
+		if lfd, err := listenRelay(); err != nil {
+			logger.Printf("%v (no relays)", err)
+		} else {
+			relays = make(chan *os.File)
+			go acceptRelays(lfd, relays, logger)
+		}
+	}
+	if channel != "" || relays != nil {
+		return runChannel(channel, relays)
 	}
 	sigs := notifyInit()
 	reapZombies() // children that died before Notify

@@ -14,6 +14,9 @@
 //	sandkeep-agent init --channel PATH --service 127.0.0.1:PORT...
 //	                        with each --service, forwards that loopback address to the host's socket
 //	                        svc-PORT.sock next to the channel's (a host service, see service_linux.go)
+//	sandkeep-agent init [--channel PATH] --relay
+//	                        also (or only) takes channel sessions from relays: `sandkeep-agent relay` processes the
+//	                        host execs as uid 0 through the engine, verified with SCM_CREDENTIALS (relay_linux.go)
 //	sandkeep-agent init --net-channel HOST:PORT --pod NAME --token-file PATH [--egress 127.0.0.1:PORT]
 //	                        the same over TCP (the kubernetes driver): reads and removes the token, dials the
 //	                        server and opens each connection with a hello naming the pod and the token; with
@@ -34,6 +37,8 @@
 //	                        removes secret files placed by put-file
 //	sandkeep-agent fs OP    one operation of the file API on /workspace (internal/files/wire.go), as the sandbox's
 //	                        user: the kubernetes driver's upload, download, list and tar
+//	sandkeep-agent relay    connects to init's relay socket and carries one channel session between it and
+//	                        stdin/stdout (the gVisor and exec-transport sandboxes' channel)
 //	sandkeep-agent dial PORT
 //	                        connects to 127.0.0.1:PORT inside the sandbox and copies stdin/stdout to and from it
 //	                        (one port-forwarded connection)
@@ -78,7 +83,7 @@ func main() {
 		if os.Getpid() == 1 {
 			startServices(f.services, f.channel)
 		}
-		os.Exit(runInit(f.channel, f.egress))
+		os.Exit(runInit(f.channel, f.egress, f.relay))
 	}
 	if code, ok := fileBuiltin(os.Args[1:]); ok { // put-file, rm-file: see files_linux.go
 		os.Exit(code)
@@ -90,6 +95,9 @@ func main() {
 		os.Exit(code)
 	}
 	if code, ok := dialBuiltin(os.Args[1:]); ok { // dial PORT: see dial_linux.go
+		os.Exit(code)
+	}
+	if code, ok := relayBuiltin(os.Args[1:]); ok { // relay: see relay_linux.go
 		os.Exit(code)
 	}
 	if code, ok := probeNetBuiltin(os.Args[1:]); ok { // probe-net SECONDS ADDR...: see probe_linux.go
@@ -121,6 +129,7 @@ type initFlags struct {
 	netChannel string   // --net-channel HOST:PORT
 	pod        string   // --pod NAME: the name the hello gives
 	tokenFile  string   // --token-file PATH: the channel token, read once and removed
+	relay      bool     // --relay: take channel sessions from relays the host execs (relay_linux.go)
 }
 
 // parseInitArgs is parseInitFlags for the Unix channel's flags only.
@@ -157,6 +166,7 @@ func parseInitFlags(args []string) (f initFlags, err error) {
 		return nil
 	})
 	fs.SetOutput(io.Discard)
+	fs.BoolVar(&f.relay, "relay", false, "take channel sessions from relays the host execs as uid 0")
 	fs.Func("channel", "the host's Unix socket to dial", func(v string) error {
 		f.channel = v
 		return checkChannelPath(v)
@@ -178,6 +188,8 @@ func parseInitFlags(args []string) (f initFlags, err error) {
 	switch {
 	case fs.NArg() != 0:
 		return initFlags{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case f.netChannel != "" && f.relay:
+		return initFlags{}, errors.New("--relay goes with --channel or alone, not with --net-channel")
 	case f.netChannel != "" && f.channel != "":
 		return initFlags{}, errors.New("--channel and --net-channel are exclusive")
 	case f.netChannel != "" && (f.pod == "" || f.tokenFile == ""):
@@ -195,6 +207,6 @@ func parseInitFlags(args []string) (f initFlags, err error) {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT] [--service 127.0.0.1:PORT]... | --net-channel HOST:PORT --pod NAME --token-file PATH] | serve | version | put-file PATH MODE | rm-file PATH... | fs OP | dial PORT")
+	fmt.Fprintln(os.Stderr, "usage: sandkeep-agent init [--channel PATH [--egress 127.0.0.1:PORT] [--service 127.0.0.1:PORT]...] [--relay | --net-channel HOST:PORT --pod NAME --token-file PATH] | serve | version | put-file PATH MODE | rm-file PATH... | fs OP | dial PORT | relay")
 	os.Exit(2)
 }

@@ -62,7 +62,7 @@ func runNetInit(f initFlags) int {
 	token, err := takeToken(f.tokenFile)
 	if err != nil {
 		logger.Printf("channel token: %v (no channel; commands go through the API server's exec)", err)
-		return runInit("", "")
+		return runInit("", "", false)
 	}
 	hello, err := agentproto.AppendHello(nil, agentproto.Hello{Name: f.pod, Token: token})
 	var egressHello []byte
@@ -73,7 +73,7 @@ func runNetInit(f initFlags) int {
 	clear(token)
 	if err != nil {
 		logger.Printf("channel hello: %v (no channel)", err)
-		return runInit("", "")
+		return runInit("", "", false)
 	}
 	fixTmp()
 	if f.egress != "" {
@@ -82,7 +82,7 @@ func runNetInit(f initFlags) int {
 	return runChannelFollowing(func() (*os.File, error) {
 		fw.check()
 		return dialNet(fw.current(), hello)
-	}, fw.check)
+	}, fw.check, nil)
 }
 
 // takeToken reads the token file (never following a link) and removes it, whatever the read gave.

@@ -33,6 +33,7 @@ func TestParseNetInitFlags(t *testing.T) {
 		"relative file": {"--net-channel", "10.0.0.1:7070", "--pod", "p", "--token-file", "t"},
 		"both channels": {"--channel", "/c/a.sock", "--net-channel", "10.0.0.1:7070", "--pod", "p", "--token-file", "/t"},
 		"pod alone":     {"--pod", "p"},
+		"relay and net": {"--net-channel", "10.0.0.1:7070", "--pod", "p", "--token-file", "/t", "--relay"},
 		"long pod":      {"--net-channel", "10.0.0.1:7070", "--pod", strings.Repeat("p", 254), "--token-file", "/t"},
 		"egress not lo": {"--net-channel", "10.0.0.1:7070", "--pod", "p", "--token-file", "/t", "--egress", "10.0.0.1:3128"},
 	} {

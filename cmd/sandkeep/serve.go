@@ -15,7 +15,9 @@ import (
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/api"
+	"github.com/sandkeep/sandkeep/internal/e2b"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/fleet"
 	"github.com/sandkeep/sandkeep/internal/mcpserver"
 	"github.com/sandkeep/sandkeep/internal/service"
 )
@@ -172,6 +174,10 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	if fl != nil {
 		fb, stopWire := fl.run(fleetCtx, svc.backend, svc.st, af.sandbox == "none", g.stderr)
 		backend = fb
+		front.SetHolder(fleetCtx, e2b.Holder{ // E2B sandboxes are reached through the replica that keeps their record
+			Hold:   func(ctx context.Context, id string) error { return fl.replica.Hold(ctx, fleet.AliasE2B(id)) },
+			Unhold: func(ctx context.Context, id string) error { return fl.replica.Unhold(ctx, fleet.AliasE2B(id)) },
+		})
 		defer func() {
 			// The leases are handed over last: the API's commands ended (Drain), then the forwarded ones (the
 			// internal wire's shutdown waits for them, bounded by the grace), so the next owner starts clean.
@@ -197,8 +203,9 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 				Authorize: func(r *http.Request, tool string) error { return h.Authorize(r, mcpserver.Scope(tool)) },
 			})
 		},
-		E2B:     front.Handler,
-		Forward: forwardOf(fl),
+		E2B:        front.Handler,
+		Forward:    forwardOf(fl),
+		ForwardE2B: forwardE2BOf(fl),
 	})
 	if err != nil {
 		return err

@@ -10,12 +10,17 @@ import (
 
 	"github.com/sandkeep/sandkeep/client"
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
-// processesServed: serve carries processes on the sandbox's agent channel (Docker's under runc, or the
-// kubernetes driver's pod channel); gVisor and the exec transport answer PROCESS_UNAVAILABLE.
+// processesServed: serve carries processes on the sandbox's agent channel (Docker's under runc: its socket, or
+// a relay under the exec transport; the kubernetes driver's pod channel); gVisor (no subreaper but PID 1) and the
+// kubernetes driver with the exec transport answer PROCESS_UNAVAILABLE.
 func (c *cli) processesServed() bool {
-	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" && os.Getenv("SANDKEEP_TRANSPORT") != "exec"
+	if kubetest.Selected() {
+		return os.Getenv("SANDKEEP_TRANSPORT") != "exec"
+	}
+	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc"
 }
 
 // TestServeProcesses: through the API and the Go SDK, a dev server started as a process runs on while the

@@ -201,3 +201,14 @@ func forwardOf(f *fleetSetup) func(http.ResponseWriter, *http.Request, sandkeep.
 	}
 	return f.proxy.Forward
 }
+
+// forwardE2BOf is the API's ForwardE2B of a fleet replica (nil without a fleet): an E2B sandbox's requests go to
+// the replica that holds its id (the one that keeps its record, e2b.Holder).
+func forwardE2BOf(f *fleetSetup) func(http.ResponseWriter, *http.Request, string) (bool, error) {
+	if f == nil {
+		return nil
+	}
+	return func(w http.ResponseWriter, r *http.Request, id string) (bool, error) {
+		return f.proxy.ForwardHeld(w, r, fleet.AliasE2B(id))
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,6 +86,11 @@ type Config struct {
 	// is, before anything was written. false and nil: the route serves the request here.
 	Forward func(w http.ResponseWriter, r *http.Request, key sandkeep.Key) (bool, error)
 
+	// ForwardE2B, when set, is asked first by /e2b/ requests that name an E2B sandbox (in the path, or envd's
+	// E2b-Sandbox-Id header): true when it served the request (a fleet replica hands it to the replica that made
+	// the sandbox, where its record lives); an error is answered before anything was written.
+	ForwardE2B func(w http.ResponseWriter, r *http.Request, sandboxID string) (bool, error)
+
 	// PollInterval is how often GET /v1/runs/{id}/events?follow=1 asks the backend for new events; default 500ms.
 	PollInterval time.Duration
 
@@ -124,6 +130,7 @@ type Server struct {
 	upWindow    time.Duration // over which upRate is averaged
 	poll        time.Duration
 	forward     func(http.ResponseWriter, *http.Request, sandkeep.Key) (bool, error) // Config.Forward
+	forwardE2B  func(http.ResponseWriter, *http.Request, string) (bool, error)       // Config.ForwardE2B
 	metricsT    string
 	metricsOpen bool // Config.MetricsOpen
 
@@ -161,7 +168,7 @@ func New(cfg Config) (*Server, error) {
 		maxBody: orDefault(cfg.MaxBodyBytes, DefaultMaxBodyBytes), maxUp: orDefault(cfg.MaxUploadBytes, DefaultMaxUploadBytes),
 		maxHead: int(orDefault(int64(cfg.MaxHeaderBytes), DefaultMaxHeaderBytes)),
 		poll:    time.Duration(orDefault(int64(cfg.PollInterval), int64(DefaultPollInterval))), metricsT: cfg.MetricsToken, metricsOpen: cfg.MetricsOpen,
-		mux: http.NewServeMux(), forward: cfg.Forward,
+		mux: http.NewServeMux(), forward: cfg.Forward, forwardE2B: cfg.ForwardE2B,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -265,7 +272,7 @@ func (s *Server) register(mcp func(service.Backend, MCPHooks) http.Handler, e2b 
 	}
 	if e2b != nil {
 		h := e2b(s.backend, s.e2bHooks())
-		s.handle("/e2b/", authSelf, h.ServeHTTP)
+		s.handle("/e2b/", authSelf, s.ownedE2B(h.ServeHTTP))
 	}
 	// Everything else: a JSON 404 rather than the mux's text one. It has no auth, and says nothing but "no
 	// such route", so it reveals nothing a token would protect.
@@ -295,6 +302,44 @@ func (s *Server) owned(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 		}
 	}
+}
+
+// ownedE2B wraps /e2b/: a request that names an E2B sandbox may be served by the replica that made it
+// (Config.ForwardE2B). The E2B front authenticates it there.
+func (s *Server) ownedE2B(h http.HandlerFunc) http.HandlerFunc {
+	if s.forwardE2B == nil {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := e2bSandboxID(r)
+		if id == "" {
+			h(w, r)
+			return
+		}
+		served, err := s.forwardE2B(w, r, id)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !served {
+			h(w, r)
+		}
+	}
+}
+
+// e2bSandboxID is the E2B sandbox a request names: envd's E2b-Sandbox-Id header, or the control plane's
+// /e2b[/v2]/sandboxes/{id}[/...]; "" for none (a create, a list).
+func e2bSandboxID(r *http.Request) string {
+	p := strings.TrimPrefix(r.URL.Path, "/e2b")
+	if strings.HasPrefix(p, "/envd/") {
+		return r.Header.Get("E2b-Sandbox-Id")
+	}
+	rest, ok := strings.CutPrefix(strings.TrimPrefix(p, "/v2"), "/sandboxes/")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id
 }
 
 // ownedMCP wraps /mcp: an MCP request names one key (its token's tenant, its Sandkeep-User header's user), and

@@ -63,6 +63,17 @@ type PortDialer interface {
 	DialPort(ctx context.Context, sb *Sandbox, port int) (net.Conn, error)
 }
 
+// AgentRelayer is optional: a driver that can carry a session of a sandbox's agent channel through its engine's
+// exec (a relay, cmd/sandkeep-agent/relay_linux.go), for sandboxes whose agent cannot reach a host socket
+// (gVisor) or whose process uses the exec transport. The session speaks the same multiplexed wire as a channel.
+type AgentRelayer interface {
+	// Relay opens one session; an agent that turns it away (another session is up) is ErrRelayRefused.
+	Relay(ctx context.Context, sb *Sandbox) (net.Conn, error)
+}
+
+// ErrRelayRefused means the sandbox's agent did not take a relay's session.
+var ErrRelayRefused = errors.New("the sandbox's agent did not take the relay's session")
+
 // ErrPortUnreachable means nothing accepted a connection on the sandbox's port.
 var ErrPortUnreachable = errors.New("nothing accepts connections on that port in the sandbox")
 
@@ -158,6 +169,9 @@ type Stats struct {
 	MemoryUsed  int64
 	MemoryLimit int64
 	MemoryCache int64
+	// DiskUsed and DiskTotal: the workspace's file system where the driver keeps the workspace itself and
+	// measures it (the kubernetes driver's claim); zero otherwise.
+	DiskUsed, DiskTotal int64
 }
 
 // NoNetworkChecker is optional: a driver whose network "none" rests on enforcement it has to prove (the

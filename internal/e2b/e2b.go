@@ -60,8 +60,14 @@ type Front struct {
 	mux     *http.ServeMux
 	stopped chan struct{}
 
+	// holder, when set, holds each sandbox's id for this process, so that other processes hand requests about
+	// it over here, where its record lives (SetHolder: a fleet replica).
+	holder atomic.Pointer[Holder]
+
 	// networked tells whether an admitted run's commands get a network (service.Networked; tests stand in).
 	networked func(*sandkeep.Run) bool
+	// noteUpdate records network_updated in an update's run (service.NoteNetworkUpdate; tests stand in).
+	noteUpdate func(run *sandkeep.Run, sandbox string)
 	// netMu orders a network update against the start of a command on the exec path (network.go).
 	netMu sync.Mutex
 
@@ -79,7 +85,7 @@ func New(cfg Config) (*Front, error) {
 		return nil, err
 	}
 	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses(), lastCPU: map[string]cpuSample{},
-		networked: service.Networked}
+		networked: service.Networked, noteUpdate: service.NoteNetworkUpdate}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
@@ -131,6 +137,43 @@ func (f *Front) backend() (service.Backend, api.E2BHooks) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.b, f.hooks
+}
+
+// Holder tells the processes that share the front's clients (a fleet's replicas) which one keeps a sandbox's
+// record: Hold when the sandbox is made (or found at start), Unhold when it is killed. A failed Hold only costs
+// the sandbox its reach through the others.
+type Holder struct {
+	Hold   func(ctx context.Context, id string) error
+	Unhold func(ctx context.Context, id string) error
+}
+
+// SetHolder makes h hold every sandbox the front makes from now on, and those it has records of already.
+func (f *Front) SetHolder(ctx context.Context, h Holder) {
+	f.holder.Store(&h)
+	recs, err := f.recs.all("")
+	if err != nil {
+		f.log.Warn("e2b: hold the sandboxes of the records", "error", err)
+		return
+	}
+	for _, r := range recs {
+		f.hold(ctx, r.ID)
+	}
+}
+
+func (f *Front) hold(ctx context.Context, id string) {
+	if h := f.holder.Load(); h != nil {
+		if err := h.Hold(ctx, id); err != nil {
+			f.log.Warn("e2b: other replicas cannot reach this sandbox", "sandbox", id, "error", err)
+		}
+	}
+}
+
+func (f *Front) unhold(ctx context.Context, id string) {
+	if h := f.holder.Load(); h != nil {
+		if err := h.Unhold(ctx, id); err != nil {
+			f.log.Warn("e2b: release the sandbox's hold", "sandbox", id, "error", err)
+		}
+	}
 }
 
 // keyOf is the sandkeep key of an E2B sandbox.
@@ -193,7 +236,11 @@ func (f *Front) kill(ctx context.Context, b service.Backend, r *record) error {
 	if err := b.Remove(ctx, key); err != nil && !fault.Is(err, fault.NotFound) {
 		return err
 	}
-	return f.recs.remove(r.ID)
+	if err := f.recs.remove(r.ID); err != nil {
+		return err
+	}
+	f.unhold(ctx, r.ID)
+	return nil
 }
 
 // pause ends the sandbox's processes and stops it; its workspace stays. A paused sandbox is resumed by connect.

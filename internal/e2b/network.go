@@ -134,28 +134,36 @@ func (r *record) network() *sandkeep.Network {
 // admission as every command (the template's policy narrowed, NETWORK_WIDENED for more; the run recorded,
 // refused ones too), and reports whether its commands get a network.
 func (f *Front) admitNetwork(r *http.Request, b service.Backend, rec *record, allowInternet *bool, n *networkJSON) (networked bool, err error) {
-	block, err := callerNetwork(allowInternet, n)
+	run, err := f.admitRun(r, b, rec, allowInternet, n)
 	if err != nil {
 		return false, err
+	}
+	defer f.endRun(r, b, run)
+	return f.networked(run), nil
+}
+
+// admitRun is admitNetwork's run, left open for the caller to record in and end (endRun).
+func (f *Front) admitRun(r *http.Request, b service.Backend, rec *record, allowInternet *bool, n *networkJSON) (*sandkeep.Run, error) {
+	block, err := callerNetwork(allowInternet, n)
+	if err != nil {
+		return nil, err
 	}
 	key, err := keyOf(rec)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	run, err := b.Admit(r.Context(), key, service.AdmitRequest{Template: rec.OpTemplate, Network: block, RequestID: f.requestID(r)})
-	if err != nil {
-		return false, err
-	}
-	networked = f.networked(run)
+	return b.Admit(r.Context(), key, service.AdmitRequest{Template: rec.OpTemplate, Network: block, RequestID: f.requestID(r)})
+}
+
+func (f *Front) endRun(r *http.Request, b service.Backend, run *sandkeep.Run) {
 	if run.ID != "" {
 		_ = b.EndRun(r.Context(), run.ID, false)
 	}
-	return networked, nil
 }
 
 // handleNetwork is E2B's network update (PUT /sandboxes/{id}/network): the new config replaces the sandbox's
 // (omitted fields cleared, as E2B's), admitted as at create: it may only narrow the template's network. It
-// applies to the commands started after it. A command of the sandbox that runs on the exec path holds the
+// applies to the commands started after it, and its run records network_updated. A command of the sandbox that runs on the exec path holds the
 // network it started with until it ends (the egress proxy's session), so while one runs the update is refused
 // (409) rather than left half applied; the engine's processes carry no network and do not stand in its way.
 func (f *Front) handleNetwork(w http.ResponseWriter, r *http.Request) {
@@ -179,11 +187,13 @@ func (f *Front) handleNetwork(w http.ResponseWriter, r *http.Request) {
 	allow := n.AllowInternetAccess
 	n.AllowInternetAccess = nil
 	b, _ := f.backend()
-	networked, err := f.admitNetwork(r, b, rec, allow, n)
+	run, err := f.admitRun(r, b, rec, allow, n)
 	if err != nil {
 		f.writeError(w, r, err)
 		return
 	}
+	defer f.endRun(r, b, run)
+	networked := f.networked(run)
 	f.netMu.Lock()
 	defer f.netMu.Unlock()
 	cur, err := f.recs.get(rec.ID)
@@ -202,6 +212,7 @@ func (f *Front) handleNetwork(w http.ResponseWriter, r *http.Request) {
 		f.writeError(w, r, err)
 		return
 	}
+	f.noteUpdate(run, rec.ID)
 	w.WriteHeader(http.StatusNoContent)
 }
 

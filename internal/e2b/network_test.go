@@ -123,6 +123,8 @@ func TestNetworkFront(t *testing.T) {
 	h := newHarness(t, t.TempDir(), b, &now)
 	networked := false
 	h.f.networked = func(*sandkeep.Run) bool { return networked }
+	var notes []string // the network_updated events recorded, by the sandbox they name
+	h.f.noteUpdate = func(_ *sandkeep.Run, sandbox string) { notes = append(notes, sandbox) }
 
 	// Refusals: nothing is admitted past them, nothing runs, nothing is recorded.
 	for _, c := range []struct {
@@ -167,6 +169,9 @@ func TestNetworkFront(t *testing.T) {
 	if st != 204 || strings.Join(b.nets, ",") != "allowlist **.example.com !example.com" {
 		t.Fatalf("update: %d %v, admitted %q", st, body, b.nets)
 	}
+	if len(notes) != 1 || notes[0] != id {
+		t.Errorf("network_updated recorded for %v, want once for %s", notes, id)
+	}
 	rec, _ = h.f.recs.get(id)
 	if !rec.Networked || netString(rec.network()) != "allowlist **.example.com !example.com" {
 		t.Errorf("after the update the record says %v %q", rec.Networked, netString(rec.network()))
@@ -189,8 +194,8 @@ func TestNetworkFront(t *testing.T) {
 	}
 	h.f.procs.remove(p.pid)
 	rec, _ = h.f.recs.get(id)
-	if netString(rec.network()) != "allowlist **.example.com !example.com" {
-		t.Errorf("refused updates changed the network to %q", netString(rec.network()))
+	if netString(rec.network()) != "allowlist **.example.com !example.com" || len(notes) != 1 {
+		t.Errorf("refused updates changed the network to %q (network_updated %v)", netString(rec.network()), notes)
 	}
 	// With it ended the update goes through, and clearing every field gives the template's network back.
 	if st, _ := h.do("PUT", "/sandboxes/"+id+"/network", "key-acme", `{}`); st != 204 {

@@ -264,5 +264,6 @@ func (f *Front) fork(ctx context.Context, b service.Backend, fk service.Forker, 
 		f.cleanup(b, to)
 		return err
 	}
+	f.hold(ctx, rec.ID)
 	return nil
 }

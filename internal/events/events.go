@@ -41,6 +41,7 @@ const (
 	NameNetworkBlocked       = "network_blocked"
 	NameCredentialReflected  = "credential_reflected"
 	NameNetworkBlockedRepeat = "network_blocked_repeats"
+	NameNetworkUpdated       = "network_updated"
 	NamePortForwardOpened    = "port_forward_opened"
 	NamePortForwardClosed    = "port_forward_closed"
 	NameProcessStarted       = "process_started"
@@ -103,6 +104,7 @@ var payloadTypes = map[string]reflect.Type{
 	NamePortForwardClosed:    reflect.TypeFor[PortForwardClosed](),
 	NameProcessStarted:       reflect.TypeFor[ProcessStarted](),
 	NameProcessEnded:         reflect.TypeFor[ProcessEnded](),
+	NameNetworkUpdated:       reflect.TypeFor[NetworkUpdated](),
 	NameSandboxShared:        reflect.TypeFor[SandboxShared](),
 	NameHostBindsDropped:     reflect.TypeFor[HostBindsDropped](),
 	NameUserRemap:            reflect.TypeFor[UserRemap](),

@@ -40,6 +40,7 @@ func TestNewAndDecode(t *testing.T) {
 		{"exec finished", NameExecFinished, ExecFinished{ExitCode: 137, TimedOut: true, DurationMS: 1001, Transport: "exec"}},
 		{"network blocked", NameNetworkBlocked, NetworkBlocked{Host: "example.com", Port: 443}},
 		{"network blocked repeats", NameNetworkBlockedRepeat, NetworkBlockedRepeats{Repeats: []BlockedCount{{Host: "x.com", Port: 443, Count: 9}}, Dropped: 3}},
+		{"network updated", NameNetworkUpdated, NetworkUpdated{Sandbox: "abc", Mode: "allowlist", Rules: []string{"**.x.com", "!x.com"}}},
 		{"port forward opened", NamePortForwardOpened, PortForwardOpened{Sandbox: "s", Port: 8080, Conn: 1, Via: "cli"}},
 		{"process started", NameProcessStarted, ProcessStarted{Sandbox: "s", PID: 7, Tag: "srv", Command: "npm", LifetimeMS: 3600000}},
 		{"process ended", NameProcessEnded, ProcessEnded{Sandbox: "s", PID: 7, Reason: ProcessLifetime, ExitCode: 143, Signal: 15, DurationMS: 5}},
@@ -93,8 +94,8 @@ func TestNewAndDecode(t *testing.T) {
 			t.Errorf("event %s has no test row", n)
 		}
 	}
-	if len(Names()) != 42 {
-		t.Errorf("Names() has %d names, want 42", len(Names()))
+	if len(Names()) != 43 {
+		t.Errorf("Names() has %d names, want 43", len(Names()))
 	}
 }
 

@@ -102,13 +102,21 @@ type SandboxStoppedIdle struct {
 	IdleMS  int64  `json:"idle_ms"`
 }
 
-// SandboxSuspended (sandbox_suspended): an idle sandbox of a template with suspend_after was removed (its container
-// or pod, and on kubernetes its record) with its workspace kept; the key's next command resumes it.
+// SandboxSuspended (sandbox_suspended): an idle sandbox of a template with suspend_after (Reason "idle"), or one
+// past retention of a template with pause_on_retention (Reason "retention"), was removed (its container or pod,
+// and on kubernetes its record) with its workspace kept; the key's next command resumes it.
 type SandboxSuspended struct {
 	Sandbox  string `json:"sandbox"`
 	Template string `json:"template"`
 	IdleMS   int64  `json:"idle_ms"`
+	Reason   string `json:"reason"`
 }
+
+// Reasons of sandbox_suspended.
+const (
+	SuspendIdle      = "idle"
+	SuspendRetention = "retention"
+)
 
 // SandboxResumed (sandbox_resumed): a suspended key's sandbox was made again over its kept workspace for a
 // command; DurationMS is what the resume added to that first command, SuspendedMS how long it was suspended.
@@ -470,4 +478,12 @@ type HostServicesDropped struct {
 	Driver   string   `json:"driver"`
 	Services []string `json:"services"`
 	Why      string   `json:"why"`
+}
+
+// NetworkUpdated: a caller replaced the network block of a sandbox's later commands (the E2B front's network
+// update), as admitted: Mode "" is the template's network as it is, else none or allowlist with Rules.
+type NetworkUpdated struct {
+	Sandbox string   `json:"sandbox"`
+	Mode    string   `json:"mode"`
+	Rules   []string `json:"rules,omitempty"`
 }

@@ -146,6 +146,37 @@ func (r *Replica) Claim(ctx context.Context, key identity.Key) (Owner, error) {
 	return Owner{Self: true, Lease: l}, nil
 }
 
+// Hold takes lease name for this replica, renewed with its keys' leases and handed over with them: a name
+// that addresses something of this replica's other than a key (AliasE2B: an E2B sandbox, whose record lives with
+// the replica that made it), so that another replica can hand requests about it over (Proxy.ForwardHeld). Held
+// live by another replica: store.ErrLeaseHeld.
+func (r *Replica) Hold(ctx context.Context, name string) error {
+	now := r.cfg.Now()
+	l, err := r.cfg.Leases.AcquireLease(ctx, name, r.cfg.ID, r.cfg.Address, r.cfg.TTL)
+	if err != nil {
+		return fmt.Errorf("hold %s: %w", name, err)
+	}
+	r.mu.Lock()
+	r.held[name] = heldLease{l: l, until: now.Add(r.cfg.TTL)}
+	r.mu.Unlock()
+	return nil
+}
+
+// Unhold releases lease name, when this replica holds it.
+func (r *Replica) Unhold(ctx context.Context, name string) error {
+	r.mu.Lock()
+	h, ok := r.held[name]
+	delete(r.held, name)
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return r.cfg.Leases.ReleaseLease(ctx, h.l)
+}
+
+// AliasE2B is the lease name an E2B sandbox's replica holds it under (Hold).
+func AliasE2B(id string) string { return "e2b/" + id }
+
 // maxOthers bounds the cache of other replicas' leases.
 const maxOthers = 65536
 

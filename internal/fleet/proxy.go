@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
@@ -56,6 +58,37 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, key sandkeep.Key
 		return false, nil
 	}
 	to := leaseAddr{Owner: o.Lease.Owner, Address: o.Lease.Address}
+	if err := p.proxy(w, r, to); err != nil {
+		p.r.Forget(key)
+		return false, err
+	}
+	return true, nil
+}
+
+// ForwardHeld hands r over to the replica that holds lease name live (Replica.Hold), when that is another; false
+// when this replica serves it (it holds it, nobody does, or the request was handed over to it).
+func (p *Proxy) ForwardHeld(w http.ResponseWriter, r *http.Request, name string) (bool, error) {
+	if r.Context().Value(ownerSide{}) != nil {
+		return false, nil
+	}
+	l, err := p.r.cfg.Leases.GetLease(r.Context(), name)
+	if errdefs.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, claimErr(err)
+	}
+	if !l.Live || l.Owner == p.r.ID() || l.Address == "" {
+		return false, nil
+	}
+	if err := p.proxy(w, r, leaseAddr{Owner: l.Owner, Address: l.Address}); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// proxy serves r through the replica at to; an error means it was not reached, and nothing was written.
+func (p *Proxy) proxy(w http.ResponseWriter, r *http.Request, to leaseAddr) error {
 	var failed error
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -70,13 +103,12 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, key sandkeep.Key
 	}
 	rp.ServeHTTP(w, r)
 	if failed == nil {
-		return true, nil
+		return nil
 	}
-	p.r.Forget(key)
 	if err := r.Context().Err(); err != nil {
-		return false, err
+		return err
 	}
-	return false, unavailable(to, failed)
+	return unavailable(to, failed)
 }
 
 // Internal is the handler of a replica's internal address: the wire's calls (/fleet/v1/) and the public API

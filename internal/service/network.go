@@ -15,3 +15,14 @@ func Networked(run *sandkeep.Run) bool {
 	r := engine.Facade.Run(run)
 	return r != nil && r.Networked()
 }
+
+// NoteNetworkUpdate records network_updated in run (admitted by Admit with the new block); a run this process did
+// not admit records nothing.
+func NoteNetworkUpdate(run *sandkeep.Run, sandbox string) {
+	if run == nil {
+		return
+	}
+	if r := engine.Facade.Run(run); r != nil {
+		r.NoteNetworkUpdate(sandbox)
+	}
+}

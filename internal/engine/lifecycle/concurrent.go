@@ -39,9 +39,13 @@ func (m *Manager) processChannel(key identity.Key) error {
 	why := ""
 	switch {
 	case m.cfg.Runtime == RuntimeGVisor:
-		why = "a sandbox under gVisor (runsc) has no agent channel and no subreaper"
+		// The relay carries gVisor's channel, but a supervisor must be a subreaper to tell its command's tree
+		// from the others' (supervisor_linux.go), and gVisor's sentry (runsc 20221219) refuses that to every
+		// process but PID 1.
+		why = "gVisor (runsc) lets no process but PID 1 be a subreaper, so one process's tree could not be told from another's"
+	case m.relayer() != nil: // the channel comes through a relay (relay.go)
 	case m.cfg.Transport == TransportExec:
-		why = "the transport is exec (each command is one engine exec)"
+		why = "the transport is exec (each command is one engine exec), and the " + m.drv.Name() + " driver has no relay"
 	case m.offersChannel():
 	case !m.drv.Capabilities().Channel:
 		why = "the " + m.drv.Name() + " driver has no agent channel this process serves"
@@ -123,6 +127,9 @@ func (m *Manager) channelShared(ctx context.Context, key identity.Key, sb *drive
 	if err := m.processChannel(key); err != nil {
 		return nil, nil, err
 	}
+	if m.relayer() != nil {
+		return m.channelRelayed(ctx, key, sb)
+	}
 	l, fresh := m.channelFor(key, sb)
 	if l == nil && m.offersChannel() {
 		return nil, nil, fault.New(fault.SandboxNotRunning, "run a command in it, which starts it",
@@ -201,9 +208,7 @@ func (m *Manager) runConcurrent(ctx context.Context, key identity.Key, sb *drive
 		// The channel is broken for every command on it: the agent kills each one's tree and reconnects, or the
 		// sandbox is recycled (the other concurrent commands learn it from the same broken channel).
 		l.Broken(mux)
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reconnectWait)
-		defer cancel()
-		if !l.WaitReconnect(wctx, mux, reconnectWait) {
+		if !m.awaitClean(ctx, key, sb, l, mux) {
 			m.recycle(ctx, key, sb, err)
 		}
 		return nil, fault.Wrap(err, fault.AgentProtocol, "run the command again; files in /workspace are kept",

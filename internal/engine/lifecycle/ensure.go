@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -282,6 +283,11 @@ func (m *Manager) postureOf(key identity.Key, sh *Shape) (driver.Posture, string
 		p.Env = append(p.Env, EnvTemplate+"="+sh.Template)
 	}
 	p.Companions = companionsHash(sh.cfg.Companions) // companions.go; "" without companions
+	if _, ok := m.drv.(driver.AgentRelayer); ok && len(p.Init) > 0 {
+		// Init takes relayed sessions (relay.go) whatever this process's runtime or transport, so that processes
+		// with different settings agree on the posture.
+		p.Init = append(slices.Clip(p.Init), "--relay")
+	}
 	kp := keyPosture{posture: p, hash: p.Hash()}
 	if ph, ok := m.drv.(driver.PostureHasher); ok {
 		kp.hash = ph.PostureHash(p)

@@ -153,9 +153,7 @@ func (m *Manager) startOn(ctx context.Context, key identity.Key, sb *driver.Sand
 		return res, nil
 	case errors.Is(err, agentproto.ErrProtocol):
 		l.Broken(mux)
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reconnectWait)
-		defer cancel()
-		if !l.WaitReconnect(wctx, mux, reconnectWait) {
+		if !m.awaitClean(ctx, key, sb, l, mux) {
 			m.recycle(ctx, key, sb, err)
 		}
 		return agentproto.Result{}, fault.Wrap(err, fault.AgentProtocol, "start it again; files in /workspace are kept",

@@ -19,7 +19,8 @@ type Stats struct {
 	driver.Stats
 	Since time.Time
 	// DiskUsed and DiskTotal: the workspace's own file system under a quota, else the host file system that holds
-	// it (what `df /workspace` shows inside the sandbox); zero where the driver keeps it (a kubernetes claim).
+	// it (what `df /workspace` shows inside the sandbox); where the driver keeps it (a kubernetes claim), what
+	// the driver measured of it (driver.Stats), else zero.
 	DiskUsed, DiskTotal int64
 }
 
@@ -28,7 +29,7 @@ type Stats struct {
 func (m *Manager) Stats(ctx context.Context, key identity.Key) (Stats, error) {
 	sr, ok := m.drv.(driver.StatsReporter)
 	if !ok {
-		return Stats{}, fault.New(fault.SpecUnsupported, "resource stats are read on the docker driver",
+		return Stats{}, fault.New(fault.SpecUnsupported, "resource stats are read on the docker and kubernetes drivers",
 			"the %s driver reports no resource stats", m.drv.Name())
 	}
 	sb, err := m.owned(ctx, key)
@@ -46,10 +47,17 @@ func (m *Manager) Stats(ctx context.Context, key identity.Key) (Stats, error) {
 	if cerrdefs.IsConflict(err) || cerrdefs.IsNotFound(err) {
 		return Stats{}, notRunning
 	}
+	if cerrdefs.IsPermissionDenied(err) { // the kubernetes driver's credentials may not read the kubelet's stats
+		return Stats{}, fault.Wrap(err, fault.SpecUnsupported, "grant get on nodes/proxy to read them (docs/KUBERNETES.md, \"Resource stats\")",
+			"the %s driver may not read resource stats here: %v", m.drv.Name(), err)
+	}
 	if err != nil {
 		return Stats{}, fault.Wrap(err, fault.DriverUnavailable, "check the engine: `sandkeep doctor`", "reading the stats of %s", key)
 	}
-	st := Stats{Stats: ds, Since: sb.StartedAt}
+	st := Stats{Stats: ds, Since: sb.StartedAt, DiskUsed: ds.DiskUsed, DiskTotal: ds.DiskTotal}
+	if ds.DiskTotal > 0 { // the driver keeps and measured the workspace (a kubernetes claim)
+		return st, nil
+	}
 	if u, ok := m.home.WorkspaceUsage(key); ok {
 		st.DiskUsed, st.DiskTotal = u.Bytes, u.BytesLimit
 	} else if dir := m.home.Workspace(key); dirExists(dir) {

@@ -123,6 +123,7 @@ func (m *Manager) verifier(current func() identity.Key) channel.Verifier {
 func (m *Manager) dropListener(key identity.Key) {
 	m.dropEgress(key)
 	m.dropServices(key)
+	m.dropRelay(key)
 	m.mu.Lock()
 	l := m.listeners[key.Hex()]
 	delete(m.listeners, key.Hex())
