@@ -105,6 +105,8 @@ type Config struct {
 	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take the
 	// defaults (100 snapshots, 10 GiB); a negative one lifts the bound.
 	SnapshotQuota SnapshotQuota
+	// SnapshotStore, when its Bucket is set, keeps snapshot archives there (the records stay in Home).
+	SnapshotStore SnapshotStore
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
@@ -147,6 +149,13 @@ type Config struct {
 type SnapshotQuota struct {
 	Count int
 	Bytes int64
+}
+
+// SnapshotStore is an S3-compatible bucket: Endpoint host[:port] (TLS unless Insecure), an object name Prefix;
+// empty keys come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+type SnapshotStore struct {
+	Endpoint, Bucket, Prefix, Region, AccessKey, SecretKey string
+	Insecure                                               bool
 }
 
 // Store is where runs, events and API tokens are recorded (package sandkeep/stores opens one).
@@ -236,7 +245,7 @@ func (c Config) engine() engine.Config {
 		MaxKeys: c.MaxKeys, IdleTimeout: c.IdleTimeout, NoSweeper: c.NoSweeper, SweepInterval: c.SweepInterval, Retention: c.Retention, RemoveWorkspaceOnRetention: c.RemoveWorkspaceOnRetention,
 		Grace: c.Grace, PullTimeout: c.PullTimeout, Transport: c.Transport, HostKind: c.HostKind,
 		SandboxDefault: c.SandboxDefault, Spec: c.Spec, HostState: c.HostState, HostStateHome: c.HostStateHome, HostStatePaths: c.HostStatePaths, Repository: c.Repository, HostServices: c.HostServices, DefaultTemplate: c.DefaultTemplate,
-		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: engine.SnapshotQuota(c.SnapshotQuota), MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
+		TenantTemplates: c.TenantTemplates, PoolCap: c.PoolCap, SnapshotQuota: engine.SnapshotQuota(c.SnapshotQuota), SnapshotStore: engine.SnapshotStore(c.SnapshotStore), MaxTimeout: c.MaxTimeout, MaxOutputLimit: c.MaxOutputLimit,
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout, Store: c.Store, Network: c.Network.engine(),
 		NetworkPresets: c.NetworkPresets, NetworkSilent: c.NetworkSilent, NetworkRefused: c.NetworkRefused,
 		OnEvent: engine.EventFunc(c.OnEvent), Logger: c.Logger, EnvErr: c.envErr,
@@ -287,6 +296,9 @@ type Template struct {
 	// container (on kubernetes its pod) removed and its workspace kept, so it holds nothing of the node. The key's
 	// next command resumes it transparently (sandbox_suspended, sandbox_resumed). 0: never.
 	SuspendAfter time.Duration
+	// PauseOnRetention: a sandbox past Config.Retention is suspended (workspace kept, resumed by the next
+	// command) rather than removed; RemoveWorkspaceOnRetention does not apply.
+	PauseOnRetention bool
 }
 
 // Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit. On
@@ -306,7 +318,7 @@ type TemplateSecret struct {
 func (t Template) engine() engine.Template {
 	e := engine.Template{Image: t.Image, User: t.User, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, PidsLimit: t.PidsLimit,
 		Env: t.Env, PostCreate: t.PostCreate, Spec: t.Spec, Network: t.Network.engine(), Tenants: t.Tenants, Pool: t.Pool,
-		Requests: engine.Requests(t.Requests), HostState: t.HostState, Services: t.Services, SuspendAfter: t.SuspendAfter}
+		Requests: engine.Requests(t.Requests), HostState: t.HostState, Services: t.Services, SuspendAfter: t.SuspendAfter, PauseOnRetention: t.PauseOnRetention}
 	for _, s := range t.Secrets {
 		e.Secrets = append(e.Secrets, engine.TemplateSecret(s))
 	}

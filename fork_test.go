@@ -11,12 +11,12 @@ import (
 	"github.com/sandkeep/sandkeep/snapshots"
 )
 
-// TestForkDocker: a fork on the real driver. The new key's sandbox runs its source's template and holds the
-// source's files (contents, modes, links as links), owned by its own user; the source keeps running; later
-// changes on either side stay apart. A target that exists, a source without a sandbox, a template other than the
+// TestFork: a fork on the real driver (Docker: a copy of the host workspace; kubernetes: through both pods'
+// agents, from claim to claim). The new key's sandbox runs its source's template and holds the source's files
+// (contents, modes, links as links), owned by its own user; the source keeps running; later changes on either
+// side stay apart. A target that exists, a source without a sandbox, a template other than the
 // source's and a copy past the limits are refused with their codes and leave nothing of the new key.
-func TestForkDocker(t *testing.T) {
-	dockerOnly(t, "the fork's copy is of a host workspace; on kubernetes the workspace is a claim")
+func TestFork(t *testing.T) {
 	cfg := baseConfig(t)
 	cfg.Templates = map[string]sandkeep.Template{"py": {Env: []string{"FLAVOUR=py"}}, "other": {}}
 	s := newSuite(t, cfg)

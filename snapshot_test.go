@@ -2,25 +2,56 @@ package sandkeep_test
 
 import (
 	"context"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/snapshots"
 )
 
-// TestSnapshotsDocker: a snapshot on the real driver. It keeps the workspace as it was (contents, modes, links),
+// TestSnapshots: a snapshot on the real driver (Docker: of the host workspace; kubernetes: of the claim, through
+// the pod's agent). It keeps the workspace as it was (contents, modes, links),
 // restores into a new key after its source is removed, in its template; later changes stay apart; names are per
 // tenant (SNAPSHOT_EXISTS, SNAPSHOT_NOT_FOUND), the tenant's quota holds (QUOTA_EXCEEDED, nothing kept), a
 // restore onto a key that exists is SANDBOX_EXISTS; create, restore and delete are recorded as events.
-func TestSnapshotsDocker(t *testing.T) {
-	dockerOnly(t, "snapshots archive a host workspace; on kubernetes the workspace is a claim")
+func TestSnapshots(t *testing.T) {
 	cfg := baseConfig(t)
 	cfg.Templates = map[string]sandkeep.Template{"py": {Env: []string{"FLAVOUR=py"}}}
 	cfg.SnapshotQuota = sandkeep.SnapshotQuota{Count: 2}
+	// The archives go to an S3-compatible bucket (gofakes3 in this process, on loopback), as an operator's
+	// snapshot_store sends them: content addressed there, none in the home.
+	backend := s3mem.New()
+	s3srv := httptest.NewServer(gofakes3.New(backend).Server())
+	t.Cleanup(s3srv.Close)
+	if err := backend.CreateBucket("snaps"); err != nil {
+		t.Fatal(err)
+	}
+	s3url, _ := url.Parse(s3srv.URL)
+	cfg.SnapshotStore = sandkeep.SnapshotStore{Endpoint: s3url.Host, Bucket: "snaps", Prefix: "p/", AccessKey: "k", SecretKey: "s", Insecure: true}
+	objects := func() int {
+		t.Helper()
+		res, err := backend.ListBucket("snaps", &gofakes3.Prefix{}, gofakes3.ListBucketPage{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range res.Contents {
+			if !strings.HasPrefix(c.Key, "p/blobs/sha256/") {
+				t.Errorf("object %q", c.Key)
+			}
+		}
+		return len(res.Contents)
+	}
 	var mu sync.Mutex
 	var seen []string
 	cfg.OnEvent = func(name string, _ any) {
@@ -59,6 +90,12 @@ func TestSnapshotsDocker(t *testing.T) {
 	auto, err := snapshots.Create(ctx, s.m, a, "", snapshots.Events{})
 	if err != nil || auto.Name == "" || auto.Digest == sn.Digest {
 		t.Fatalf("a snapshot without a name: %+v, %v", auto, err)
+	}
+	if n := objects(); n != 2 {
+		t.Fatalf("%d archives in the bucket for 2 snapshots of different content", n)
+	}
+	if local, _ := os.ReadDir(filepath.Join(cfg.Home, "snapshots", "blobs", "sha256")); len(local) != 0 {
+		t.Fatalf("%d archives in the home with an S3 store", len(local))
 	}
 	if _, err := snapshots.Create(ctx, s.m, a, "third", snapshots.Events{}); sandkeep.CodeOf(err) != "QUOTA_EXCEEDED" {
 		t.Fatalf("a snapshot past the tenant's quota of 2: %v, want QUOTA_EXCEEDED", err)

@@ -127,3 +127,70 @@ func TestSuspend(t *testing.T) {
 		t.Fatalf("a second sandbox_resumed: %v", obs.names())
 	}
 }
+
+// TestPauseOnRetention: a template may pause its sandboxes rather than have them removed when their time runs
+// out. Past Retention (and with RemoveWorkspaceOnRetention on) the sweeper removes a plain template's sandbox
+// with its workspace, but suspends the pausing template's (sandbox_suspended, reason retention) and keeps its
+// workspace; that key's next command resumes it (sandbox_resumed) with its files.
+func TestPauseOnRetention(t *testing.T) {
+	cfg := baseConfig(t)
+	bg := &namedEvents{}
+	cfg.OnEvent = bg.add
+	cfg.IdleTimeout, cfg.Retention, cfg.RemoveWorkspaceOnRetention = 100*time.Millisecond, 100*time.Millisecond, true
+	pausing := sandkeep.Template{PauseOnRetention: true}
+	if onKube {
+		pausing.Requests = sandkeep.Requests{CPUs: 0.01, MemoryBytes: 16 << 20}
+	}
+	cfg.Templates = map[string]sandkeep.Template{"pausing": pausing, "plain": {Requests: pausing.Requests}}
+	s := newSuite(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	p, q := s.key("pause", "p"), s.key("pause", "q")
+	run := func(key sandkeep.Key, tmpl, script string, obs *namedEvents) string {
+		t.Helper()
+		rr := sandkeep.RunRequest{Key: key, Template: tmpl}
+		if obs != nil {
+			rr.Observer.Event = obs.add
+		}
+		res := s.execRun(s.m, rr, sandkeep.ExecRequest{Argv: []string{"sh", "-c", script}})
+		if res.ExitCode != 0 {
+			t.Fatalf("%s: exit %d, stdout %q, stderr %q", script, res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return res.Stdout
+	}
+	run(p, "pausing", "echo kept > /workspace/notes.txt", nil)
+	run(q, "plain", "echo gone > /workspace/notes.txt", nil)
+	sweep := func() sandkeep.SweepReport {
+		t.Helper()
+		time.Sleep(300 * time.Millisecond)
+		rep, err := s.m.SweepOnce(ctx)
+		if err != nil {
+			t.Fatalf("SweepOnce: %v", err)
+		}
+		return rep
+	}
+	if rep := sweep(); len(rep.Stopped) != 2 || len(rep.Suspended)+len(rep.Removed) != 0 {
+		t.Fatalf("the first sweep (idle): %+v, want both stopped", rep)
+	}
+	rep := sweep()
+	if !slices.Equal(rep.Suspended, []string{p.ContainerName()}) || !slices.Equal(rep.Removed, []string{q.ContainerName()}) {
+		t.Fatalf("the sweep past retention: %+v, want %s paused and %s removed", rep, p.ContainerName(), q.ContainerName())
+	}
+	pl, ok := bg.payload(events.NameSandboxSuspended)
+	if sus, _ := pl.(events.SandboxSuspended); !ok || sus.Sandbox != p.ContainerName() || sus.Reason != events.SuspendRetention || sus.Template != "pausing" {
+		t.Fatalf("sandbox_suspended: %+v (events %v), want p's with reason retention", pl, bg.names())
+	}
+	if s.exists(p.ContainerName()) {
+		t.Fatal("the paused sandbox still exists")
+	}
+	obs := &namedEvents{}
+	if got := run(p, "pausing", "cat /workspace/notes.txt", obs); got != "kept\n" {
+		t.Fatalf("after the resume the workspace holds %q, want kept", got)
+	}
+	if pl, ok := obs.payload(events.NameSandboxResumed); !ok || pl.(events.SandboxResumed).Sandbox != p.ContainerName() {
+		t.Fatalf("sandbox_resumed: %+v (events %v)", pl, obs.names())
+	}
+	if got := run(q, "plain", "ls /workspace", nil); got != "" {
+		t.Fatalf("the removed key's workspace was kept: %q", got)
+	}
+}

@@ -41,7 +41,19 @@ func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
 // called name, in its template. It needs the exec scope. An unknown name is SNAPSHOT_NOT_FOUND, a user that has a
 // sandbox SANDBOX_EXISTS, one past the tenant's max_sandboxes QUOTA_EXCEEDED.
 func (c *Client) RestoreSnapshot(ctx context.Context, name, user string) (Sandbox, error) {
-	b, err := json.Marshal(wire.SnapshotRestore{User: user})
+	return c.restore(ctx, wire.SnapshotRestore{User: user}, name)
+}
+
+// ReplaceFromSnapshot is RestoreSnapshot onto user whether or not it has a sandbox: an existing user's sandbox is
+// stopped (its processes end) and its workspace replaced whole by the snapshot's, once the archive was read and
+// checked (an unknown or damaged snapshot leaves the user as it was); a new user is restored as RestoreSnapshot
+// does.
+func (c *Client) ReplaceFromSnapshot(ctx context.Context, name, user string) (Sandbox, error) {
+	return c.restore(ctx, wire.SnapshotRestore{User: user, Replace: true}, name)
+}
+
+func (c *Client) restore(ctx context.Context, req wire.SnapshotRestore, name string) (Sandbox, error) {
+	b, err := json.Marshal(req)
 	if err != nil {
 		return Sandbox{}, err
 	}

@@ -234,8 +234,9 @@ type SnapshotCreate struct {
 
 // SnapshotRestore is POST /v1/snapshots/{name}/restore.
 type SnapshotRestore struct {
-	User  string `json:"user"`
-	Trust string `json:"trust,omitempty"`
+	User    string `json:"user"`
+	Trust   string `json:"trust,omitempty"`
+	Replace bool   `json:"replace,omitempty"` // onto a user that has a sandbox: stopped, its workspace replaced
 }
 
 // Snapshot is one snapshot of a workspace.

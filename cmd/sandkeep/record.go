@@ -107,6 +107,7 @@ func (g *globals) operator(sc serverConfig) (sandkeep.Config, error) {
 		}
 	}
 	c.SnapshotQuota = sandkeep.SnapshotQuota{Count: sc.SnapshotQuota.Count, Bytes: sc.SnapshotQuota.Bytes}
+	c.SnapshotStore = sandkeep.SnapshotStore(sc.SnapshotStore)
 	return c, err
 }
 

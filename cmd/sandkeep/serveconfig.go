@@ -94,6 +94,18 @@ type serverConfig struct {
 		Count int   `yaml:"count"`
 		Bytes int64 `yaml:"bytes"`
 	} `yaml:"snapshot_quota"`
+	// SnapshotStore keeps snapshot archives in an S3-compatible bucket (records stay in the home):
+	// `snapshot_store: {endpoint: s3.example:9000, bucket: snaps, prefix: site-a/, region: us-east-1}`; the keys
+	// come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in serve's environment unless given here.
+	SnapshotStore struct {
+		Endpoint  string `yaml:"endpoint"`
+		Bucket    string `yaml:"bucket"`
+		Prefix    string `yaml:"prefix"`
+		Region    string `yaml:"region"`
+		AccessKey string `yaml:"access_key"`
+		SecretKey string `yaml:"secret_key"`
+		Insecure  bool   `yaml:"insecure"`
+	} `yaml:"snapshot_store"`
 	// Fleet makes this server one replica of several over one store (servefleet.go).
 	Fleet fleetConfig `yaml:"fleet"`
 }
@@ -115,6 +127,9 @@ type templateConfig struct {
 	// SuspendAfter: an idle sandbox of the template is suspended after this long (pod or container removed,
 	// workspace kept; the next command resumes it), e.g. 10m.
 	SuspendAfter string `yaml:"suspend_after"`
+	// PauseOnRetention: a sandbox of the template whose time runs out (stopped past retention) is suspended
+	// (workspace kept, resumed by the next command) rather than removed.
+	PauseOnRetention bool `yaml:"pause_on_retention"`
 	// Requests is what each sandbox reserves apart from its limits (cpus, memory): `requests: {cpus: 0.05,
 	// memory: 128m}` packs idle sandboxes densely on a Kubernetes node.
 	Requests struct {
@@ -160,6 +175,7 @@ func (c serverConfig) templates() (map[string]sandkeep.Template, error) {
 			}
 			t.SuspendAfter = d
 		}
+		t.PauseOnRetention = tc.PauseOnRetention
 		t.Requests.CPUs = tc.Requests.CPUs
 		if tc.Requests.Memory != "" {
 			n, err := bytesize.Parse(tc.Requests.Memory)

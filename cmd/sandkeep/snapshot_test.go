@@ -14,7 +14,8 @@ import (
 
 // TestSnapshots: `sandkeep snapshot create/list/restore/rm` and the API's snapshot routes (through the Go SDK) on
 // the real driver. A restore into a new user after the source is removed holds the source's files as they were;
-// names are per tenant (SNAPSHOT_EXISTS, SNAPSHOT_NOT_FOUND); the server's snapshot_quota holds (QUOTA_EXCEEDED).
+// names are per tenant (SNAPSHOT_EXISTS, SNAPSHOT_NOT_FOUND); the server's snapshot_quota holds (QUOTA_EXCEEDED); a
+// restore onto an existing user is refused unless asked to replace (--replace, the SDK's ReplaceFromSnapshot).
 func TestSnapshots(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
@@ -76,6 +77,21 @@ func TestSnapshots(t *testing.T) {
 	}
 	_, err = cl.RestoreSnapshot(bounded(t), "nope", "dave")
 	wantAPIError(t, err, http.StatusNotFound, fault.SnapshotNotFound)
+	// Onto carol, who exists: refused without replace, her workspace replaced whole with it (through the API).
+	if _, err := cl.Exec(bounded(t), "carol", client.ExecRequest{Command: "echo carol > /workspace/d/f; touch /workspace/hers"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.RestoreSnapshot(bounded(t), sn.Name, "carol")
+	wantAPIError(t, err, http.StatusConflict, fault.SandboxExists)
+	_, err = cl.ReplaceFromSnapshot(bounded(t), "nope", "carol")
+	wantAPIError(t, err, http.StatusNotFound, fault.SnapshotNotFound)
+	if sb, err = cl.ReplaceFromSnapshot(bounded(t), sn.Name, "carol"); err != nil || sb.User != "carol" || sb.State != "running" {
+		t.Fatalf("SDK ReplaceFromSnapshot: %+v, %v", sb, err)
+	}
+	res, err = cl.Exec(bounded(t), "carol", client.ExecRequest{Command: "cat /workspace/d/f; ls /workspace"})
+	if err != nil || res.Stdout != "one\nd\n" {
+		t.Fatalf("carol's workspace after the SDK's replace: %+v, %v", res, err)
+	}
 	if err := cl.DeleteSnapshot(bounded(t), sn.Name); err != nil {
 		t.Fatal(err)
 	}

@@ -103,7 +103,8 @@ func (s *Server) handleRestoreSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sb, err := sn.RestoreSnapshot(r.Context(), r.PathValue("name"), to, service.AdmitRequest{Trust: b.Trust, RequestID: infoOf(r).id})
+	sb, err := sn.RestoreSnapshot(r.Context(), r.PathValue("name"), to, service.AdmitRequest{Trust: b.Trust, RequestID: infoOf(r).id},
+		service.RestoreOptions{Replace: b.Replace})
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -149,14 +150,14 @@ func (g *guarded) DeleteSnapshot(ctx context.Context, tenant, name, requestID st
 }
 
 // RestoreSnapshot restores within the server's rules: draining, and the tenant's sandbox bound, as a fork.
-func (g *guarded) RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar service.AdmitRequest) (sandkeep.Sandbox, error) {
+func (g *guarded) RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar service.AdmitRequest, opts service.RestoreOptions) (sandkeep.Sandbox, error) {
 	sn, err := g.inner()
 	if err != nil {
 		return sandkeep.Sandbox{}, err
 	}
 	var sb sandkeep.Sandbox
 	err = g.newSandbox(ctx, to, func() error {
-		sb, err = sn.RestoreSnapshot(ctx, name, to, ar)
+		sb, err = sn.RestoreSnapshot(ctx, name, to, ar, opts)
 		return err
 	})
 	return sb, err

@@ -187,7 +187,7 @@ func (f *Front) handleCreate(w http.ResponseWriter, r *http.Request) {
 	rec.AllowInternet, rec.Network = body.AllowInternet, netw
 	if snap != nil {
 		sn, _ := snapshotter(b)
-		if _, err := sn.RestoreSnapshot(r.Context(), snap.Name, key, service.AdmitRequest{RequestID: f.requestID(r)}); err != nil {
+		if _, err := sn.RestoreSnapshot(r.Context(), snap.Name, key, service.AdmitRequest{RequestID: f.requestID(r)}, service.RestoreOptions{}); err != nil {
 			f.cleanup(b, key)
 			f.writeError(w, r, err)
 			return

@@ -109,6 +109,9 @@ type Config struct {
 	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take
 	// DefaultSnapshotQuota's; a negative one lifts the bound.
 	SnapshotQuota SnapshotQuota
+	// SnapshotStore, when its Bucket is set, keeps the snapshots' archives in that S3-compatible bucket instead
+	// of the home (the records stay in the home).
+	SnapshotStore SnapshotStore
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.
 	MaxTimeout     time.Duration
@@ -227,8 +230,23 @@ func (c *Config) lifecycle() (lifecycle.Config, error) {
 		PostCreate: c.PostCreate, SetupTimeout: c.SetupTimeout,
 		EgressResolver: c.EgressResolver, EgressUpstreamRoots: c.EgressRoots, EgressRefused: refused,
 		HostServices: services,
-		SuspendAfter: c.suspendAfter(),
+		SuspendAfter: c.suspendAfter(), PauseOnRetention: c.pauseOnRetention(),
 	}, nil
+}
+
+// pauseOnRetention names the templates whose sandboxes are suspended rather than removed past retention; nil
+// when none is.
+func (c Config) pauseOnRetention() map[string]bool {
+	var out map[string]bool
+	for name, t := range c.Templates {
+		if t.PauseOnRetention {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[name] = true
+		}
+	}
+	return out
 }
 
 // suspendAfter is each template's SuspendAfter, for the sweeper; nil when no template suspends.

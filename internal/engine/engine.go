@@ -97,7 +97,13 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := m.checkTemplates(); err != nil {
 		return nil, err
 	}
-	if m.snaps, err = snapshot.Open(filepath.Join(home.Dir, "snapshots"), cfg.SnapshotQuota.resolve(), nil); err != nil {
+	var arch snapshot.Archives // nil: the home's
+	if cfg.SnapshotStore.Bucket != "" {
+		if arch, err = snapshot.OpenS3(cfg.SnapshotStore); err != nil {
+			return nil, fault.Wrap(err, fault.InvalidArgument, "name the S3 store's endpoint and bucket (snapshot_store)", "%v", err)
+		}
+	}
+	if m.snaps, err = snapshot.Open(filepath.Join(home.Dir, "snapshots"), cfg.SnapshotQuota.resolve(), nil, arch); err != nil {
 		return nil, err
 	}
 	if !cfg.NoSweeper {

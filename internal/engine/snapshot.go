@@ -24,6 +24,9 @@ type SnapshotQuota struct {
 	Bytes int64
 }
 
+// SnapshotStore names an S3-compatible bucket for snapshot archives (snapshot.S3Config).
+type SnapshotStore = snapshot.S3Config
+
 // DefaultSnapshotQuota is what each tenant may keep unless the operator says otherwise.
 var DefaultSnapshotQuota = SnapshotQuota{Count: 100, Bytes: 10 << 30}
 
@@ -166,7 +169,7 @@ func (m *Manager) restoreSnapshot(ctx context.Context, name string, rr RunReques
 
 // restore extracts sn's archive into run's new key and makes its sandbox, whose name it returns.
 func (m *Manager) restore(ctx context.Context, run *Run, sn Snapshot, replace bool) (string, error) {
-	rc, err := m.snaps.Open(sn)
+	rc, err := m.snaps.Open(ctx, sn)
 	if err != nil {
 		return "", err
 	}

@@ -45,6 +45,10 @@ type Template struct {
 	// SuspendAfter is how long one of the template's sandboxes stays idle before the sweeper suspends it: its
 	// container or pod removed, its workspace kept; the next command resumes it (lifecycle/suspend.go). 0: never.
 	SuspendAfter time.Duration
+	// PauseOnRetention: when one of the template's sandboxes' time runs out (stopped past Retention), the sweeper
+	// suspends it (its workspace kept whatever RemoveWorkspaceOnRetention says; the next command resumes it)
+	// rather than removing it.
+	PauseOnRetention bool
 }
 
 // Requests is what a sandbox reserves: CPUs (cores, e.g. 0.05) and MemoryBytes, each at most its limit.

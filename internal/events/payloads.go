@@ -102,13 +102,21 @@ type SandboxStoppedIdle struct {
 	IdleMS  int64  `json:"idle_ms"`
 }
 
-// SandboxSuspended (sandbox_suspended): an idle sandbox of a template with suspend_after was removed (its container
-// or pod, and on kubernetes its record) with its workspace kept; the key's next command resumes it.
+// SandboxSuspended (sandbox_suspended): an idle sandbox of a template with suspend_after (Reason "idle"), or one
+// past retention of a template with pause_on_retention (Reason "retention"), was removed (its container or pod,
+// and on kubernetes its record) with its workspace kept; the key's next command resumes it.
 type SandboxSuspended struct {
 	Sandbox  string `json:"sandbox"`
 	Template string `json:"template"`
 	IdleMS   int64  `json:"idle_ms"`
+	Reason   string `json:"reason"`
 }
+
+// Reasons of sandbox_suspended.
+const (
+	SuspendIdle      = "idle"
+	SuspendRetention = "retention"
+)
 
 // SandboxResumed (sandbox_resumed): a suspended key's sandbox was made again over its kept workspace for a
 // command; DurationMS is what the resume added to that first command, SuspendedMS how long it was suspended.

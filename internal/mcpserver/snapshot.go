@@ -27,7 +27,9 @@ type SnapshotInput struct {
 // RestoreInput is the restore_snapshot tool's input.
 type RestoreInput struct {
 	Name string `json:"name" jsonschema:"the snapshot to restore"`
-	User string `json:"user" jsonschema:"the user (of this session's tenant) to restore into: a new one, with no sandbox yet"`
+	User string `json:"user" jsonschema:"the user (of this session's tenant) to restore into: a new one, with no sandbox yet (or, with replace, one that has one)"`
+	// Replace restores onto a user that has a sandbox: stopped, its workspace replaced whole.
+	Replace bool `json:"replace,omitempty" jsonschema:"restore onto a user that has a sandbox: it is stopped and its whole workspace replaced by the snapshot's (its processes end); without it such a user is refused"`
 }
 
 // SnapshotOutput is one snapshot.
@@ -125,7 +127,7 @@ func (t *tools) restoreSnapshot(ctx context.Context, in RestoreInput) (ForkOutpu
 	if err != nil {
 		return ForkOutput{}, err
 	}
-	sb, err := sn.RestoreSnapshot(ctx, in.Name, to, service.AdmitRequest{RequestID: t.requestID})
+	sb, err := sn.RestoreSnapshot(ctx, in.Name, to, service.AdmitRequest{RequestID: t.requestID}, service.RestoreOptions{Replace: in.Replace})
 	if err != nil {
 		return ForkOutput{}, err
 	}

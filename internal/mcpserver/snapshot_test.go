@@ -15,6 +15,7 @@ type snapBackend struct {
 	*fakeBackend
 	snaps    map[string]snapshots.Snapshot // tenant + "/" + name
 	restored []sandkeep.Key
+	replaced []bool // each restore's RestoreOptions.Replace
 }
 
 func (b *snapBackend) CreateSnapshot(_ context.Context, key sandkeep.Key, name, _ string) (snapshots.Snapshot, error) {
@@ -44,11 +45,14 @@ func (b *snapBackend) DeleteSnapshot(_ context.Context, tenant, name, _ string) 
 	return nil
 }
 
-func (b *snapBackend) RestoreSnapshot(_ context.Context, name string, to sandkeep.Key, _ service.AdmitRequest) (sandkeep.Sandbox, error) {
+var _ service.Snapshotter = (*snapBackend)(nil)
+
+func (b *snapBackend) RestoreSnapshot(_ context.Context, name string, to sandkeep.Key, _ service.AdmitRequest, opts service.RestoreOptions) (sandkeep.Sandbox, error) {
 	if _, ok := b.snaps[to.Tenant+"/"+name]; !ok {
 		return sandkeep.Sandbox{}, fault.New(fault.SnapshotNotFound, "list", "none")
 	}
 	b.restored = append(b.restored, to)
+	b.replaced = append(b.replaced, opts.Replace)
 	return sandkeep.Sandbox{Tenant: to.Tenant, User: to.User, Name: to.ContainerName(), State: "running"}, nil
 }
 
@@ -70,8 +74,12 @@ func TestSnapshotTools(t *testing.T) {
 		t.Fatalf("list_snapshots shows %+v", list)
 	}
 	sb := output[ForkOutput](t, call(t, cs, ToolRestoreSnapshot, map[string]any{"name": "s1", "user": "bob"}))
-	if sb.User != "bob" || len(b.restored) != 1 || b.restored[0] != mustKey(t, "acme", "bob") {
-		t.Fatalf("restore_snapshot: %+v, %v", sb, b.restored)
+	if sb.User != "bob" || len(b.restored) != 1 || b.restored[0] != mustKey(t, "acme", "bob") || b.replaced[0] {
+		t.Fatalf("restore_snapshot: %+v, %v (replace %v)", sb, b.restored, b.replaced)
+	}
+	output[ForkOutput](t, call(t, cs, ToolRestoreSnapshot, map[string]any{"name": "s1", "user": "bob", "replace": true}))
+	if len(b.replaced) != 2 || !b.replaced[1] {
+		t.Fatalf("restore_snapshot with replace reached the backend as %v", b.replaced)
 	}
 	wantCode(t, call(t, cs, ToolRestoreSnapshot, map[string]any{"name": "s2", "user": "bob"}), fault.SnapshotNotFound)
 	output[DeleteOutput](t, call(t, cs, ToolDeleteSnapshot, map[string]any{"name": "s1"}))

@@ -16,8 +16,14 @@ type Snapshotter interface {
 	Snapshots(ctx context.Context, tenant string) ([]snapshots.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, tenant, name, requestID string) error
 	// RestoreSnapshot makes to a new sandbox from to's tenant's snapshot called name, admitted for a caller as
-	// Admit does (ar.Template must be "" or the snapshot's).
-	RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar AdmitRequest) (sandkeep.Sandbox, error)
+	// Admit does (ar.Template must be "" or the snapshot's); with opts.Replace to may exist (snapshots.Replace).
+	RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar AdmitRequest, opts RestoreOptions) (sandkeep.Sandbox, error)
+}
+
+// RestoreOptions are what a restore asks besides admission: Replace restores onto a key that has a sandbox
+// (stopped, its workspace replaced whole once the archive is whole), which is SANDBOX_EXISTS without it.
+type RestoreOptions struct {
+	Replace bool
 }
 
 // ErrNoSnapshots is the answer of an entry point whose Backend is no Snapshotter.
@@ -45,10 +51,13 @@ func (s *Service) DeleteSnapshot(ctx context.Context, tenant, name, requestID st
 
 // RestoreSnapshot is snapshots.Restore for a caller: the operator's mode and driver, the lower
 // trust, the caller tier.
-func (s *Service) RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar AdmitRequest) (sandkeep.Sandbox, error) {
+func (s *Service) RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar AdmitRequest, opts RestoreOptions) (sandkeep.Sandbox, error) {
 	rr, err := s.runRequest(to, ar)
 	if err != nil {
 		return sandkeep.Sandbox{}, err
+	}
+	if opts.Replace {
+		return snapshots.Replace(ctx, s.m, name, rr)
 	}
 	return snapshots.Restore(ctx, s.m, name, rr)
 }

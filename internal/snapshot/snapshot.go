@@ -1,6 +1,7 @@
 // Package snapshot keeps workspace snapshots in a state home: each one a tar of a workspace stored once under its
-// SHA-256 (blobs/sha256/<hex>.tar, shared by every snapshot with the same content), and a record per (tenant,
-// name) that names the archive and the template and image it was taken from. It bounds each tenant's snapshots
+// SHA-256 (blobs/sha256/<hex>.tar, shared by every snapshot with the same content: in the home, or in an
+// S3-compatible bucket the operator configures, Archives), and a record per (tenant, name) in the home that names
+// the archive and the template and image it was taken from. It bounds each tenant's snapshots
 // (how many, and their archives' bytes) and refuses what would pass; it knows nothing of sandboxes.
 package snapshot
 
@@ -50,10 +51,11 @@ type Store struct {
 	dir   string
 	quota Quota
 	now   func() time.Time
+	arch  Archives
 }
 
-// Open makes (or opens) the store under dir.
-func Open(dir string, q Quota, now func() time.Time) (*Store, error) {
+// Open makes (or opens) the store under dir, its archives in arch (nil: dir's blobs/sha256).
+func Open(dir string, q Quota, now func() time.Time, arch Archives) (*Store, error) {
 	for _, d := range []string{"blobs/sha256", "records", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("snapshots: %w", err)
@@ -62,7 +64,10 @@ func Open(dir string, q Quota, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{dir: dir, quota: q, now: now}, nil
+	if arch == nil {
+		arch = dirArchives(filepath.Join(dir, "blobs", "sha256"))
+	}
+	return &Store{dir: dir, quota: q, now: now, arch: arch}, nil
 }
 
 // ValidName reports whether s may name a snapshot: 1..64 of [A-Za-z0-9._-], not starting with '.' or '-'.
@@ -101,10 +106,6 @@ func (s *Store) tenantDir(tenant string) string {
 
 func (s *Store) recordPath(tenant, name string) string {
 	return filepath.Join(s.tenantDir(tenant), name+".json")
-}
-
-func (s *Store) blobPath(digest string) string {
-	return filepath.Join(s.dir, "blobs", "sha256", strings.TrimPrefix(digest, "sha256:")+".tar")
 }
 
 // lock takes the store's exclusive lock; the function releases it.
@@ -167,10 +168,8 @@ func (s *Store) Create(ctx context.Context, sn Snapshot, fill func(w io.Writer) 
 	if left, _ := s.bytesLeft(sn.Tenant); left >= 0 && sn.Bytes > left {
 		return Snapshot{}, s.errQuota(sn.Tenant, "bytes")
 	}
-	if _, err := os.Stat(s.blobPath(sn.Digest)); errors.Is(err, fs.ErrNotExist) {
-		if err := os.Rename(tmp.Name(), s.blobPath(sn.Digest)); err != nil {
-			return Snapshot{}, fmt.Errorf("snapshots: %w", err)
-		}
+	if err := s.arch.Put(ctx, sn.Digest, tmp.Name(), sn.Bytes); err != nil {
+		return Snapshot{}, err
 	}
 	if err := s.writeRecord(sn); err != nil {
 		return Snapshot{}, err
@@ -292,12 +291,12 @@ func (s *Store) Get(tenant, name string) (Snapshot, error) {
 }
 
 // Open returns a reader of sn's archive that fails at its end when the content is not the recorded digest.
-func (s *Store) Open(sn Snapshot) (io.ReadCloser, error) {
-	f, err := os.Open(s.blobPath(sn.Digest))
+func (s *Store) Open(ctx context.Context, sn Snapshot) (io.ReadCloser, error) {
+	rc, err := s.arch.Open(ctx, sn.Digest)
 	if err != nil {
 		return nil, fmt.Errorf("snapshots: archive of %s: %w", sn.Name, err)
 	}
-	return &verified{f: f, h: sha256.New(), want: sn.Digest}, nil
+	return &verified{f: rc, h: sha256.New(), want: sn.Digest}, nil
 }
 
 // Delete removes tenant's snapshot called name (SNAPSHOT_NOT_FOUND when there is none), and its archive when no
@@ -318,8 +317,8 @@ func (s *Store) Delete(ctx context.Context, tenant, name string) (sn Snapshot, b
 	if err != nil || shared {
 		return sn, false, err
 	}
-	if err := os.Remove(s.blobPath(sn.Digest)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return sn, false, fmt.Errorf("snapshots: %w", err)
+	if err := s.arch.Remove(ctx, sn.Digest); err != nil {
+		return sn, false, err
 	}
 	return sn, true, nil
 }
@@ -366,7 +365,7 @@ func (c *capped) Write(p []byte) (int, error) {
 
 // verified reads an archive and, at its end, fails unless it hashed to want.
 type verified struct {
-	f    *os.File
+	f    io.ReadCloser
 	h    hash.Hash
 	want string
 }
@@ -375,7 +374,7 @@ func (v *verified) Read(p []byte) (int, error) {
 	n, err := v.f.Read(p)
 	v.h.Write(p[:n])
 	if errors.Is(err, io.EOF) && "sha256:"+hex.EncodeToString(v.h.Sum(nil)) != v.want {
-		return n, fmt.Errorf("snapshots: the archive does not match its digest %s: damaged on disk", v.want)
+		return n, fmt.Errorf("snapshots: the archive does not match its digest %s: damaged where it is kept", v.want)
 	}
 	return n, err
 }

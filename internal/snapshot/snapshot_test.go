@@ -16,14 +16,30 @@ func fill(s string) func(io.Writer) error {
 }
 
 // TestStore: archives are stored once per content and removed with their last snapshot; names are per tenant;
-// the count and byte quotas hold and keep nothing past them; a damaged archive fails its reader.
+// the count and byte quotas hold and keep nothing past them; a damaged archive fails its reader. In the home's
+// directory (the default).
 func TestStore(t *testing.T) {
-	ctx := context.Background()
 	dir := t.TempDir()
-	s, err := Open(dir, Quota{Count: 3, Bytes: 10}, nil)
+	s, err := Open(dir, Quota{Count: 3, Bytes: 10}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	blobs := filepath.Join(dir, "blobs", "sha256")
+	testStore(t, s, dir, func() int {
+		entries, _ := os.ReadDir(blobs)
+		return len(entries)
+	}, func(digest string) {
+		if err := os.WriteFile(filepath.Join(blobs, strings.TrimPrefix(digest, "sha256:")+".tar"), []byte("XX"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// testStore is TestStore's body over a store s in dir whose archives are counted by archives and overwritten
+// with other content by damage.
+func testStore(t *testing.T, s *Store, dir string, archives func() int, damage func(digest string)) {
+	t.Helper()
+	ctx := context.Background()
 	a, err := s.Create(ctx, Snapshot{Name: "a", Tenant: "acme", User: "u"}, fill("1234"))
 	if err != nil || a.Bytes != 4 || !strings.HasPrefix(a.Digest, "sha256:") {
 		t.Fatalf("create a: %+v, %v", a, err)
@@ -32,9 +48,8 @@ func TestStore(t *testing.T) {
 	if err != nil || b.Digest != a.Digest {
 		t.Fatalf("create b: %+v, %v", b, err)
 	}
-	blobs, _ := os.ReadDir(filepath.Join(dir, "blobs", "sha256"))
-	if len(blobs) != 1 {
-		t.Fatalf("%d archives for one content", len(blobs))
+	if n := archives(); n != 1 {
+		t.Fatalf("%d archives for one content", n)
 	}
 	if _, err := s.Create(ctx, Snapshot{Name: "a", Tenant: "acme"}, fill("x")); !fault.Is(err, fault.SnapshotExists) {
 		t.Fatalf("a name taken: %v", err)
@@ -67,12 +82,21 @@ func TestStore(t *testing.T) {
 	if _, gone, err := s.Delete(ctx, "acme", "b"); err != nil || !gone {
 		t.Fatalf("delete b (the last): removed %v, %v", gone, err)
 	}
+	if n := archives(); n != 2 { // c's and globex's a
+		t.Fatalf("%d archives after the last snapshot of one went, want 2", n)
+	}
 
 	c, _ := s.Get("acme", "c")
-	if err := os.WriteFile(s.blobPath(c.Digest), []byte("XX"), 0o600); err != nil {
+	rc, err := s.Open(ctx, c)
+	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := s.Open(c)
+	if got, err := io.ReadAll(rc); err != nil || string(got) != "12" {
+		t.Fatalf("c's archive reads %q, %v", got, err)
+	}
+	rc.Close()
+	damage(c.Digest)
+	rc, err = s.Open(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,13 +87,13 @@ func (b *Backend) DeleteSnapshot(ctx context.Context, tenant, name, requestID st
 }
 
 // RestoreSnapshot makes to's sandbox from to's tenant's snapshot called name.
-func (b *Backend) RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar service.AdmitRequest) (sandkeep.Sandbox, error) {
+func (b *Backend) RestoreSnapshot(ctx context.Context, name string, to sandkeep.Key, ar service.AdmitRequest, opts service.RestoreOptions) (sandkeep.Sandbox, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.snapMap()[to.Tenant+"\x00"+name]; !ok {
 		return sandkeep.Sandbox{}, errNoSnapshot(name)
 	}
-	if _, ok := b.boxes[to.Hex()]; ok {
+	if _, ok := b.boxes[to.Hex()]; ok && !opts.Replace {
 		return sandkeep.Sandbox{}, fault.New(fault.SandboxExists, "name a new user", "user %q has a sandbox", to.User)
 	}
 	sb := sandkeep.Sandbox{Tenant: to.Tenant, User: to.User, Key: to.Hex(), Name: to.ContainerName(), State: "running", CreatedAt: time.Now().UTC()}

@@ -721,6 +721,11 @@ func (d *Driver) Create(ctx context.Context, spec *driver.CreateSpec) (*driver.S
 func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error {
 	ns, pvc := d.opts.Namespace, d.claimFor(spec.Name, spec.Labels)
 	_, err := d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) && d.claimGoing(ctx, pvc.Name) {
+		// A claim being deleted (an rm, or a restore that replaces a workspace, just before) would hold its pod
+		// Pending until it is gone, then leave it without its volume: wait it out and make a new one.
+		_, err = d.api.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
+	}
 	if apierrors.IsAlreadyExists(err) {
 		// A kept workspace is this sandbox's again: no longer kept on purpose (the reaper judges it by its sandbox
 		// and its key again); a claim from before the labels annotation gets it.
@@ -733,6 +738,26 @@ func (d *Driver) ensureClaim(ctx context.Context, spec *driver.CreateSpec) error
 	}
 	return fault.Wrap(err, fault.SandboxFailed, "check sandkeep's RBAC on persistentvolumeclaims in "+ns+" and the storage class",
 		"the cluster could not make the workspace claim %s", pvc.Name)
+}
+
+// claimGoing reports whether the claim called name is being deleted, and then waits (within ctx) until it is
+// gone.
+func (d *Driver) claimGoing(ctx context.Context, name string) bool {
+	pvcs := d.api.CoreV1().PersistentVolumeClaims(d.opts.Namespace)
+	pvc, err := pvcs.Get(ctx, name, metav1.GetOptions{})
+	if err != nil || pvc.DeletionTimestamp == nil {
+		return false
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return true
+		case <-time.After(100 * time.Millisecond):
+		}
+		if _, err := pvcs.Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return true
+		}
+	}
 }
 
 // claimFor is the workspace claim of the sandbox named name, labelled with its identity labels (and, exactly, in

@@ -97,10 +97,13 @@ type Config struct {
 	Retention   time.Duration // a stopped sandbox this old is removed
 	// SuspendAfter is, per template name, how long a sandbox of that template stays idle before the sweeper
 	// suspends it (suspend.go): its container or pod removed, its workspace kept. Absent or 0: never.
-	SuspendAfter    map[string]time.Duration
-	RemoveWorkspace bool          // on retention removal, also delete the workspace
-	StopGrace       time.Duration // what a stopping sandbox's processes get before SIGKILL
-	Grace           time.Duration // what a command's tree gets between SIGTERM and SIGKILL
+	SuspendAfter map[string]time.Duration
+	// PauseOnRetention names the templates whose sandboxes past Retention are suspended (suspend.go) rather
+	// than removed: their workspaces are kept whatever RemoveWorkspace says.
+	PauseOnRetention map[string]bool
+	RemoveWorkspace  bool          // on retention removal, also delete the workspace
+	StopGrace        time.Duration // what a stopping sandbox's processes get before SIGKILL
+	Grace            time.Duration // what a command's tree gets between SIGTERM and SIGKILL
 
 	// Transport is how commands reach the agent: TransportAuto (the persistent channel when it is up, else the
 	// engine's exec), TransportAgent (the channel only) or TransportExec (the engine's exec only).

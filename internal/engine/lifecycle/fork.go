@@ -44,12 +44,16 @@ func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, op
 	if from.Hex() == to.Hex() {
 		return nil, fault.New(fault.InvalidArgument, "name another user to fork into", "cannot fork %s into itself", from)
 	}
-	src, _, _, err := m.Workspace(from, false) // FILES_UNAVAILABLE where the driver keeps workspaces
-	if err != nil {
-		if fault.Is(err, fault.FileNotFound) {
-			return nil, errNoSandbox(from)
+	remote := m.RemoteWorkspaces()
+	var src string
+	if !remote {
+		var err error
+		if src, _, _, err = m.Workspace(from, false); err != nil {
+			if fault.Is(err, fault.FileNotFound) {
+				return nil, errNoSandbox(from)
+			}
+			return nil, err
 		}
-		return nil, err
 	}
 	first, second := from, to // one lock order for every fork: no two forks wait on each other
 	if second.Hex() < first.Hex() {
@@ -70,6 +74,9 @@ func (m *Manager) Fork(ctx context.Context, from, to identity.Key, sh *Shape, op
 	}
 	if sh.cfg.DiskBytes > 0 && (lim.Bytes == 0 || sh.cfg.DiskBytes < lim.Bytes) {
 		lim.Bytes = sh.cfg.DiskBytes // the new key's file system could not hold more (its metadata aside)
+	}
+	if remote {
+		return m.forkRemote(ctx, from, to, sh, lim, start)
 	}
 	if err := measure(src, lim); err != nil {
 		return nil, err
@@ -115,6 +122,14 @@ func (m *Manager) checkNew(ctx context.Context, key identity.Key) error {
 		return err
 	case m.home.HasWorkspace(key):
 		return errExists(key)
+	}
+	if ck, ok := m.drv.(driver.ClaimKeeper); ok && m.RemoteWorkspaces() {
+		// The workspace is the driver's (a claim kept by an rm that kept it, or made by another replica).
+		if exists, err := ck.Exists(ctx, key.ContainerName()); err != nil {
+			return err
+		} else if exists {
+			return errExists(key)
+		}
 	}
 	return nil
 }

@@ -358,6 +358,11 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 		return err
 	}
 	defer release()
+	return m.removeHeld(ctx, key, keepWorkspace)
+}
+
+// removeHeld is Remove's body, for a caller that holds key's gate.
+func (m *Manager) removeHeld(ctx context.Context, key identity.Key, keepWorkspace bool) error {
 	sb, err := m.owned(ctx, key)
 	notFound := fault.Is(err, fault.NotFound)
 	if err != nil && !notFound {
@@ -381,21 +386,27 @@ func (m *Manager) Remove(ctx context.Context, key identity.Key, keepWorkspace bo
 		m.emit(ctx, events.NameSandboxRemoved, events.SandboxRemoved{Sandbox: sb.Name, Reason: "request"})
 	}
 	if !keepWorkspace {
-		m.home.clearSuspended(key)                         // its workspace goes: the next sandbox is new, not resumed
-		if wr, ok := m.drv.(driver.WorkspaceRemover); ok { // a workspace the driver keeps (a Kubernetes claim)
-			name := key.ContainerName()
-			if sb != nil {
-				name = sb.Name // a claimed pool member's keeps the member's name
-			} else if mk := m.home.phys(key); mk != key {
-				name = mk.MemberName()
-			}
-			if err := wr.RemoveWorkspace(ctx, name); err != nil {
-				return err
-			}
-		}
-		return m.home.RemoveWorkspace(key)
+		m.home.clearSuspended(key) // its workspace goes: the next sandbox is new, not resumed
+		return m.removeWorkspace(ctx, key, sb)
 	}
 	return nil
+}
+
+// removeWorkspace deletes key's workspace: the claim of a driver that keeps it (sb's, a claimed pool member's
+// keeping the member's name; sb nil when key has no sandbox any more), then the home's directory and claim record.
+func (m *Manager) removeWorkspace(ctx context.Context, key identity.Key, sb *driver.Sandbox) error {
+	if wr, ok := m.drv.(driver.WorkspaceRemover); ok { // a workspace the driver keeps (a Kubernetes claim)
+		name := key.ContainerName()
+		if sb != nil {
+			name = sb.Name // a claimed pool member's keeps the member's name
+		} else if mk := m.home.phys(key); mk != key {
+			name = mk.MemberName()
+		}
+		if err := wr.RemoveWorkspace(ctx, name); err != nil {
+			return err
+		}
+	}
+	return m.home.RemoveWorkspace(key)
 }
 
 // Sandbox is key's sandbox as the engine reports it now (a claimed pool member's under its own name);

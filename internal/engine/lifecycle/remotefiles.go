@@ -82,39 +82,64 @@ func (m *Manager) runFileOp(ctx context.Context, key identity.Key, arg string, s
 		if err != nil {
 			return 0, err
 		}
-		preq := agentproto.Request{
-			Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{driver.AgentPath, "fs", arg},
-			TimeoutMS: MaxTimeout.Milliseconds(), GraceMS: m.cfg.Grace.Milliseconds(),
-			StdoutLimit: max(limit, 1), StderrLimit: fileOpStderr, Stdin: stdin != nil, Stream: true,
-		}
-		var in *touchedReader
-		out := driver.Output{Stdout: stdout, Stderr: stderr}
-		if stdin != nil {
-			in = &touchedReader{r: stdin}
-			out.Stdin = in
-		}
-		m.home.Touch(key, m.cfg.Now())
-		res, err := m.drv.Exec(ctx, sb, preq, out)
-		m.home.Touch(key, m.cfg.Now())
+		exit, gone, err := m.execFileOp(ctx, key, sb, arg, stdin, stdout, stderr, limit)
 		switch {
-		case err == nil && (res.TimedOut || res.StdoutTruncated || res.StartError != ""):
-			return 0, fmt.Errorf("%w: the file operation in sandbox %s did not complete (timed out %v, output over its bound %v, start error %q)",
-				files.ErrAgent, sb.Name, res.TimedOut, res.StdoutTruncated, res.StartError)
-		case err == nil:
-			return res.ExitCode, nil
-		case attempt == 0 && ctx.Err() == nil && (in == nil || !in.touched.Load()) &&
-			(cerrdefs.IsNotFound(err) || cerrdefs.IsConflict(err)):
+		case gone && attempt == 0:
 			m.forget(key) // stopped or removed behind this process's back: nothing ran
 			continue
-		case errors.Is(err, agentproto.ErrProtocol):
-			m.recycle(ctx, key, sb, err)
-			return 0, fault.Wrap(err, fault.AgentProtocol, "the sandbox was recycled; try again (files in /workspace are kept)",
-				"the agent in sandbox %s stopped answering correctly during a file operation", sb.Name)
-		case ctx.Err() != nil:
-			return 0, ctx.Err()
-		default:
+		case gone:
 			return 0, coded(ctx, err, key)
 		}
+		return exit, err
+	}
+}
+
+// heldRunner is the file Runner of key's sandbox sb for a caller that holds key's gate (a fork, a snapshot, a
+// restore): one attempt on sb, never a sandbox provided again (that would wait for the gate the caller holds).
+func (m *Manager) heldRunner(key identity.Key, sb *driver.Sandbox) files.Runner {
+	return func(ctx context.Context, arg string, stdin io.Reader, stdout, stderr io.Writer, limit int64) (int, error) {
+		exit, gone, err := m.execFileOp(ctx, key, sb, arg, stdin, stdout, stderr, limit)
+		if gone {
+			m.forget(key)
+			return 0, coded(ctx, err, key)
+		}
+		return exit, err
+	}
+}
+
+// execFileOp runs one file operation in sb. gone reports a sandbox found stopped or removed before anything
+// ran (nothing was read of stdin), which the caller may provide again.
+func (m *Manager) execFileOp(ctx context.Context, key identity.Key, sb *driver.Sandbox, arg string, stdin io.Reader, stdout, stderr io.Writer, limit int64) (exit int, gone bool, err error) {
+	preq := agentproto.Request{
+		Version: agentproto.Version, ID: m.nextID.Add(1), Argv: []string{driver.AgentPath, "fs", arg},
+		TimeoutMS: MaxTimeout.Milliseconds(), GraceMS: m.cfg.Grace.Milliseconds(),
+		StdoutLimit: max(limit, 1), StderrLimit: fileOpStderr, Stdin: stdin != nil, Stream: true,
+	}
+	var in *touchedReader
+	out := driver.Output{Stdout: stdout, Stderr: stderr}
+	if stdin != nil {
+		in = &touchedReader{r: stdin}
+		out.Stdin = in
+	}
+	m.home.Touch(key, m.cfg.Now())
+	res, err := m.drv.Exec(ctx, sb, preq, out)
+	m.home.Touch(key, m.cfg.Now())
+	switch {
+	case err == nil && (res.TimedOut || res.StdoutTruncated || res.StartError != ""):
+		return 0, false, fmt.Errorf("%w: the file operation in sandbox %s did not complete (timed out %v, output over its bound %v, start error %q)",
+			files.ErrAgent, sb.Name, res.TimedOut, res.StdoutTruncated, res.StartError)
+	case err == nil:
+		return res.ExitCode, false, nil
+	case ctx.Err() == nil && (in == nil || !in.touched.Load()) && (cerrdefs.IsNotFound(err) || cerrdefs.IsConflict(err)):
+		return 0, true, err
+	case errors.Is(err, agentproto.ErrProtocol):
+		m.recycle(ctx, key, sb, err)
+		return 0, false, fault.Wrap(err, fault.AgentProtocol, "the sandbox was recycled; try again (files in /workspace are kept)",
+			"the agent in sandbox %s stopped answering correctly during a file operation", sb.Name)
+	case ctx.Err() != nil:
+		return 0, false, ctx.Err()
+	default:
+		return 0, false, coded(ctx, err, key)
 	}
 }
 

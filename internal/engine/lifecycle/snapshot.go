@@ -16,13 +16,17 @@ import (
 
 // ArchiveWorkspace writes key's workspace to w as a tar (files.FS.WriteTar: links as links, never followed),
 // holding the key's gate so that no command of the key writes meanwhile. A key without a sandbox is
-// SANDBOX_NOT_FOUND; a driver that keeps workspaces itself (kubernetes) FILES_UNAVAILABLE.
+// SANDBOX_NOT_FOUND. On a driver that keeps workspaces itself (kubernetes) the archive is written by the
+// sandbox's agent (remotecopy.go), the sandbox started first when it was stopped.
 func (m *Manager) ArchiveWorkspace(ctx context.Context, key identity.Key, w io.Writer, lim files.Limits) error {
 	release, err := m.gates.acquire(ctx, key, m.cfg.GateWait)
 	if err != nil {
 		return err
 	}
 	defer release()
+	if m.RemoteWorkspaces() {
+		return m.archiveRemote(ctx, key, w, lim)
+	}
 	if _, err := m.owned(ctx, key); err != nil {
 		if fault.Is(err, fault.ForeignContainer) {
 			return errNoSandbox(key)
@@ -57,10 +61,6 @@ type RestoreOptions struct {
 func (m *Manager) Restore(ctx context.Context, to identity.Key, sh *Shape, r io.Reader, opts RestoreOptions) (*driver.Sandbox, error) {
 	sh = m.shapeOf(sh)
 	ctx = withSink(ctx, opts.OnEvent)
-	if _, elsewhere := m.drv.(driver.WorkspaceRemover); elsewhere {
-		return nil, fault.New(fault.FilesUnavailable, "restore snapshots with the docker driver",
-			"the %s driver keeps workspaces in the cluster; restoring one is not done yet", m.drv.Name())
-	}
 	release, err := m.gates.acquire(ctx, to, m.cfg.GateWait)
 	if err != nil {
 		return nil, err
@@ -70,7 +70,13 @@ func (m *Manager) Restore(ctx context.Context, to identity.Key, sh *Shape, r io.
 		if !opts.Replace || !fault.Is(err, fault.SandboxExists) {
 			return nil, err
 		}
+		if m.RemoteWorkspaces() {
+			return m.restoreRemote(ctx, to, sh, r, opts, true)
+		}
 		return m.replaceWorkspace(ctx, to, sh, r, opts)
+	}
+	if m.RemoteWorkspaces() {
+		return m.restoreRemote(ctx, to, sh, r, opts, false)
 	}
 	ok := false
 	defer func() {
@@ -113,12 +119,18 @@ func extractInto(ctx context.Context, dir string, uid, gid int, lim files.Limits
 func (m *Manager) undoNew(ctx context.Context, key identity.Key) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time30s)
 	defer cancel()
-	if sb, err := m.inspectKey(cctx, key); err == nil && m.checkOurs(key, sb) == nil {
+	sb, err := m.inspectKey(cctx, key)
+	if err != nil || m.checkOurs(key, sb) != nil {
+		sb = nil
+	}
+	if sb != nil {
 		_ = m.drv.Remove(cctx, sb)
 	}
 	m.forget(key)
 	m.dropListener(key)
-	_ = m.home.RemoveWorkspace(key)
+	if err := m.removeWorkspace(cctx, key, sb); err != nil {
+		m.cfg.Logger.Warn("the workspace of a key that did not come to be was not removed", "key", key.Short(), "err", err)
+	}
 }
 
 // replaceWorkspace is Restore onto key, which exists (the caller holds its gate): the archive is extracted into a

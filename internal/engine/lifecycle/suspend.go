@@ -31,6 +31,12 @@ func (m *Manager) suspendAfter(sb *driver.Sandbox) time.Duration {
 	return m.cfg.SuspendAfter[sb.Labels[driver.LabelTemplate]]
 }
 
+// pausesOnRetention: sb's template suspends it rather than have it removed past retention. A claimed pool member
+// is removed as before (its workspace is named after the member: see above).
+func (m *Manager) pausesOnRetention(sb *driver.Sandbox) bool {
+	return sb.Labels[driver.LabelPool] == "" && m.cfg.PauseOnRetention[sb.Labels[driver.LabelTemplate]]
+}
+
 // suspendable: of a template with suspend_after, running or stopped, and unused for that long.
 func (m *Manager) suspendable(key identity.Key, sb *driver.Sandbox) bool {
 	after := m.suspendAfter(sb)
@@ -52,7 +58,7 @@ func (m *Manager) idleSince(key identity.Key, sb *driver.Sandbox) time.Time {
 // suspend removes sb, key's sandbox, and keeps its workspace. The caller holds key's gate and has checked
 // suspendable under it. The marker is written only once the sandbox is gone, so a failed removal never makes a
 // later create read as a resume.
-func (m *Manager) suspend(ctx context.Context, key identity.Key, sb *driver.Sandbox, rep *SweepReport) error {
+func (m *Manager) suspend(ctx context.Context, key identity.Key, sb *driver.Sandbox, rep *SweepReport, reason string) error {
 	idle := m.cfg.Now().Sub(m.idleSince(key, sb))
 	m.forget(key)
 	m.dropEgress(key)
@@ -65,7 +71,7 @@ func (m *Manager) suspend(ctx context.Context, key identity.Key, sb *driver.Sand
 	}
 	rep.Suspended = append(rep.Suspended, sb.Name)
 	m.emit(ctx, events.NameSandboxSuspended, events.SandboxSuspended{Sandbox: sb.Name,
-		Template: sb.Labels[driver.LabelTemplate], IdleMS: idle.Milliseconds()})
+		Template: sb.Labels[driver.LabelTemplate], IdleMS: idle.Milliseconds(), Reason: reason})
 	m.cfg.Logger.Info("sweeper suspended idle sandbox", "sandbox", sb.Name, "key", key.Short())
 	return nil
 }

@@ -155,7 +155,7 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 		return nil
 	}
 	if m.suspendable(key, sb) { // suspend.go: before idle stop, which would only stop it
-		return m.suspend(ctx, key, sb, rep)
+		return m.suspend(ctx, key, sb, rep, events.SuspendIdle)
 	}
 	if !m.sweepable(ctx, key, sb) {
 		return nil
@@ -173,13 +173,16 @@ func (m *Manager) sweepOne(ctx context.Context, key identity.Key, listed *driver
 			IdleMS: m.cfg.Now().Sub(m.home.LastUsed(key)).Milliseconds()})
 		m.cfg.Logger.Info("sweeper stopped idle sandbox", "sandbox", sb.Name, "key", key.Short())
 	default:
+		if m.pausesOnRetention(sb) { // its time ran out: paused (suspended), not removed
+			return m.suspend(ctx, key, sb, rep, events.SuspendRetention)
+		}
 		if err := m.drv.Remove(ctx, sb); err != nil {
 			return fmt.Errorf("sweep: %w", err)
 		}
 		m.home.ForgetKey(key)
 		m.dropListener(key)
 		if m.cfg.RemoveWorkspace {
-			if err := m.home.RemoveWorkspace(key); err != nil {
+			if err := m.removeWorkspace(ctx, key, sb); err != nil { // a kubernetes claim too
 				return fmt.Errorf("sweep: %w", err)
 			}
 		}
