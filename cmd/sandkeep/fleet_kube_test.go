@@ -129,22 +129,7 @@ func TestFleetKube(t *testing.T) {
 		}
 		ok.Add(1)
 	}
-	podsPerKey := func() map[string]int {
-		t.Helper()
-		pods, err := c.kc.API.CoreV1().Pods(c.ns).List(bounded(t), metav1.ListOptions{
-			LabelSelector: driver.LabelInstallation + "=" + c.installation})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]int{}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp == nil {
-				out[p.Labels[driver.LabelKey]]++
-			}
-		}
-		return out
-	}
-	perKey := podsPerKey()
+	perKey := kubePodsPerKey(t, c)
 	if len(perKey) != users {
 		t.Errorf("pods by key %v: want %d keys", perKey, users)
 	}
@@ -243,7 +228,7 @@ func TestFleetKube(t *testing.T) {
 	}
 	ok.Add(1)
 	t.Logf("takeover: u1's next command succeeded through another replica %s after the kill (lease %s, %d tries)", took.Round(time.Millisecond), ttl, tries)
-	if n := podsPerKey()[keyLabel(t, tenant, "u1")]; n != 1 {
+	if n := kubePodsPerKey(t, c)[keyLabel(t, tenant, "u1")]; n != 1 {
 		t.Errorf("after the takeover u1 has %d pods, want 1", n)
 	}
 	checkFleetRuns(t, st, tenant, int(ok.Load()))
@@ -255,4 +240,22 @@ func keyLabel(t *testing.T, tenant, user string) string {
 	t.Helper()
 	sum := sha256.Sum256([]byte(keyOf(t, tenant, user).Hex()))
 	return "h-" + hex.EncodeToString(sum[:20])
+}
+
+// kubePodsPerKey counts the pods of c's installation in its sandbox namespace by their key label (those being
+// deleted aside).
+func kubePodsPerKey(t *testing.T, c *cli) map[string]int {
+	t.Helper()
+	pods, err := c.kc.API.CoreV1().Pods(c.ns).List(bounded(t), metav1.ListOptions{
+		LabelSelector: driver.LabelInstallation + "=" + c.installation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			out[p.Labels[driver.LabelKey]]++
+		}
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -486,5 +487,9 @@ func execAnywhere(t *testing.T, replicas []*sdk.Client, user string, req sdk.Exe
 	return res, err
 }
 
-// isRefused reports whether err is a refused connection (the replica is gone: the request never reached it).
-func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+// isRefused reports whether err is a connection that was never made (refused: the replica is gone; no route or a
+// dial timeout: a replica pod's address is gone with it): the request never reached a replica.
+func isRefused(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &op) && op.Op == "dial"
+}

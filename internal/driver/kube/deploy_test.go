@@ -3,11 +3,6 @@ package kube_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -21,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
@@ -34,13 +28,8 @@ import (
 	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
-// The manifests' namespaces and service account, as deploy/kubernetes names them.
-const (
-	deploySystemNS  = "sandkeep-system"
-	deploySandboxNS = "sandkeep"
-	deploySA        = "sandkeep"
-	deployDir       = "../../../deploy/kubernetes"
-)
+// deploySA is the manifests' service account, as deploy/kubernetes names it.
+const deploySA = "sandkeep"
 
 // access is one request sandkeep's service account makes (or must not be able to make).
 type access struct {
@@ -53,7 +42,7 @@ type access struct {
 var driverAccess = []access{
 	{verb: "get", resource: "pods"}, {verb: "list", resource: "pods"}, {verb: "watch", resource: "pods"},
 	{verb: "create", resource: "pods"}, {verb: "delete", resource: "pods"},
-	{verb: "create", resource: "pods", sub: "exec"},
+	{verb: "create", resource: "pods", sub: "exec"}, {verb: "get", resource: "pods", sub: "exec"}, // the WebSocket exec: both
 	{verb: "get", resource: "configmaps"}, {verb: "list", resource: "configmaps"}, {verb: "create", resource: "configmaps"},
 	{verb: "patch", resource: "configmaps"}, {verb: "delete", resource: "configmaps"},
 	{verb: "create", resource: "persistentvolumeclaims"}, {verb: "delete", resource: "persistentvolumeclaims"},
@@ -99,8 +88,8 @@ func TestDeployManifests(t *testing.T) {
 	sys, sb := kc.Namespace(t), kc.Namespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	objs := readManifests(t, deployDir)
-	rename(t, objs, sys, sb)
+	objs := kubetest.Manifests(t, kubetest.DeployDir(t))
+	kubetest.Rename(t, objs, sys, sb)
 
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(kc.API.Discovery()))
 	dyn, err := dynamic.NewForConfig(kc.Config)
@@ -110,7 +99,7 @@ func TestDeployManifests(t *testing.T) {
 	real := map[string]bool{"Namespace": true, "ServiceAccount": true, "Role": true, "RoleBinding": true}
 	var deployment *appsv1.Deployment
 	var role *rbacv1.Role
-	for _, u := range objs { // namespaces first: readManifests sorts them so
+	for _, u := range objs { // namespaces first: kubetest.Manifests sorts them so
 		m, err := mapper.RESTMapping(u.GroupVersionKind().GroupKind(), u.GroupVersionKind().Version)
 		if err != nil {
 			t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
@@ -231,7 +220,7 @@ func TestDeployManifests(t *testing.T) {
 	runAsServiceAccount(ctx, t, d, kc)
 }
 
-// runAsServiceAccount: ping, create, start, a command over the channel,
+// runAsServiceAccount: ping, create, start, a command over the channel, one through the API server's exec,
 // list, stop, remove, remove the workspace.
 func runAsServiceAccount(ctx context.Context, t *testing.T, d *kube.Driver, kc *kubetest.Cluster) {
 	t.Helper()
@@ -262,13 +251,20 @@ func runAsServiceAccount(ctx context.Context, t *testing.T, d *kube.Driver, kc *
 	if err := d.Start(ctx, sb); err != nil {
 		t.Fatalf("Start as the service account: %v", err)
 	}
-	// Commands over the pod's channel (which needs the pods watch; the manifests grant no pods/exec).
+	// A command over the pod's channel (which needs the pods watch).
 	r, overChannel := runVia(t, ctx, d, sb, "sh", "-c", "echo hi > /workspace/f; cat /workspace/f")
+	var out bytes.Buffer
 	if r.exit != 0 || r.stdout != "hi\n" {
 		t.Fatalf("a command as the service account: %+v", r)
 	}
 	if !overChannel || d.ChannelStats() == (kube.ChannelStats{}) {
 		t.Errorf("no command went over the agent channel as the service account (stats %+v)", d.ChannelStats())
+	}
+	// And through the API server's exec, what every command falls back to when the pod's channel is down (a pod
+	// made by a replica that is gone dials its old address): the WebSocket exec needs get and create.
+	res, err := d.Exec(ctx, sb, request("cat", "/workspace/f"), driver.Output{Stdout: &out})
+	if err != nil || res.ExitCode != 0 || out.String() != "hi\n" {
+		t.Fatalf("a command through the API server's exec as the service account: %+v, %q, %v", res, out.String(), err)
 	}
 	list, err := d.List(ctx, inst)
 	if err != nil || len(list) != 1 {
@@ -282,114 +278,6 @@ func runAsServiceAccount(ctx context.Context, t *testing.T, d *kube.Driver, kc *
 	}
 	if err := d.RemoveWorkspace(ctx, sb.Name); err != nil {
 		t.Fatalf("RemoveWorkspace as the service account: %v", err)
-	}
-}
-
-// readManifests decodes every YAML document under dir, namespaces first.
-func readManifests(t *testing.T, dir string) []*unstructured.Unstructured {
-	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests in %s (%v)", dir, err)
-	}
-	var out []*unstructured.Unstructured
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-		for {
-			var obj map[string]any
-			err := dec.Decode(&obj)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if obj == nil {
-				continue
-			}
-			out = append(out, &unstructured.Unstructured{Object: obj})
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return rank(out[i]) < rank(out[j]) })
-	return out
-}
-
-func rank(u *unstructured.Unstructured) int {
-	switch u.GetKind() {
-	case "Namespace":
-		return 0
-	case "ServiceAccount", "Role", "ClusterRole":
-		return 1
-	default:
-		return 2
-	}
-}
-
-// rename points the manifests at the test's namespaces (and gives cluster-wide objects names of the test's).
-func rename(t *testing.T, objs []*unstructured.Unstructured, sys, sb string) {
-	t.Helper()
-	nsMap := map[string]string{deploySystemNS: sys, deploySandboxNS: sb}
-	for _, u := range objs {
-		if u.GetKind() == "Namespace" {
-			if n, ok := nsMap[u.GetName()]; ok {
-				u.SetName(n)
-			}
-		}
-		if n, ok := nsMap[u.GetNamespace()]; ok {
-			u.SetNamespace(n)
-		}
-		switch u.GetKind() {
-		case "StorageClass", "ClusterRole", "ClusterRoleBinding":
-			u.SetName(sys + "-" + u.GetName())
-		}
-		b, err := json.Marshal(u.Object)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var obj map[string]any
-		if err := json.Unmarshal(b, &obj); err != nil {
-			t.Fatal(err)
-		}
-		walkRename(obj, nsMap)
-		u.Object = obj
-	}
-}
-
-// walkRename maps the namespace names inside an object: subjects' namespaces, a rule's resourceNames of
-// namespaces, the value of SANDKEEP_KUBE_NAMESPACE, a roleRef to a renamed cluster role.
-func walkRename(v any, nsMap map[string]string) {
-	switch x := v.(type) {
-	case map[string]any:
-		if ns, ok := x["namespace"].(string); ok && nsMap[ns] != "" {
-			if _, subject := x["kind"]; subject {
-				x["namespace"] = nsMap[ns]
-			}
-		}
-		if name, _ := x["name"].(string); name == kube.EnvNamespace {
-			if val, ok := x["value"].(string); ok && nsMap[val] != "" {
-				x["value"] = nsMap[val]
-			}
-		}
-		if res, ok := x["resources"].([]any); ok && slices.Contains(res, any("namespaces")) {
-			if names, ok := x["resourceNames"].([]any); ok {
-				for i, n := range names {
-					if s, _ := n.(string); nsMap[s] != "" {
-						names[i] = nsMap[s]
-					}
-				}
-			}
-		}
-		for _, e := range x {
-			walkRename(e, nsMap)
-		}
-	case []any:
-		for _, e := range x {
-			walkRename(e, nsMap)
-		}
 	}
 }
 

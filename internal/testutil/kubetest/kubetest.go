@@ -25,9 +25,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -86,6 +88,11 @@ type Cluster struct {
 	// repository tagged with the agent binary's digest, so that the node's other users (another worktree's tests,
 	// a CI run) importing their own agent under the shared tag never swap it under this binary's pods.
 	AgentImage string
+
+	mapperOnce sync.Once // Resource's discovery, once per cluster
+	mapper     meta.RESTMapper
+	dyn        dynamic.Interface
+	dynErr     error
 }
 
 var (
@@ -184,15 +191,9 @@ func (c *Cluster) LoadImages(ctx context.Context) error {
 		}{probeRepo, &probeTar})
 		want = append(want, ProbeImage)
 	}
-	socket := os.Getenv(EnvContainerd)
-	if socket == "" {
-		socket = NodeContainerd
-	}
 	for _, img := range images {
-		cmd := exec.CommandContext(ctx, "ctr", "-a", socket, "-n", "k8s.io", "images", "import", "--digests", "--base-name", img.repo, "-")
-		cmd.Stdin = img.tar
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("ctr images import %s: %v: %s", img.repo, err, out)
+		if err := c.ImportImage(ctx, img.repo, img.tar); err != nil {
+			return err
 		}
 	}
 	for {
