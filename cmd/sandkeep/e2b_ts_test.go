@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -108,4 +110,64 @@ func loopbackServer(t *testing.T) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// TestE2BTimeoutSurvivesRestart: a sandbox's E2B timeout is kept on the server's state home, so a restarted
+// `sandkeep serve` enforces it: the sandbox made before the restart is still there after it, and the new
+// process's sweeper removes it (its container and its record) once its timeout passes.
+func TestE2BTimeoutSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	testutil.Docker(t)
+	c := newCLI(t)
+	tenant := c.ten("acme")
+	key := c.createToken(t, tenant, "e2b", "").Token
+	e2b := func(s *server, method, path, body string) httpAnswer {
+		t.Helper()
+		return s.raw(t, method, "/e2b"+path, "", strings.NewReader(body), "X-API-KEY", key, "Content-Type", "application/json")
+	}
+	listed := func(s *server, user string) bool {
+		t.Helper()
+		a := s.raw(t, "GET", "/v1/sandboxes", key, nil)
+		if a.status != 200 {
+			t.Fatalf("list: %d %s", a.status, a.body)
+		}
+		return strings.Contains(a.body, `"user":"`+user+`"`)
+	}
+
+	s1 := c.startServer(t)
+	made := time.Now()
+	a := e2b(s1, "POST", "/v2/sandboxes", `{"timeout":20}`)
+	if a.status != 201 {
+		t.Fatalf("create: %d %s", a.status, a.body)
+	}
+	var sb struct{ SandboxID string }
+	if err := json.Unmarshal([]byte(a.body), &sb); err != nil || sb.SandboxID == "" {
+		t.Fatalf("create: %s (%v)", a.body, err)
+	}
+	user := "e2b-" + sb.SandboxID
+	if err := s1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s1.exited:
+	case <-time.After(processBound):
+		t.Fatal("sandkeep serve did not stop on SIGTERM")
+	}
+
+	s2 := c.startServer(t)
+	if time.Since(made) < 18*time.Second { // before its end: the new process knows it and keeps it
+		if a := e2b(s2, "GET", "/sandboxes/"+sb.SandboxID, ""); a.status != 200 || !listed(s2, user) {
+			t.Fatalf("after the restart, before its timeout: %d %s", a.status, a.body)
+		}
+	}
+	deadline := made.Add(20*time.Second + time.Minute)
+	for listed(s2, user) || e2b(s2, "GET", "/sandboxes/"+sb.SandboxID, "").status != 404 {
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still there a minute past its timeout after the restart", sb.SandboxID)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if gone := time.Since(made); gone < 20*time.Second {
+		t.Errorf("removed %s after its create, before its 20s timeout", gone)
+	}
 }
