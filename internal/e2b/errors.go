@@ -115,17 +115,6 @@ func codeOf(status int) connect.Code {
 	return connect.CodeInternal
 }
 
-func (f *Front) unsupported(what string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if _, err := f.authControl(r, ""); err != nil {
-			f.writeError(w, r, err)
-			return
-		}
-		f.writeError(w, r, &statusError{status: http.StatusNotImplemented,
-			msg: what + " is not supported by sandkeep's E2B front yet (docs/E2B.md lists what is)"})
-	}
-}
-
 func connectUnauthenticated() error {
 	return connect.NewError(connect.CodeUnauthenticated, errors.New("the call was not authenticated"))
 }
