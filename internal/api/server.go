@@ -287,13 +287,20 @@ func (s *Server) owned(h http.HandlerFunc) http.HandlerFunc {
 	if s.forward == nil {
 		return h
 	}
-	return func(w http.ResponseWriter, r *http.Request) {
+	return s.forwarded(h, func(w http.ResponseWriter, r *http.Request) (bool, error) {
 		key, err := keyOf(r)
 		if err != nil {
-			s.writeError(w, r, err)
-			return
+			return false, err
 		}
-		served, err := s.forward(w, r, key)
+		return s.forward(w, r, key)
+	})
+}
+
+// forwarded serves a request through forward (which reports whether it served it, elsewhere) and otherwise
+// through h here; forward's error is the request's answer.
+func (s *Server) forwarded(h http.HandlerFunc, forward func(http.ResponseWriter, *http.Request) (bool, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		served, err := forward(w, r)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -310,21 +317,13 @@ func (s *Server) ownedE2B(h http.HandlerFunc) http.HandlerFunc {
 	if s.forwardE2B == nil {
 		return h
 	}
-	return func(w http.ResponseWriter, r *http.Request) {
+	return s.forwarded(h, func(w http.ResponseWriter, r *http.Request) (bool, error) {
 		id := e2bSandboxID(r)
 		if id == "" {
-			h(w, r)
-			return
+			return false, nil
 		}
-		served, err := s.forwardE2B(w, r, id)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		if !served {
-			h(w, r)
-		}
-	}
+		return s.forwardE2B(w, r, id)
+	})
 }
 
 // e2bSandboxID is the E2B sandbox a request names: envd's E2b-Sandbox-Id header, or the control plane's
@@ -350,21 +349,13 @@ func (s *Server) ownedMCP(h http.HandlerFunc) http.HandlerFunc {
 	if s.forward == nil {
 		return h
 	}
-	return func(w http.ResponseWriter, r *http.Request) {
+	return s.forwarded(h, func(w http.ResponseWriter, r *http.Request) (bool, error) {
 		key, err := mcpHooks.KeyFor(r)
 		if err != nil {
-			h(w, r)
-			return
+			return false, nil // no key named: the MCP handler answers it here
 		}
-		served, err := s.forward(w, r, key)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		if !served {
-			h(w, r)
-		}
-	}
+		return s.forward(w, r, key)
+	})
 }
 
 func (s *Server) handle(pattern string, auth authKind, h http.HandlerFunc, scopes ...string) {

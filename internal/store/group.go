@@ -134,13 +134,7 @@ func (g *Group) AppendEvent(ctx context.Context, e Event) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var seq int64
-	err = g.do(ctx, func(ctx context.Context, w Writes) error {
-		var err error
-		seq, err = w.InsertEvent(ctx, e)
-		return err
-	})
-	return seq, err
+	return g.doSeq(ctx, func(ctx context.Context, w Writes) (int64, error) { return w.InsertEvent(ctx, e) })
 }
 
 // EnqueueEvent implements Store.EnqueueEvent.
@@ -152,19 +146,7 @@ func (g *Group) EnqueueEvent(e Event, done func(seq int64, err error)) {
 		}
 		return
 	}
-	var seq int64
-	g.enqueue(&op{
-		apply: func(ctx context.Context, w Writes) error {
-			var err error
-			seq, err = w.InsertEvent(ctx, e)
-			return err
-		},
-		done: func(err error) {
-			if done != nil {
-				done(seq, err)
-			}
-		},
-	})
+	g.enqueueSeq(func(ctx context.Context, w Writes) (int64, error) { return w.InsertEvent(ctx, e) }, done)
 }
 
 // EnqueueUpdate implements Store.EnqueueUpdate.
@@ -193,13 +175,7 @@ func (g *Group) AppendRunLog(ctx context.Context, l RunLog) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var seq int64
-	err = g.do(ctx, func(ctx context.Context, w Writes) error {
-		var err error
-		seq, err = w.InsertRunLog(ctx, l)
-		return err
-	})
-	return seq, err
+	return g.doSeq(ctx, func(ctx context.Context, w Writes) (int64, error) { return w.InsertRunLog(ctx, l) })
 }
 
 // EnqueueRunLog implements RunLogStore.EnqueueRunLog.
@@ -211,11 +187,27 @@ func (g *Group) EnqueueRunLog(l RunLog, done func(seq int64, err error)) {
 		}
 		return
 	}
+	g.enqueueSeq(func(ctx context.Context, w Writes) (int64, error) { return w.InsertRunLog(ctx, l) }, done)
+}
+
+// doSeq makes a synchronous insert that numbers what it writes (an event, a run log line) and returns the number.
+func (g *Group) doSeq(ctx context.Context, insert func(context.Context, Writes) (int64, error)) (int64, error) {
+	var seq int64
+	err := g.do(ctx, func(ctx context.Context, w Writes) error {
+		var err error
+		seq, err = insert(ctx, w)
+		return err
+	})
+	return seq, err
+}
+
+// enqueueSeq enqueues an insert that numbers what it writes; done (if any) gets the number once it is committed.
+func (g *Group) enqueueSeq(insert func(context.Context, Writes) (int64, error), done func(seq int64, err error)) {
 	var seq int64
 	g.enqueue(&op{
 		apply: func(ctx context.Context, w Writes) error {
 			var err error
-			seq, err = w.InsertRunLog(ctx, l)
+			seq, err = insert(ctx, w)
 			return err
 		},
 		done: func(err error) {
