@@ -212,23 +212,9 @@ func TestFleetDeployedKube(t *testing.T) {
 		t.Fatalf("the caller of the killed owner's command got %+v, %v; want OWNER_LOST", got.res, got.err)
 	}
 	limit := dep.ttl + 5*time.Second
-	tries := 0
-	for {
-		tries++
-		res, err := via.Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo after"})
-		if err == nil {
-			if res.Stdout != "after\n" || res.ExitCode != 0 {
-				t.Fatalf("exec after the takeover: %+v", res)
-			}
-			break
-		}
-		if !errors.As(err, &ae) || ae.Err.Code != fault.OwnerUnavailable {
-			t.Fatalf("exec after the kill: %v; want success, or OWNER_UNAVAILABLE until the lease expires", err)
-		}
-		if time.Since(killed) > limit {
-			t.Fatalf("no command for u1 succeeded within the lease's expiry plus 5s of the kill (%d tries): %v", tries, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	res, tries, _ := execAfterTakeover(t, via, "u1", sdk.ExecRequest{Command: "echo after"}, killed, limit, 200*time.Millisecond)
+	if res.Stdout != "after\n" || res.ExitCode != 0 {
+		t.Fatalf("exec after the takeover: %+v", res)
 	}
 	took := time.Since(killed)
 	if took > limit {

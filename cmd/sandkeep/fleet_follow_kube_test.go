@@ -1,14 +1,12 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	sdk "github.com/sandkeep/sandkeep/client"
-	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/store/postgres"
 	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
@@ -51,27 +49,9 @@ func TestFleetKubeFollow(t *testing.T) {
 	}
 	<-reps[0].exited
 	killed := time.Now()
-	var (
-		after *sdk.ExecResult
-		call  time.Duration // the successful call's wall time: the takeover, the announcement and the command
-	)
-	tries := 0
-	for deadline := killed.Add(ttl + 5*time.Second); ; time.Sleep(100 * time.Millisecond) {
-		tries++
-		began := time.Now()
-		res, err := other.Exec(bounded(t), "u1", sdk.ExecRequest{Command: "cat /workspace/f", Timeout: time.Minute})
-		if err == nil {
-			after, call = res, time.Since(began)
-			break
-		}
-		var ae *sdk.APIError
-		if !errors.As(err, &ae) || ae.Err.Code != fault.OwnerUnavailable {
-			t.Fatalf("exec after the kill: %v; want success, or OWNER_UNAVAILABLE until the lease expires", err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no command for u1 succeeded within the lease's expiry plus 5s of the kill (%d tries): %v", tries, err)
-		}
-	}
+	// call: the successful call's wall time (the takeover, the announcement and the command)
+	after, tries, call := execAfterTakeover(t, other, "u1", sdk.ExecRequest{Command: "cat /workspace/f", Timeout: time.Minute},
+		killed, ttl+5*time.Second, 100*time.Millisecond)
 	took := time.Since(killed)
 	if after.ExitCode != 0 || after.Stdout != "kept\n" || after.Sandbox.ID != first.Sandbox.ID {
 		t.Fatalf("the takeover's command: %+v; want the workspace's file from the same sandbox %s", after, first.Sandbox.ID)

@@ -242,24 +242,8 @@ func TestFleetDocker(t *testing.T) {
 	}
 
 	// The next command succeeds through the survivor within the lease's expiry plus 5 s.
-	deadline := killed.Add(ttl + 5*time.Second)
-	var after *sdk.ExecResult
-	tries := 0
-	for {
-		tries++
-		res, err := cls[survivor].Exec(bounded(t), "u1", sdk.ExecRequest{Command: "echo after; cat before-kill.txt"})
-		if err == nil {
-			after = res
-			break
-		}
-		if !errors.As(err, &ae) || ae.Err.Code != fault.OwnerUnavailable {
-			t.Fatalf("exec after the kill: %v; want success, or OWNER_UNAVAILABLE until the lease expires", err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no command for u1 succeeded within the lease's expiry plus 5s of the kill (%d tries): %v", tries, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	after, tries, _ := execAfterTakeover(t, cls[survivor], "u1", sdk.ExecRequest{Command: "echo after; cat before-kill.txt"},
+		killed, ttl+5*time.Second, 200*time.Millisecond)
 	took := time.Since(killed)
 	if after.Stdout != "after\nkept\n" || after.ExitCode != 0 {
 		t.Fatalf("exec after the takeover: %+v; want the workspace's file", after)
@@ -492,4 +476,26 @@ func execAnywhere(t *testing.T, replicas []*sdk.Client, user string, req sdk.Exe
 func isRefused(err error) bool {
 	var op *net.OpError
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &op) && op.Op == "dial"
+}
+
+// execAfterTakeover sends req for user through cl until it succeeds, after the owner of user's key was killed at
+// killed: until then each answer must be OWNER_UNAVAILABLE (the lease has not expired), and a success must come
+// within `within` of the kill. It returns the result, how many tries it took, and how long the successful call took.
+func execAfterTakeover(t *testing.T, cl *sdk.Client, user string, req sdk.ExecRequest, killed time.Time, within, pause time.Duration) (*sdk.ExecResult, int, time.Duration) {
+	t.Helper()
+	for tries := 1; ; tries++ {
+		began := time.Now()
+		res, err := cl.Exec(bounded(t), user, req)
+		if err == nil {
+			return res, tries, time.Since(began)
+		}
+		var ae *sdk.APIError
+		if !errors.As(err, &ae) || ae.Err.Code != fault.OwnerUnavailable {
+			t.Fatalf("exec after the kill: %v; want success, or OWNER_UNAVAILABLE until the lease expires", err)
+		}
+		if time.Since(killed) > within {
+			t.Fatalf("no command for %s succeeded within the lease's expiry plus 5s of the kill (%d tries): %v", user, tries, err)
+		}
+		time.Sleep(pause)
+	}
 }
