@@ -5,11 +5,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sandkeep/sandkeep/internal/fleet"
 	"github.com/sandkeep/sandkeep/internal/store/postgres"
-	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
 // TestFleetE2B: an E2B sandbox made through one replica (its record lives there) is reached through the other
@@ -17,13 +15,7 @@ import (
 // the replica that holds the sandbox's id (fleet.AliasE2B). Before, the other replica answered 404 / 401: it has
 // no record of the sandbox.
 func TestFleetE2B(t *testing.T) {
-	dsn := postgresSchema(t)
-	c := newCLI(t)
-	if c.kc != nil {
-		t.Skip("the one-host fleet runs on Docker; the kubernetes fleet is deploy/'s")
-	}
-	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off", "SANDKEEP_IMAGE="+testutil.ProbeImage(t))
-	reps, _ := c.fleetOf(t, 2, 5*time.Second)
+	c, reps, dsn := twoReplicas(t)
 	tok := c.createToken(t, c.ten("fe2b"), "fe2b", "").Token
 	maker, other := reps[0], reps[1]
 

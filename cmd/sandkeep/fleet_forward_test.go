@@ -22,13 +22,7 @@ import (
 // processes (start, list, input, output, signal) and streamed output. The key's lease stays with its owner
 // throughout: the other replica served nothing itself.
 func TestFleetForwardAll(t *testing.T) {
-	dsn := postgresSchema(t)
-	c := newCLI(t)
-	if c.kc != nil {
-		t.Skip("the one-host fleet runs on Docker; the kubernetes fleet is deploy/'s")
-	}
-	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off", "SANDKEEP_IMAGE="+testutil.ProbeImage(t))
-	reps, _ := c.fleetOf(t, 2, 5*time.Second)
+	c, reps, dsn := twoReplicas(t)
 	tenant := c.ten("fwdall")
 	tok := c.createToken(t, tenant, "fwd", "admin")
 	owner, other := reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)

@@ -3,13 +3,11 @@ package main
 import (
 	"strings"
 	"testing"
-	"time"
 
 	sdk "github.com/sandkeep/sandkeep/client"
 	"github.com/sandkeep/sandkeep/internal/fleet"
 	"github.com/sandkeep/sandkeep/internal/mcpserver"
 	"github.com/sandkeep/sandkeep/internal/store/postgres"
-	"github.com/sandkeep/sandkeep/internal/testutil"
 )
 
 // TestFleetMCP: an MCP session opened on the replica that does not own its key (the token's tenant, the
@@ -17,13 +15,7 @@ import (
 // replica serves only for keys it owns, and processes work through either replica, and the key's lease never
 // moves.
 func TestFleetMCP(t *testing.T) {
-	dsn := postgresSchema(t)
-	c := newCLI(t)
-	if c.kc != nil {
-		t.Skip("the one-host fleet runs on Docker; the kubernetes fleet is deploy/'s")
-	}
-	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off", "SANDKEEP_IMAGE="+testutil.ProbeImage(t))
-	reps, _ := c.fleetOf(t, 2, 5*time.Second)
+	c, reps, dsn := twoReplicas(t)
 	tenant := c.ten("fmcp")
 	tok := c.createToken(t, tenant, "fmcp", "")
 	owner := reps[0].client(t, tok.Token)

@@ -499,3 +499,17 @@ func execAfterTakeover(t *testing.T, cl *sdk.Client, user string, req sdk.ExecRe
 		time.Sleep(pause)
 	}
 }
+
+// twoReplicas is a one-host fleet on Docker: two `sandkeep serve` replicas over a fresh PostgreSQL schema (its
+// DSN returned) with leases of 5 s, running the probe image.
+func twoReplicas(t *testing.T) (*cli, []*server, string) {
+	t.Helper()
+	dsn := postgresSchema(t)
+	c := newCLI(t)
+	if c.kc != nil {
+		t.Skip("the one-host fleet runs on Docker; the kubernetes fleet is deploy/'s")
+	}
+	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off", "SANDKEEP_IMAGE="+testutil.ProbeImage(t))
+	reps, _ := c.fleetOf(t, 2, 5*time.Second)
+	return c, reps, dsn
+}
