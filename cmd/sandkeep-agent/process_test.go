@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,22 +241,28 @@ func TestConcurrentCommands(t *testing.T) {
 	t.Parallel()
 	a := startMuxAgent(t)
 	const marker = 999212
-	slow := a.request("sh", "-c", fmt.Sprintf("sleep %d & echo $!; sleep 1; kill -0 $! && echo alive", marker))
+	// A rendezvous, not a clock (a loaded machine made a 900 ms bound flaky): each command waits for a file the
+	// other writes, so commands run one after the other never finish (the requests' 30 s deadline fails them),
+	// and slow checks its own leftover only after fast ended and its leftovers were killed.
+	dir := t.TempDir()
+	slow := a.request("sh", "-c", fmt.Sprintf("sleep %d & echo $!; touch %s/slow; until [ -e %s/fastdone ]; do sleep 0.01; done; kill -0 $! && echo alive", marker, dir, dir))
 	slow.Concurrent = true
-	fast := a.request("sh", "-c", fmt.Sprintf(escapees, marker+1)+"echo fast")
+	fast := a.request("sh", "-c", fmt.Sprintf(escapees, marker+1)+fmt.Sprintf("until [ -e %s/slow ]; do sleep 0.01; done; echo fast", dir))
 	fast.Concurrent = true
 	var wg sync.WaitGroup
 	var slowOut string
 	var slowRes agentproto.Result
 	var slowErr error
 	wg.Add(1)
-	start := time.Now()
 	go func() { defer wg.Done(); slowRes, slowOut, _, slowErr = a.run(t.Context(), slow) }()
 	res, out, _, err := a.run(t.Context(), fast)
-	if err != nil || res.ExitCode != 0 || !strings.Contains(out, "fast\n") || time.Since(start) > 900*time.Millisecond {
-		t.Fatalf("fast: %+v %q %v after %v", res, out, err, time.Since(start))
+	if err != nil || res.ExitCode != 0 || !strings.Contains(out, "fast\n") {
+		t.Fatalf("fast: %+v %q %v", res, out, err)
 	}
 	checkGone(t, pidsOf(t, out), marker+1)
+	if err := os.WriteFile(filepath.Join(dir, "fastdone"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	wg.Wait()
 	if slowErr != nil || slowRes.ExitCode != 0 || !strings.HasSuffix(slowOut, "alive\n") {
 		t.Fatalf("slow: %+v %q %v", slowRes, slowOut, slowErr)
