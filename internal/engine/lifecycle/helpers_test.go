@@ -169,7 +169,13 @@ func run(t *testing.T, m *Manager, k identity.Key, script string, env ...string)
 // waitFor polls cond until it holds, failing the test after bound.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
+	waitForWithin(t, what, bound, cond)
+}
+
+// waitForWithin is waitFor with its own bound, for what waits on a slower engine (a pod on a loaded node).
+func waitForWithin(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -248,7 +248,8 @@ func TestPoolKube(t *testing.T) {
 	})
 
 	t.Run("template change drains", func(t *testing.T) {
-		waitFor(t, "the members being made", func() bool { st := m.Pools(); return len(st) == 1 && st[0].Making == 0 })
+		// The member StartPools asked for above is a pod being made: a node's time, not the process's.
+		waitForWithin(t, "the members being made", 3*time.Minute, func() bool { st := m.Pools(); return len(st) == 1 && st[0].Making == 0 })
 		before := w.members(t, drv) // m's, and those m3 left when it closed
 		if err := m.Close(); err != nil {
 			t.Fatal(err)
@@ -256,7 +257,7 @@ func TestPoolKube(t *testing.T) {
 		m2, _, _ := w.replica(t, m.home.Dir)
 		sh2 := poolShape(t, m2, "pooled", "V=2")
 		startPoolFor(t, m2, sh2, 1, 3*time.Minute)
-		waitFor(t, "the old member and its workspace claim to go", func() bool {
+		waitForWithin(t, "the old member and its workspace claim to go", 3*time.Minute, func() bool {
 			for _, sb := range before {
 				if _, err := drv.Inspect(context.Background(), sb.Name); !cerrdefs.IsNotFound(err) || w.hasClaim(t, sb.Name) {
 					return false
