@@ -23,8 +23,8 @@ const DefaultImage = engine.DefaultImage
 type Config struct {
 	Home string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
 	// SandboxDir, when set, keeps what sandboxes see of the host (workspaces, volumes, channel directories, the
-	// agent, per-key uids) there instead of in Home: replicas of a fleet on one host with homes of their own set
-	// the same one, so the replica that takes a key over adopts its container and workspace.
+	// agent, per-key uids) and snapshots there instead of in Home: replicas of a fleet on one host with homes of
+	// their own set the same one, so one adopts another's containers, workspaces and snapshots.
 	SandboxDir string
 	Image      string // default SANDKEEP_IMAGE, else DefaultImage
 	AgentPath  string // default SANDKEEP_AGENT, else sandkeep-agent next to the executable, else on PATH

@@ -41,8 +41,9 @@ type fleetConfig struct {
 	Leader string `yaml:"leader"`
 	// SandboxDir is where replicas on one host with homes of their own keep what sandboxes see of the host
 	// (workspaces, channel directories, the agent): the same directory on every replica of the host, so the
-	// replica that takes a key over adopts its container and workspace. Empty: each replica's home (a takeover
-	// then recreates the container, without the workspace).
+	// replica that takes a key over adopts its container and workspace, and snapshots (records, and archives
+	// unless snapshot_store names a bucket) so that any replica serves them. Empty: each replica's home (a takeover
+	// then recreates the container, without the workspace; snapshot calls answer SPEC_UNSUPPORTED).
 	SandboxDir string `yaml:"sandbox_dir"`
 }
 
@@ -165,6 +166,9 @@ func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
 // (f.proxy): f.internal.SetAPI once the API is built.
 func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.Store, sandboxOff bool, log io.Writer) (*fleet.Backend, func(context.Context)) {
 	b := fleet.NewBackend(local, f.replica, fleet.NewForwarder(nil, f.secret))
+	if f.cfg.SandboxDir != "" {
+		b.ShareSnapshots() // the Manager keeps them there (sandkeep.Config.SandboxDir)
+	}
 	f.proxy = fleet.NewProxy(f.replica, f.secret)
 	f.internal = fleet.NewInternal(fleet.NewHandler(b, f.secret), f.secret)
 	hs := &http.Server{Handler: f.internal, ReadHeaderTimeout: 10 * time.Second}

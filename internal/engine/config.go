@@ -29,7 +29,7 @@ const DefaultImage = "sandkeep-busybox:latest"
 // Zero fields take the documented defaults.
 type Config struct {
 	Home       string // state home; default SANDKEEP_HOME, else /var/lib/sandkeep (root) or ~/.local/state/sandkeep
-	SandboxDir string // where sandboxes' host side lives when not in Home (sandkeep.Config.SandboxDir)
+	SandboxDir string // where sandboxes' host side and snapshots live when not in Home (sandkeep.Config.SandboxDir)
 	Image      string // default SANDKEEP_IMAGE, else DefaultImage
 	AgentPath  string // default SANDKEEP_AGENT, else sandkeep-agent next to the executable, else on PATH
 

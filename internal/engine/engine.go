@@ -103,7 +103,11 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 			return nil, fault.Wrap(err, fault.InvalidArgument, "name the S3 store's endpoint and bucket (snapshot_store)", "%v", err)
 		}
 	}
-	if m.snaps, err = snapshot.Open(filepath.Join(home.Dir, "snapshots"), cfg.SnapshotQuota.resolve(), nil, arch); err != nil {
+	snapDir := filepath.Join(home.Dir, "snapshots")
+	if cfg.SandboxDir != "" { // shared by the replicas of a host: a snapshot taken through one restores through another
+		snapDir = filepath.Join(cfg.SandboxDir, "snapshots")
+	}
+	if m.snaps, err = snapshot.Open(snapDir, cfg.SnapshotQuota.resolve(), nil, arch); err != nil {
 		return nil, err
 	}
 	if !cfg.NoSweeper {

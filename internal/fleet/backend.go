@@ -24,6 +24,8 @@ type Backend struct {
 	local *service.Service
 	r     *Replica
 	fwd   *Forwarder
+
+	sharedSnapshots bool // ShareSnapshots
 }
 
 // NewBackend returns the replica's Backend over local.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
 	"github.com/sandkeep/sandkeep/internal/store"
@@ -252,5 +253,19 @@ func TestRouteWaitsForReaper(t *testing.T) {
 	}
 	if waited := time.Since(start); waited < hold {
 		t.Errorf("route returned after %s, before the reaper released the key (%s)", waited, hold)
+	}
+}
+
+// TestSnapshotsNeedSharedRecords: a replica whose snapshots are its home's alone (no fleet.sandbox_dir) refuses
+// every snapshot call with SPEC_UNSUPPORTED and the fix, rather than keep a snapshot the others cannot see.
+func TestSnapshotsNeedSharedRecords(t *testing.T) {
+	b := &Backend{}
+	key, _ := sandkeep.NewKey("t", "u")
+	_, err := b.CreateSnapshot(t.Context(), key, "s", "")
+	if fault.CodeOf(err) != fault.SpecUnsupported || !strings.Contains(err.Error(), "sandbox_dir") {
+		t.Fatalf("CreateSnapshot: %v", err)
+	}
+	if _, err := b.Snapshots(t.Context(), "t"); fault.CodeOf(err) != fault.SpecUnsupported {
+		t.Fatalf("Snapshots: %v", err)
 	}
 }

@@ -38,6 +38,10 @@ type call struct {
 	Exec   *execCall `json:"exec,omitempty"`
 	RunID  string    `json:"run_id,omitempty"` // endrun
 	Failed bool      `json:"failed,omitempty"` // endrun
+	// Snapshot names the snapshot to take or restore; Replace restores onto a key that exists.
+	Snapshot string `json:"snapshot,omitempty"`
+	Replace  bool   `json:"replace,omitempty"`
+	ForkTo   string `json:"fork_to,omitempty"` // fork: the new key's user, of the source's tenant
 }
 
 type admitCall struct {
@@ -175,6 +179,16 @@ func (h *Handler) serve(ctx context.Context, path string, c call, fw *frameWrite
 		return nil, h.local.local.Stop(ctx, key)
 	case "/fleet/v1/remove":
 		return nil, h.local.local.Remove(ctx, key)
+	case "/fleet/v1/snapshot":
+		return h.local.local.CreateSnapshot(ctx, key, c.Snapshot, c.Admit.RequestID)
+	case "/fleet/v1/restore":
+		return h.local.local.RestoreSnapshot(ctx, c.Snapshot, key, ar, service.RestoreOptions{Replace: c.Replace})
+	case "/fleet/v1/fork":
+		to, err := sandkeep.NewKey(c.Tenant, c.ForkTo)
+		if err != nil {
+			return nil, err
+		}
+		return h.local.forkHere(ctx, key, to, ar)
 	}
 	return nil, fault.New(fault.RequestInvalid, "", "no internal operation %s", path)
 }

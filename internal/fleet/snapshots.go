@@ -1,0 +1,115 @@
+package fleet
+
+import (
+	"context"
+
+	"github.com/sandkeep/sandkeep"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/service"
+	"github.com/sandkeep/sandkeep/snapshots"
+)
+
+// Snapshots and forks on a replica. What reads or makes a key's sandbox goes to that key's owner like any key
+// operation: a snapshot to its source's owner, a restore to the new key's, a fork to its source's (which claims
+// the new key too). Lists and deletes need only the records and archives, read here. Those are shared only when
+// the replicas share them (ShareSnapshots: fleet.sandbox_dir on one host); otherwise a replica's snapshots
+// would be its home's alone, and every snapshot call answers SPEC_UNSUPPORTED rather than lose them.
+
+var (
+	_ service.Snapshotter = (*Backend)(nil)
+	_ service.Forker      = (*Backend)(nil)
+)
+
+// ShareSnapshots says that every replica reads the same snapshot records and archives (the local Manager keeps
+// them in the shared sandbox directory), so snapshots are served through the fleet.
+func (b *Backend) ShareSnapshots() { b.sharedSnapshots = true }
+
+func (b *Backend) snapshotsHere() error {
+	if b.sharedSnapshots {
+		return nil
+	}
+	return fault.New(fault.SpecUnsupported,
+		"give every replica the same fleet.sandbox_dir (replicas on one host): snapshots are kept there, where all of them read",
+		"this fleet's replicas keep snapshots in homes of their own, so a snapshot taken through one would be missing from the others")
+}
+
+// CreateSnapshot implements service.Snapshotter on the key's owner.
+func (b *Backend) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, requestID string) (snapshots.Snapshot, error) {
+	if err := b.snapshotsHere(); err != nil {
+		return snapshots.Snapshot{}, err
+	}
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return snapshots.Snapshot{}, err
+	}
+	if to == nil {
+		return b.local.CreateSnapshot(ctx, key, name, requestID)
+	}
+	c := callOf(key, service.AdmitRequest{RequestID: requestID})
+	c.Snapshot = name
+	var sn snapshots.Snapshot
+	err = b.forward(ctx, key, *to, "snapshot", c, nil, &sn)
+	return sn, err
+}
+
+// Snapshots implements service.Snapshotter from the shared records.
+func (b *Backend) Snapshots(ctx context.Context, tenant string) ([]snapshots.Snapshot, error) {
+	if err := b.snapshotsHere(); err != nil {
+		return nil, err
+	}
+	return b.local.Snapshots(ctx, tenant)
+}
+
+// DeleteSnapshot implements service.Snapshotter on the shared records.
+func (b *Backend) DeleteSnapshot(ctx context.Context, tenant, name, requestID string) error {
+	if err := b.snapshotsHere(); err != nil {
+		return err
+	}
+	return b.local.DeleteSnapshot(ctx, tenant, name, requestID)
+}
+
+// RestoreSnapshot implements service.Snapshotter on the owner of the new key.
+func (b *Backend) RestoreSnapshot(ctx context.Context, name string, key sandkeep.Key, ar service.AdmitRequest, opts service.RestoreOptions) (sandkeep.Sandbox, error) {
+	if err := b.snapshotsHere(); err != nil {
+		return sandkeep.Sandbox{}, err
+	}
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return sandkeep.Sandbox{}, err
+	}
+	if to == nil {
+		return b.local.RestoreSnapshot(ctx, name, key, ar, opts)
+	}
+	c := callOf(key, ar)
+	c.Snapshot, c.Replace = name, opts.Replace
+	var sb sandkeep.Sandbox
+	err = b.forward(ctx, key, *to, "restore", c, nil, &sb)
+	return sb, err
+}
+
+// Fork implements service.Forker on the owner of the source, which claims the new key as well.
+func (b *Backend) Fork(ctx context.Context, from, key sandkeep.Key, ar service.AdmitRequest) (sandkeep.Sandbox, error) {
+	to, err := b.route(ctx, from)
+	if err != nil {
+		return sandkeep.Sandbox{}, err
+	}
+	if to == nil {
+		return b.forkHere(ctx, from, key, ar)
+	}
+	c := callOf(from, ar)
+	c.ForkTo = key.User
+	var sb sandkeep.Sandbox
+	err = b.forward(ctx, from, *to, "fork", c, nil, &sb)
+	return sb, err
+}
+
+// forkHere forks on this replica, the source's owner, once it holds the new key too.
+func (b *Backend) forkHere(ctx context.Context, from, key sandkeep.Key, ar service.AdmitRequest) (sandkeep.Sandbox, error) {
+	if from.Tenant != key.Tenant {
+		return sandkeep.Sandbox{}, fault.New(fault.InvalidArgument, "", "a fork stays in its tenant")
+	}
+	if err := b.mine(ctx, key); err != nil {
+		return sandkeep.Sandbox{}, err
+	}
+	return b.local.Fork(ctx, from, key, ar)
+}
