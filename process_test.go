@@ -18,15 +18,14 @@ import (
 	"github.com/sandkeep/sandkeep/processes"
 )
 
-// processesHere: processes need the sandbox's agent channel and a subreaper per process: on Docker under runc
-// (its socket with the transport auto or agent, else a relay through the engine's exec), on kubernetes the
-// driver's pod channel, which the exec transport turns off. gVisor has the relay but no subreaper but PID 1.
-// Elsewhere PROCESS_UNAVAILABLE (TestProcessUnavailable).
+// processesHere: processes need the sandbox's agent channel: on Docker (under runc its socket with the transport
+// auto or agent, else and under gVisor a relay through the engine's exec), on kubernetes the driver's pod
+// channel, which the exec transport turns off. Elsewhere PROCESS_UNAVAILABLE (TestProcessUnavailable).
 func processesHere() bool {
 	if onKube {
 		return os.Getenv("SANDKEEP_TRANSPORT") != "exec"
 	}
-	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc" // gVisor: no subreaper but PID 1 (TestProcessUnavailable)
+	return true
 }
 
 // eventLog collects events from OnEvent.
@@ -176,10 +175,50 @@ func TestProcessEnds(t *testing.T) {
 	}
 }
 
+// TestProcessTreesApart: two processes at once each leave an orphan that left their tree (setsid, its parent
+// gone); a command that ends beside them takes neither, and killing one process ends its own orphan only. Under
+// gVisor, where no supervisor may be a subreaper, the orphans go to PID 1 and are told apart by their
+// supervisors' marks (cmd/sandkeep-agent/tree_linux.go).
+func TestProcessTreesApart(t *testing.T) {
+	if !processesHere() {
+		t.Skip("processes need the agent channel (TestProcessUnavailable)")
+	}
+	s := newSuite(t, baseConfig(t))
+	key := s.key("proc", "u6")
+	ctx := t.Context()
+	for _, n := range []string{"601", "602"} {
+		p, err := processes.Start(ctx, s.m, key, processes.StartRequest{Tag: n,
+			Argv: []string{"sh", "-c", "setsid sh -c 'sleep " + n + " &' </dev/null >/dev/null 2>&1; sleep 600"}})
+		if err != nil || !p.Running {
+			t.Fatalf("StartProcess %s: %+v %v", n, p, err)
+		}
+	}
+	orphans := func(want string) {
+		t.Helper()
+		var got string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if got = s.sh(key, "ps -o args | grep -E '^sleep 60[12]$' | sort | tr '\\n' ' '"); got == want {
+				return
+			}
+		}
+		t.Fatalf("orphans running: %q, want %q", got, want)
+	}
+	orphans("sleep 601 sleep 602 ")
+	orphans("sleep 601 sleep 602 ") // the commands that listed them ended beside them
+	if err := processes.Kill(ctx, s.m, key, processes.Ref{Tag: "601"}); err != nil {
+		t.Fatal(err)
+	}
+	orphans("sleep 602 ")
+	if err := processes.Kill(ctx, s.m, key, processes.Ref{Tag: "602"}); err != nil {
+		t.Fatal(err)
+	}
+	orphans("")
+}
+
 // TestConcurrentExec: commands of one user that ask run at once; those that do not still wait their turn.
 func TestConcurrentExec(t *testing.T) {
 	if !processesHere() {
-		t.Skip("concurrency needs the Docker driver's agent channel under runc")
+		t.Skip("concurrency needs the agent channel (TestProcessUnavailable)")
 	}
 	s := newSuite(t, baseConfig(t))
 	key := s.key("proc", "u3")
@@ -223,9 +262,9 @@ func TestConcurrentExec(t *testing.T) {
 }
 
 // TestProcessUnavailable: where this process cannot have the sandbox's agent channel, a process is refused
-// with PROCESS_UNAVAILABLE and nothing starts: under gVisor (no subreaper), on kubernetes with the exec
-// transport (no pod channel), and on Docker while another process holds the channel (its agent turns a second
-// session away: the relay of a manager with the exec transport beside one that serves the socket).
+// with PROCESS_UNAVAILABLE and nothing starts: on kubernetes with the exec transport (no pod channel), and on
+// Docker while another process holds the channel (its agent turns a second session away: the relay of a manager
+// with the exec transport beside one that serves the socket, or under gVisor beside another relay).
 func TestProcessUnavailable(t *testing.T) {
 	cfg := baseConfig(t)
 	if onKube && processesHere() {

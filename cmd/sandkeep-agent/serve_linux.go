@@ -34,8 +34,11 @@ func serve(in io.Reader, out io.Writer) int {
 	s := &server{fw: agentproto.NewFrameWriter(out), log: log.New(os.Stderr, "sandkeep-agent: ", 0),
 		reaper: newReaper(), sup: newSupervisors(), procs: newProcesses()}
 	// gVisor refuses a subreaper (EINVAL): its commands' orphans go to PID 1, and the tree then finds them
-	// there (tree_linux.go).
+	// there, a supervisor's by its mark (tree_linux.go).
 	s.tree = newTree(setSubreaper() == nil, s.reaper, s.sup)
+	if s.tree.markErr != nil {
+		s.log.Printf("set the supervisor's mark: %v", s.tree.markErr)
+	}
 	// A host that went away must give a write error, not kill the agent (and orphan the tree) with SIGPIPE.
 	// Notify rather than Ignore: an ignored signal would stay ignored in the commands.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
@@ -44,9 +47,7 @@ func serve(in io.Reader, out io.Writer) int {
 	for {
 		f, err := agentproto.ReadFrame(in, &buf)
 		if err != nil {
-			s.closeForwards()
-			s.stop()
-			s.stopSupervisors()
+			s.end()
 			if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
 				// A reset is the host closing its end with frames of ours still unread (a report, forwarded
 				// bytes): it left, as with EOF, and broke nothing.
@@ -56,9 +57,7 @@ func serve(in io.Reader, out io.Writer) int {
 			return 1
 		}
 		if err := s.handle(f); err != nil {
-			s.closeForwards()
-			s.stop()
-			s.stopSupervisors()
+			s.end()
 			s.log.Printf("%v", err)
 			return 1
 		}
@@ -124,6 +123,21 @@ func (s *server) handle(f agentproto.Frame) error {
 	return nil
 }
 
+// end ends the session's every command, process and forward. Without a subreaper, a session's serve (a child of
+// PID 1: not a supervisor, nor an agent the engine execs for one command) then kills every orphan of the session
+// whatever its mark (one whose mark was lowered to another's, one whose supervisor was killed), so none
+// outlives the session.
+func (s *server) end() {
+	s.closeForwards()
+	s.stop()
+	s.stopSupervisors()
+	if s.tree.adopted && os.Getppid() == 1 {
+		last := s.tree
+		last.anyMark = true
+		last.kill(0)
+	}
+}
+
 // stop cancels the running command, if any, and waits for its report to be sent.
 func (s *server) stop() {
 	if s.cur != nil {
@@ -147,6 +161,9 @@ func (s *server) start(f agentproto.Frame) {
 		err = fmt.Errorf("%w: request id %d in a frame for %d", agentproto.ErrBadRequest, req.ID, f.ID)
 	default:
 		err = req.Validate()
+	}
+	if err == nil && s.tree.markErr != nil {
+		err = fmt.Errorf("%w: %w", errNoMark, s.tree.markErr)
 	}
 	if err != nil {
 		s.report(agentproto.Result{ID: f.ID, ExitCode: 126, StartError: err.Error()})

@@ -18,7 +18,9 @@ import (
 // of its command reparent to it, not to this agent: its tree is told apart from every other command's and
 // killed alone, with the same deadline, grace, tree kill and exit status as any command (command_linux.go).
 // This agent speaks the same frames to it over a pair of pipes: for a concurrent command it relays them both
-// ways; for a process it keeps what comes back (process_linux.go).
+// ways; for a process it keeps what comes back (process_linux.go). Where no process but PID 1 may be a subreaper
+// (gVisor), the supervisor's orphans go to PID 1 and carry its mark instead, by which its tree still takes them
+// and only them (tree_linux.go).
 type supervisor struct {
 	id     uint32 // the command's ID, as the host and the supervisor know it
 	pid    int
@@ -67,15 +69,12 @@ func (s *supervisors) command(id uint32) *supervisor {
 	return s.byID[id]
 }
 
-// errNoSubreaper: without a subreaper (gVisor) a supervisor's orphans would reparent to PID 1, where no tree can
-// tell whose they are.
-var errNoSubreaper = errors.New("concurrent commands and processes need a subreaper, which this runtime (gVisor) does not offer")
+// errNoMark: without a subreaper (gVisor) a supervisor's orphans reparent to PID 1, where only its mark tells
+// whose they are; a supervisor that could not set one refuses its command.
+var errNoMark = errors.New("concurrent commands and processes need a subreaper or a mark on their tree, and this supervisor has neither")
 
 // spawn starts a supervisor for req (sent to it as is) and registers it; concurrent registers it by ID too.
 func (s *server) spawn(req agentproto.Request, concurrent bool) (*supervisor, error) {
-	if s.tree.adopted {
-		return nil, errNoSubreaper
-	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // reapSettle is how long killTree lets the reaper prove that no descendant is left before it walks /proc.
@@ -28,23 +29,75 @@ func setSubreaper() error {
 	return nil
 }
 
+// rlimitRSS is RLIMIT_RSS from <asm-generic/resource.h>. Linux has ignored it since 2.6 and gVisor enforces it
+// nowhere either, so its hard limit can carry a supervisor's mark (see tree).
+const rlimitRSS = 5
+
+// markBase is the lowest mark: a supervisor's mark is markBase plus its pid, far above any RSS a limit could mean
+// and below the RLIM_INFINITY every other process of the sandbox inherits.
+const markBase = 1 << 50
+
+// markOf is the mark of the supervisor with pid.
+func markOf(pid int) uint64 { return markBase + uint64(pid) }
+
+// marked reports whether m is a mark (of some supervisor, live or not).
+func marked(m uint64) bool { return m >= markBase && m-markBase <= 1<<32 }
+
+// prlimit is prlimit64(2): pid's limit of res, set to set when set is not nil, and the old one into old when old
+// is not nil.
+func prlimit(pid, res int, set, old *syscall.Rlimit) error {
+	_, _, errno := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(res),
+		uintptr(unsafe.Pointer(set)), uintptr(unsafe.Pointer(old)), 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// setMark lowers this process's RLIMIT_RSS to mark, soft and hard. Its children inherit it through fork, exec and
+// setsid, and without CAP_SYS_RESOURCE (no sandbox process has it) none can raise it again.
+func setMark(mark uint64) error {
+	return prlimit(0, rlimitRSS, &syscall.Rlimit{Cur: mark, Max: mark}, nil)
+}
+
+// markOfProc reads pid's mark: its RLIMIT_RSS hard limit. ok is false when pid is gone or not readable.
+func markOfProc(pid int) (mark uint64, ok bool) {
+	var r syscall.Rlimit
+	if prlimit(pid, rlimitRSS, nil, &r) != nil {
+		return 0, false
+	}
+	return r.Max, true
+}
+
 // tree is the set of processes a command of this agent may have left: its descendants through the ppid links
 // in /proc, and, when the agent could not become a subreaper (adopted), the orphans PID 1 adopted since the agent
 // started and their descendants.
 //
 // gVisor's Sentry (runsc 20221219) answers PR_SET_CHILD_SUBREAPER with EINVAL, so there a command's setsid,
 // nohup or double-forked child reparents to PID 1 as soon as its parent exits, and wait4 in the agent no longer
-// sees it. Every such process is still one of ours: the host runs one command at a time in a sandbox (the key's
-// gate), the processes the engine execs (the agent itself, its put-file, rm-file and dial) have no parent in
-// the namespace (ppid 0), and PID 1 forks nothing but the channel's serve, which started before this agent's
-// command. So a process whose parent is PID 1 and that started no earlier than this agent is an orphan of one
-// of this agent's commands.
+// sees it. An orphan of PID 1 that started no earlier than this agent is one of this sandbox's commands': the
+// processes the engine execs (the agent itself, its put-file, rm-file and dial, a relay) have no parent in the
+// namespace (ppid 0), and PID 1 forks nothing but a session's serve. Whose it is, with several commands at once
+// (an agent the engine execs for one command beside a session's supervisors, supervisor_linux.go), the mark
+// tells: every supervisor lowers its RLIMIT_RSS hard limit to a value of its own (markOf its pid) before its
+// command starts, every descendant inherits it through fork, exec and setsid, and no sandbox process can raise
+// it. So a supervisor's tree takes the orphans that carry its mark, and any other agent's tree the orphans that
+// carry no mark. A process that lowers its own RLIMIT_RSS to another supervisor's mark is taken for that one's
+// and dies with it instead; below every mark, it is taken for an unmarked one's; and the session's serve, as it
+// ends, kills every orphan of the session whatever its mark (server.end), so none outlives the session.
 type tree struct {
 	self    int
 	adopted bool   // no subreaper: orphans reparent to PID 1
 	start   uint64 // the agent's start time (clock ticks since boot, /proc/self/stat field 22)
 	r       *reaper
 	sup     *supervisors // children that supervise concurrent commands and processes: not part of the tree
+	// Adopted only: mark is set for a supervisor (an agent whose parent is another agent), whose tree takes
+	// only the orphans with its mark; markErr says why it could not be set (the supervisor then refuses its
+	// command: its tree could not be told from the others'). anyMark makes the tree take every orphan of the
+	// session, marked or not (a session's last kill).
+	mark    uint64
+	markErr error
+	anyMark bool
 }
 
 // newTree is the tree of this process; subreaper says whether setSubreaper succeeded.
@@ -54,8 +107,24 @@ func newTree(subreaper bool, r *reaper, sup *supervisors) tree {
 		if st, ok := readStat(t.self); ok {
 			t.start = st.start
 		}
+		if os.Getppid() > 1 { // a supervisor: the session's serve is a child of PID 1 or of the engine's exec (0)
+			t.mark = markOf(t.self)
+			t.markErr = setMark(t.mark)
+		}
 	}
 	return t
+}
+
+// claims reports whether the orphan pid (of PID 1, started during this session) belongs to this tree.
+func (t tree) claims(pid int) bool {
+	if t.anyMark {
+		return true
+	}
+	m, ok := markOfProc(pid)
+	if t.mark != 0 {
+		return ok && m == t.mark
+	}
+	return !ok || !marked(m)
 }
 
 // procStat is what the tree needs of /proc/<pid>/stat.
@@ -83,7 +152,7 @@ func (t tree) members() []int {
 			continue
 		}
 		children[st.ppid] = append(children[st.ppid], pid)
-		if t.adopted && st.ppid == 1 && st.start >= t.start {
+		if t.adopted && st.ppid == 1 && st.start >= t.start && t.claims(pid) {
 			queue = append(queue, pid) // an orphan of one of our commands (see tree)
 		}
 	}
@@ -145,15 +214,15 @@ func (t tree) signal(sig syscall.Signal) int {
 }
 
 // quiet reports whether the tree is gone, and a channel closed at the reaper's next change. With no child left
-// at all (wait4 found none) and a subreaper, nothing of the tree can be alive (orphans reparent to the agent); without
-// one, no adopted orphan may be alive either. While supervisors run, the agent always has children: the tree is
-// gone when /proc shows no live member.
+// at all (wait4 found none) and a subreaper, nothing of the tree can be alive (orphans reparent to the agent).
+// Without one, or while supervisors run (the agent then always has children), the tree is gone when /proc shows
+// no live member.
 func (t tree) quiet() (bool, <-chan struct{}) {
 	idle, changed := t.r.state()
 	switch {
-	case idle:
-		return !t.adopted || len(t.members()) == 0, changed
-	case !t.adopted && t.sup.count() > 0:
+	case idle && !t.adopted:
+		return true, changed
+	case idle || t.adopted || t.sup.count() > 0:
 		return len(t.members()) == 0, changed
 	}
 	return false, changed

@@ -13,14 +13,14 @@ import (
 	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
 )
 
-// processesServed: serve carries processes on the sandbox's agent channel (Docker's under runc: its socket, or
-// a relay under the exec transport; the kubernetes driver's pod channel); gVisor (no subreaper but PID 1) and the
-// kubernetes driver with the exec transport answer PROCESS_UNAVAILABLE.
+// processesServed: serve carries processes on the sandbox's agent channel (Docker's: its socket under runc, or a
+// relay under gVisor and the exec transport; the kubernetes driver's pod channel); the kubernetes driver with the
+// exec transport answers PROCESS_UNAVAILABLE.
 func (c *cli) processesServed() bool {
 	if kubetest.Selected() {
 		return os.Getenv("SANDKEEP_TRANSPORT") != "exec"
 	}
-	return os.Getenv("SANDKEEP_TEST_RUNTIME") != "runsc"
+	return true
 }
 
 // TestServeProcesses: through the API and the Go SDK, a dev server started as a process runs on while the

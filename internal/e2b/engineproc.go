@@ -22,8 +22,8 @@ import (
 // The E2B process service on the engine's process model: a command started through E2B is one of the engine's
 // processes (the agent supervises it, keeps its output in a ring and its tree under its lifetime bound), so it
 // is the same process `sandkeep proc ls`, the native API, the Go SDK and MCP see, admitted and recorded (its
-// run, process_started and process_ended) as theirs are. Where the engine has no processes (gVisor, the exec
-// transport, the kubernetes driver without its channel: PROCESS_UNAVAILABLE), and for a sandbox whose commands
+// run, process_started and process_ended) as theirs are. Where the engine has no processes (the kubernetes
+// driver with the exec transport or without its channel: PROCESS_UNAVAILABLE), and for a sandbox whose commands
 // have a network (processes carry none, network.go), the front falls back to its own table of commands on
 // the exec path (proc.go), which only the E2B front sees.
 

@@ -23,7 +23,7 @@ import (
 // A command runs one at a time after all (exclusively, as by default) when it carries what belongs to one
 // command at a time in the sandbox: secret files (placed before and removed after it, at fixed paths) or a
 // network (the key's egress proxy serves one session, with one policy and token, at a time); and where the
-// sandbox has no channel this process serves (gVisor, the exec transport, the host). Docker's Unix socket
+// sandbox has no channel this process serves (the exec transport without a relay, the host). Docker's Unix socket
 // channel and the kubernetes driver's pod-network channel are one session side (channel.Slot), so both carry
 // concurrent commands and processes.
 
@@ -38,12 +38,7 @@ func noNetwork(p *egress.Policy) bool { return p == nil || p.Mode == "" || p.Mod
 func (m *Manager) processChannel(key identity.Key) error {
 	why := ""
 	switch {
-	case m.cfg.Runtime == RuntimeGVisor:
-		// The relay carries gVisor's channel, but a supervisor must be a subreaper to tell its command's tree
-		// from the others' (supervisor_linux.go), and gVisor's sentry (runsc 20221219) refuses that to every
-		// process but PID 1.
-		why = "gVisor (runsc) lets no process but PID 1 be a subreaper, so one process's tree could not be told from another's"
-	case m.relayer() != nil: // the channel comes through a relay (relay.go)
+	case m.relayer() != nil: // the channel comes through a relay (relay.go), gVisor's too
 	case m.cfg.Transport == TransportExec:
 		why = "the transport is exec (each command is one engine exec), and the " + m.drv.Name() + " driver has no relay"
 	case m.offersChannel():
@@ -59,7 +54,7 @@ func (m *Manager) processChannel(key identity.Key) error {
 		return nil
 	}
 	return fault.New(fault.ProcessUnavailable,
-		"use the docker driver under runc or the kubernetes driver with its agent channel, with --transport auto or agent, through `sandkeep serve` or the daemon",
+		"use the docker driver (runc or runsc) or the kubernetes driver with its agent channel, with --transport auto or agent, through `sandkeep serve` or the daemon",
 		"processes need the sandbox's agent channel: %s", why)
 }
 

@@ -27,10 +27,10 @@ import (
 // the sandbox's channel (serve, the daemon) goes away; each end is a process_ended event in the run that
 // started it.
 //
-// Processes need the sandbox's agent channel served by this process (processChannel): Docker under runc, or
-// the kubernetes driver with its channel on, the transport auto or agent. Elsewhere (gVisor, the exec
-// transport, the kubernetes driver without a channel address, the host passthrough) they are refused with
-// PROCESS_UNAVAILABLE, saying why.
+// Processes need the sandbox's agent channel served by this process (processChannel): Docker (under runc, or
+// under gVisor and with the exec transport through a relay), or the kubernetes driver with its channel on, the
+// transport auto or agent. Elsewhere (the kubernetes driver with the exec transport or without a channel
+// address, the host passthrough) they are refused with PROCESS_UNAVAILABLE, saying why.
 
 // Bounds of a process's lifetime.
 const (
