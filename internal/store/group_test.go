@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,5 +118,78 @@ func TestGroupCommitsRunLogsWithTheFinish(t *testing.T) {
 		if f.txs[0][i] != want[i] {
 			t.Fatalf("transactions %q, want one: %q", f.txs, want)
 		}
+	}
+}
+
+// TestGroupKeepsOrderWhenCallersCommit: a synchronous write is committed on its caller's goroutine when nothing
+// waits (issue 26), and through the writer otherwise; either way, what a goroutine enqueued before its
+// synchronous write is committed no later than that write, while other goroutines' writes come and go.
+func TestGroupKeepsOrderWhenCallersCommit(t *testing.T) {
+	const callers, runs = 8, 50
+	f := &fakeWrites{}
+	g := NewGroup(f, GroupOptions{FlushDelay: time.Millisecond})
+	ids := make([][]string, callers)
+	run := func(id string) Run {
+		return Run{ID: id, Tenant: "acme", User: "alice", Trust: TrustTrusted, ResolvedMode: "auto", Source: "default",
+			Driver: "docker", Admission: AdmissionAdmitted, Status: StatusRunning, CreatedAt: time.Now()}
+	}
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for range runs {
+				id, err := NewRunID()
+				if err == nil {
+					err = g.CreateRun(t.Context(), run(id))
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ids[i] = append(ids[i], id)
+				g.EnqueueEvent(Event{RunID: id, Name: "exec_started", Time: time.Now()}, nil)
+				if err := g.UpdateRun(t.Context(), id, RunUpdate{Status: StatusSucceeded}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	late, err := NewRunID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.CreateRun(t.Context(), run(late)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("CreateRun after Close: %v, want ErrClosed", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, events := map[string]int{}, 0 // each run's row and finish: their position over all transactions
+	for _, tx := range f.txs {
+		for _, w := range tx {
+			if strings.HasPrefix(w, "event ") {
+				events++
+				continue
+			}
+			if _, dup := at[w]; dup {
+				t.Fatalf("%s committed twice", w)
+			}
+			at[w] = len(at)
+		}
+	}
+	for _, list := range ids {
+		for _, id := range list {
+			r, okRun := at["run "+id]
+			fin, okFin := at["finish "+id]
+			if !okRun || !okFin || r > fin {
+				t.Fatalf("run %s: row at %d (%v), finish at %d (%v)", id, r, okRun, fin, okFin)
+			}
+		}
+	}
+	if events != callers*runs {
+		t.Fatalf("%d events committed, want %d", events, callers*runs)
 	}
 }

@@ -12,6 +12,7 @@ import (
 // InsertRunLog implements store.Writes inside the group's BEGIN IMMEDIATE transaction: the run's bytes so far
 // are read and the entry written under the same write lock, so concurrent appenders never pass the bound together.
 func (w writes) InsertRunLog(ctx context.Context, l store.RunLog) (int64, error) {
+	ctx = context.WithoutCancel(ctx) // InTx
 	var status string
 	if err := w.tx.StmtContext(ctx, w.s.runStatus).QueryRowContext(ctx, l.RunID).Scan(&status); errors.Is(err, sql.ErrNoRows) {
 		return 0, store.ErrRunNotFound("append run log", l.RunID)

@@ -177,9 +177,13 @@ func (s *Store) Close() error {
 const runColumns = `id, tenant, user_name, trust, requested_mode, resolved_mode, source, driver, admission, status,
 	failure_code, disposition, created_at, finished_at`
 
-// InTx implements store.Committer: fn runs in one write transaction.
+// InTx implements store.Committer: fn runs in one write transaction. The transaction and its statements run
+// without ctx's cancellation: each statement under a cancellable context costs a goroutine of the driver's that
+// waits to interrupt it (a spawn and a wake-up per insert, on a command's path when its run row is committed;
+// issue 26), and nothing here waits unbounded without it: BEGIN IMMEDIATE waits for the write lock at most
+// BusyTimeout, and what follows is a few local inserts under that lock.
 func (s *Store) InTx(ctx context.Context, fn func(w store.Writes) error) error {
-	return s.write(ctx, func(tx *sql.Tx) error { return fn(writes{s: s, tx: tx}) })
+	return s.write(context.WithoutCancel(ctx), func(tx *sql.Tx) error { return fn(writes{s: s, tx: tx}) })
 }
 
 // writes are the store's writes inside transaction tx.
@@ -189,6 +193,7 @@ type writes struct {
 }
 
 func (w writes) InsertRun(ctx context.Context, r store.Run) error {
+	ctx = context.WithoutCancel(ctx) // InTx
 	_, err := w.tx.StmtContext(ctx, w.s.insertRun).ExecContext(ctx, r.ID, r.Tenant, r.User, r.Trust, r.RequestedMode, r.ResolvedMode, r.Source, r.Driver, r.Admission,
 		r.Status, r.FailureCode, r.Disposition, fmtTime(r.CreatedAt), nullTime(r.FinishedAt))
 	if isCode(err, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY) {
@@ -203,6 +208,7 @@ func (w writes) InsertRun(ctx context.Context, r store.Run) error {
 // FinishRun is one conditional statement (only a running run changes); when it changes nothing, a second read
 // says whether the run is absent or already finished.
 func (w writes) FinishRun(ctx context.Context, id string, upd store.RunUpdate) error {
+	ctx = context.WithoutCancel(ctx) // InTx
 	res, err := w.tx.StmtContext(ctx, w.s.finishRun).ExecContext(ctx, upd.Status, upd.FailureCode, upd.Disposition, fmtTime(upd.FinishedAt), id)
 	if err != nil {
 		return fmt.Errorf("update run %s: %w", id, err)
@@ -224,6 +230,7 @@ func (w writes) FinishRun(ctx context.Context, id string, upd store.RunUpdate) e
 }
 
 func (w writes) InsertEvent(ctx context.Context, e store.Event) (int64, error) {
+	ctx = context.WithoutCancel(ctx) // InTx
 	// Exec and the rowid (seq is the INTEGER PRIMARY KEY) rather than RETURNING: no result rows to step through
 	// and scan, on every event of every command.
 	res, err := w.tx.StmtContext(ctx, w.s.insertEvent).ExecContext(ctx, nullString(e.RunID), fmtTime(e.Time), e.Name, string(e.Payload), e.RequestID)
