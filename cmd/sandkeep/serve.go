@@ -172,22 +172,19 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFleet()
 	if fl != nil {
-		fb, stopWire := fl.run(fleetCtx, svc.backend, svc.st, af.sandbox == "none", g.stderr)
+		fb, handOver := fl.run(fleetCtx, svc.backend, svc.st, af.sandbox == "none", g.stderr)
 		backend = fb
 		front.SetHolder(fleetCtx, e2b.Holder{ // E2B sandboxes are reached through the replica that keeps their record
 			Hold:   func(ctx context.Context, id string) error { return fl.replica.Hold(ctx, fleet.AliasE2B(id)) },
 			Unhold: func(ctx context.Context, id string) error { return fl.replica.Unhold(ctx, fleet.AliasE2B(id)) },
 		})
 		defer func() {
-			// The leases are handed over last: the API's commands ended (Drain), then the forwarded ones (the
-			// internal wire's shutdown waits for them, bounded by the grace), so the next owner starts clean.
-			// Meanwhile the leases are still renewed, and the wire refuses new calls (their callers claim again).
+			// The leases are handed over last: the API's commands ended (Drain), then the forwarded ones, so the
+			// next owner starts clean; the internal address answers (SHUTTING_DOWN: their callers claim again)
+			// until after the leases are released (handOver). Meanwhile the leases are still renewed.
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.shutdownGrace())
 			defer cancel()
-			stopWire(wctx)
-			if err := fl.replica.Release(wctx); err != nil {
-				fmt.Fprintf(g.stderr, "sandkeep: fleet: hand leases over: %v\n", err)
-			}
+			handOver(wctx)
 			stopFleet()
 			fl.wait()
 		}()

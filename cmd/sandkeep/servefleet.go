@@ -159,7 +159,7 @@ func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
 }
 
 // run serves the internal wire, renews the leases and, unless sandboxing is off, reaps while this replica leads,
-// until ctx ends. The returned func shuts the wire down, waiting (bounded by its ctx) for the calls in flight;
+// until ctx ends. The returned func hands the leases over and shuts the wire down (handOver), bounded by its ctx;
 // f.wait then waits for everything run started, once ctx has ended.
 //
 // The internal address serves the public API too, for the requests another replica hands over whole
@@ -170,7 +170,8 @@ func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.S
 		b.ShareSnapshots() // the Manager keeps them there (sandkeep.Config.SandboxDir)
 	}
 	f.proxy = fleet.NewProxy(f.replica, f.secret)
-	f.internal = fleet.NewInternal(fleet.NewHandler(b, f.secret), f.secret)
+	wire := fleet.NewHandler(b, f.secret)
+	f.internal = fleet.NewInternal(wire, f.secret)
 	hs := &http.Server{Handler: f.internal, ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hs.Serve(f.ln) })
@@ -194,8 +195,31 @@ func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.S
 		_ = hs.Close()
 		wg.Wait()
 	}
-	return b, func(ctx context.Context) { _ = hs.Shutdown(ctx) }
+	return b, func(ctx context.Context) { f.handOver(ctx, wire, hs, log) }
 }
+
+// handOver is a draining replica's last step, bounded by ctx: the forwarded calls it took end (new ones are
+// answered SHUTTING_DOWN, and their callers claim the key again), then its leases are released, and only then
+// does its internal address stop answering, once no replica can still take it for a key's owner (another's memory
+// of a lease lasts a third of a TTL, Replica.Claim). So a call forwarded here during a rolling restart is either
+// run, or provably not run and sent to the key's next owner, never lost to a closed address.
+func (f *fleetSetup) handOver(ctx context.Context, wire *fleet.Handler, hs *http.Server, log io.Writer) {
+	if err := wire.Wait(ctx); err != nil {
+		fmt.Fprintf(log, "sandkeep: fleet: forwarded calls still running at the end of the grace: %v\n", err)
+	}
+	if err := f.replica.Release(ctx); err != nil {
+		fmt.Fprintf(log, "sandkeep: fleet: hand leases over: %v\n", err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(f.ttl/3 + handOverMargin):
+	}
+	_ = hs.Shutdown(ctx)
+}
+
+// handOverMargin is how much longer than another replica's memory of a lease the internal address keeps
+// answering after the leases were released.
+const handOverMargin = 500 * time.Millisecond
 
 // forwardOf is the API's Forward of a fleet replica (nil without a fleet): requests that hold a stream to a key's
 // sandbox go to its owner whole.

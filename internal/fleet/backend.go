@@ -90,53 +90,73 @@ func callOf(key sandkeep.Key, ar service.AdmitRequest) call {
 
 // Exec implements service.Backend: run on the owner, output streamed back as it comes.
 func (b *Backend) Exec(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest, req sandkeep.ExecRequest) (*sandkeep.ExecResult, error) {
-	to, err := b.route(ctx, key)
+	var res *sandkeep.ExecResult
+	var c *call
+	err := b.call(ctx, key, func() (err error) {
+		res, err = b.local.Exec(ctx, key, ar, req)
+		return err
+	}, func(to leaseAddr) error {
+		if req.TTY != nil || len(req.Secrets) > 0 {
+			return fault.New(fault.OwnerUnavailable, "send the request to the replica that owns the key",
+				"a terminal or secret files of a key another replica owns (%s) are not forwarded yet", to.Owner)
+		}
+		if c == nil {
+			cc := callOf(key, ar)
+			e := &execCall{Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
+				OutputLimit: req.OutputLimit, Concurrent: req.Concurrent, Stream: req.Stdout != nil || req.Stderr != nil}
+			if req.Stdin != nil {
+				in, err := io.ReadAll(io.LimitReader(req.Stdin, maxCallBytes/2))
+				if err != nil {
+					return fault.Wrap(err, fault.RequestInvalid, "", "read the command's stdin")
+				}
+				e.Stdin = &in
+				req.Stdin = bytes.NewReader(in) // for a retry served here
+			}
+			cc.Exec = e
+			c = &cc
+		}
+		var out sandkeep.ExecResult
+		if err := b.forward(ctx, key, to, "exec", *c, b.execFrames(ar, req), &out); err != nil {
+			return err
+		}
+		res = &out
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	if to == nil {
-		return b.local.Exec(ctx, key, ar, req)
+	return res, nil
+}
+
+// call serves a call about key here (when this replica owns the key) or forwards it to the key's owner (there).
+// A forward the owner provably never ran (errNotReached: it is handing its keys over, refused the connection or
+// closed it before answering) claims the key again until the key has a reachable owner (this replica, once the
+// lease is released or expired), bounded by a lease's lifetime and a margin: a rolling restart loses no call.
+// Anything else, OWNER_LOST included, is the caller's: a call the owner may have run is never sent twice.
+func (b *Backend) call(ctx context.Context, key sandkeep.Key, here func() error, there func(leaseAddr) error) error {
+	to, err := b.route(ctx, key)
+	if err != nil {
+		return err
 	}
-	if req.TTY != nil || len(req.Secrets) > 0 {
-		return nil, fault.New(fault.OwnerUnavailable, "send the request to the replica that owns the key",
-			"a terminal or secret files of a key another replica owns (%s) are not forwarded yet", to.Owner)
-	}
-	c := callOf(key, ar)
-	e := &execCall{Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Timeout: req.Timeout,
-		OutputLimit: req.OutputLimit, Concurrent: req.Concurrent, Stream: req.Stdout != nil || req.Stderr != nil}
-	if req.Stdin != nil {
-		in, err := io.ReadAll(io.LimitReader(req.Stdin, maxCallBytes/2))
-		if err != nil {
-			return nil, fault.Wrap(err, fault.RequestInvalid, "", "read the command's stdin")
+	deadline := time.Now().Add(b.r.TTL() + 5*time.Second)
+	for {
+		if to == nil {
+			return here()
 		}
-		e.Stdin = &in
-		req.Stdin = bytes.NewReader(in) // for a retry served here
-	}
-	c.Exec = e
-	var res sandkeep.ExecResult
-	err = b.forward(ctx, key, *to, "exec", c, b.execFrames(ar, req), &res)
-	// The owner never had the call: it is handing its keys over (draining) or stopped listening. Claim again until
-	// the key has a reachable owner (this replica, once the lease is released or expired), bounded by a lease's
-	// lifetime and a margin: a rolling restart loses no command.
-	for deadline := time.Now().Add(b.r.TTL() + 5*time.Second); errors.Is(err, errNotReached) && time.Now().Before(deadline); {
+		err = there(*to)
+		if !errors.Is(err, errNotReached) || !time.Now().Before(deadline) {
+			return err
+		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(handoverPoll):
 		}
 		b.r.Forget(key)
 		if to, err = b.route(ctx, key); err != nil {
-			return nil, err
+			return err
 		}
-		if to == nil {
-			return b.local.Exec(ctx, key, ar, req)
-		}
-		err = b.forward(ctx, key, *to, "exec", c, b.execFrames(ar, req), &res)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &res, nil
 }
 
 // handoverPoll is how often a forwarded exec whose owner is handing over claims the key again.
@@ -163,56 +183,49 @@ func (b *Backend) execFrames(ar service.AdmitRequest, req sandkeep.ExecRequest) 
 
 // Admit implements service.Backend on the key's owner.
 func (b *Backend) Admit(ctx context.Context, key sandkeep.Key, ar service.AdmitRequest) (*sandkeep.Run, error) {
-	to, err := b.route(ctx, key)
+	var run *sandkeep.Run
+	err := b.call(ctx, key, func() (err error) {
+		run, err = b.local.Admit(ctx, key, ar)
+		return err
+	}, func(to leaseAddr) error {
+		var out sandkeep.Run
+		if err := b.forward(ctx, key, to, "admit", callOf(key, ar), nil, &out); err != nil {
+			return err
+		}
+		run = &out
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	if to == nil {
-		return b.local.Admit(ctx, key, ar)
-	}
-	var run sandkeep.Run
-	if err := b.forward(ctx, key, *to, "admit", callOf(key, ar), nil, &run); err != nil {
-		return nil, err
-	}
-	return &run, nil
+	return run, nil
 }
 
 // Sandbox implements service.Backend on the key's owner.
 func (b *Backend) Sandbox(ctx context.Context, key sandkeep.Key) (sandkeep.Sandbox, error) {
-	to, err := b.route(ctx, key)
-	if err != nil || to == nil {
-		if err != nil {
-			return sandkeep.Sandbox{}, err
-		}
-		return b.local.Sandbox(ctx, key)
-	}
 	var sb sandkeep.Sandbox
-	err = b.forward(ctx, key, *to, "sandbox", callOf(key, service.AdmitRequest{}), nil, &sb)
+	err := b.call(ctx, key, func() (err error) {
+		sb, err = b.local.Sandbox(ctx, key)
+		return err
+	}, func(to leaseAddr) error {
+		sb = sandkeep.Sandbox{}
+		return b.forward(ctx, key, to, "sandbox", callOf(key, service.AdmitRequest{}), nil, &sb)
+	})
 	return sb, err
 }
 
 // Stop implements service.Backend on the key's owner.
 func (b *Backend) Stop(ctx context.Context, key sandkeep.Key) error {
-	to, err := b.route(ctx, key)
-	if err != nil || to == nil {
-		if err != nil {
-			return err
-		}
-		return b.local.Stop(ctx, key)
-	}
-	return b.forward(ctx, key, *to, "stop", callOf(key, service.AdmitRequest{}), nil, nil)
+	return b.call(ctx, key, func() error { return b.local.Stop(ctx, key) }, func(to leaseAddr) error {
+		return b.forward(ctx, key, to, "stop", callOf(key, service.AdmitRequest{}), nil, nil)
+	})
 }
 
 // Remove implements service.Backend on the key's owner.
 func (b *Backend) Remove(ctx context.Context, key sandkeep.Key) error {
-	to, err := b.route(ctx, key)
-	if err != nil || to == nil {
-		if err != nil {
-			return err
-		}
-		return b.local.Remove(ctx, key)
-	}
-	return b.forward(ctx, key, *to, "remove", callOf(key, service.AdmitRequest{}), nil, nil)
+	return b.call(ctx, key, func() error { return b.local.Remove(ctx, key) }, func(to leaseAddr) error {
+		return b.forward(ctx, key, to, "remove", callOf(key, service.AdmitRequest{}), nil, nil)
+	})
 }
 
 // EndRun implements service.Backend on the owner of the run's key: the finish is a fenced write.
@@ -225,16 +238,11 @@ func (b *Backend) EndRun(ctx context.Context, id string, failed bool) error {
 	if err != nil {
 		return err
 	}
-	to, err := b.route(ctx, key)
-	if err != nil {
-		return err
-	}
-	if to == nil {
-		return b.local.EndRun(ctx, id, failed)
-	}
-	c := callOf(key, service.AdmitRequest{})
-	c.RunID, c.Failed = id, failed
-	return b.forward(ctx, key, *to, "endrun", c, nil, nil)
+	return b.call(ctx, key, func() error { return b.local.EndRun(ctx, id, failed) }, func(to leaseAddr) error {
+		c := callOf(key, service.AdmitRequest{})
+		c.RunID, c.Failed = id, failed
+		return b.forward(ctx, key, to, "endrun", c, nil, nil)
+	})
 }
 
 // endRunHere is the owner's side of a forwarded EndRun.

@@ -1,8 +1,10 @@
 package fleet
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -222,6 +224,64 @@ func TestForwardUnreachable(t *testing.T) {
 		func(fr frame) error { started = started || fr.Started; return nil }, nil)
 	if !fault.Is(err, fault.OwnerLost) || !started || errors.Is(err, errNotReached) {
 		t.Errorf("forward cut mid-call: %v (started %v), want OWNER_LOST after the start", err, started)
+	}
+}
+
+// TestForwardClosedIdle: an owner shutting its internal address down closes a kept-alive connection just as the
+// next call is written on it (what a rolling restart hit: OWNER_UNAVAILABLE, not retried). It never answered, so
+// the call was not run there: not reached, and the caller claims the key again. An owner that answered and then
+// went away may have run it: OWNER_LOST, never retried.
+func TestForwardClosedIdle(t *testing.T) {
+	for _, answers := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go owner(conn, answers)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		f := NewForwarder(nil, "0123456789abcdef-secret")
+		l := leaseAddr{Owner: "draining", Address: ln.Addr().String()}
+		if err := f.do(ctx, l, "stop", call{}, nil, nil); err != nil {
+			t.Fatalf("first call: %v", err)
+		}
+		err = f.do(ctx, l, "exec", call{}, nil, nil)
+		ln.Close()
+		switch {
+		case !answers && (!fault.Is(err, fault.OwnerUnavailable) || !errors.Is(err, errNotReached)):
+			t.Errorf("kept-alive connection closed before an answer: %v, want OWNER_UNAVAILABLE, not reached (the call goes to the next owner)", err)
+		case answers && (!fault.Is(err, fault.OwnerLost) || errors.Is(err, errNotReached)):
+			t.Errorf("connection closed after the owner answered: %v, want OWNER_LOST, never retried", err)
+		}
+	}
+}
+
+// owner is TestForwardClosedIdle's owner on one connection: it answers the first call, and closes the connection
+// on the second (after the status line when answers), as a shutdown that takes the connection for idle does.
+func owner(conn net.Conn, answers bool) {
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for n := 1; ; n++ {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		if n == 2 {
+			if answers {
+				_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+			}
+			return
+		}
+		_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nContent-Length: 15\r\n\r\n{\"final\":true}\n")
 	}
 }
 

@@ -47,15 +47,17 @@ func NewProxy(r *Replica, secret string) *Proxy {
 // the request was handed over to it), else the request is served by the owner through this one. An owner that
 // cannot be reached is OWNER_UNAVAILABLE, answered before anything was written.
 func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, key sandkeep.Key) (bool, error) {
-	if r.Context().Value(ownerSide{}) != nil {
-		return false, nil
-	}
 	o, err := p.r.Claim(r.Context(), key)
 	if err != nil {
-		return false, claimErr(err)
+		return false, claimErr(err) // a draining replica that no longer holds the key: SHUTTING_DOWN, nothing run
 	}
 	if o.Self {
 		return false, nil
+	}
+	if r.Context().Value(ownerSide{}) != nil {
+		// Handed over to a replica that no longer owns the key (it released it, or lost it): never handed on.
+		return false, fault.New(fault.OwnerUnavailable, "retry: the request goes to the key's new owner",
+			"the key moved to replica %s while the request was handed over", o.Lease.Owner)
 	}
 	to := leaseAddr{Owner: o.Lease.Owner, Address: o.Lease.Address}
 	if err := p.proxy(w, r, to); err != nil {

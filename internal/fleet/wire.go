@@ -8,9 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandkeep/sandkeep"
@@ -94,6 +95,9 @@ func (w *wireError) err() error { return fault.New(w.Code, w.Hint, "%s", w.Messa
 type Handler struct {
 	local  *Backend
 	secret []byte
+
+	mu    sync.RWMutex   // held for writing by Wait: no call is counted in once it waits
+	calls sync.WaitGroup // the calls in flight that were taken before the replica drained
 }
 
 // NewHandler returns the internal handler of b, authenticating callers with secret.
@@ -138,11 +142,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) serve(ctx context.Context, path string, c call, fw *frameWriter) (any, error) {
-	if h.local.r.Draining() {
+	if !h.begin() {
 		// Handing over: the calls in flight finish, new ones go elsewhere once the leases are released. The caller
 		// knows nothing ran (errNotReached) and claims again.
 		return nil, errHandingOver
 	}
+	defer h.calls.Done()
 	key, err := sandkeep.NewKey(c.Tenant, c.User)
 	if err != nil {
 		return nil, err
@@ -191,6 +196,33 @@ func (h *Handler) serve(ctx context.Context, path string, c call, fw *frameWrite
 		return h.local.forkHere(ctx, key, to, ar)
 	}
 	return nil, fault.New(fault.RequestInvalid, "", "no internal operation %s", path)
+}
+
+// begin counts a call in, unless the replica drains (false: the call is refused, nothing run).
+func (h *Handler) begin() bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.local.r.Draining() {
+		return false
+	}
+	h.calls.Add(1)
+	return true
+}
+
+// Wait waits, bounded by ctx, for the forwarded calls this replica took before it drained (Replica.Drain, which
+// must come first); calls arriving since are answered SHUTTING_DOWN. The leases are handed over after it
+// (Handover), so no key's next owner starts while a forwarded command still runs here.
+func (h *Handler) Wait(ctx context.Context) error {
+	h.mu.Lock() // a barrier: every call that passed begin's check before Drain has been counted in
+	h.mu.Unlock()
+	done := make(chan struct{})
+	go func() { h.calls.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // frameWriter writes NDJSON frames; exec's two output streams may write at once.
@@ -252,13 +284,20 @@ func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on f
 	}
 	req.Header.Set("Authorization", "Bearer "+f.secret)
 	req.Header.Set("Content-Type", "application/json")
+	// The owner answers a call's status line before it does anything with it (Handler.ServeHTTP): a call that
+	// failed before the answer's first byte was never run there. That is a refused connection, and as well a
+	// kept-alive connection the owner closed while idle (a replica shutting its internal address down) just as
+	// the call was written on it, which the transport does not retry for a POST.
+	var answered atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotFirstResponseByte: func() { answered.Store(true) },
+	}))
 	resp, err := f.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var oe *net.OpError
-		if errors.As(err, &oe) && oe.Op == "dial" {
+		if !answered.Load() {
 			err = errors.Join(errNotReached, err)
 		}
 		return unavailable(l, err)
@@ -295,6 +334,8 @@ func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on f
 				return fault.Wrap(err, fault.Internal, "", "replica %s sent a malformed result", l.Owner)
 			}
 		}
+		// The answer's end follows the final frame: read it, so the connection is kept for the next call.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return nil
 	}
 	if ctx.Err() != nil {
@@ -309,8 +350,8 @@ func (f *Forwarder) do(ctx context.Context, l leaseAddr, op string, c call, on f
 var errHandingOver = fault.New(fault.ShuttingDown, "retry: the key's next owner takes it",
 	"the replica that owns this key is handing its keys over")
 
-// errNotReached is in a forward's error when the owner provably never had the call (its address refused the
-// connection): the call may go elsewhere.
+// errNotReached is in a forward's error when the owner provably never ran the call (it refused the connection,
+// closed it before answering, or answered SHUTTING_DOWN): the call may go elsewhere.
 var errNotReached = errors.New("the owner was not reached")
 
 // leaseAddr is who a forwarded call goes to.
