@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -328,4 +330,49 @@ func TestSnapshotsNeedSharedRecords(t *testing.T) {
 	if _, err := b.Snapshots(t.Context(), "t"); fault.CodeOf(err) != fault.SpecUnsupported {
 		t.Fatalf("Snapshots: %v", err)
 	}
+}
+
+// TestForwardConnectBounded: an owner whose address takes no connection at all (a replica pod being torn down
+// drops the packets; here a listener whose accept queue is full, which drops SYNs) is never reached: the call
+// ends OWNER_UNAVAILABLE, not reached, well inside its context, so the forward goes on to the key's next owner
+// instead of hanging past its whole retry budget.
+func TestForwardConnectBounded(t *testing.T) {
+	addr := blackHole(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*connectTimeout)
+	defer cancel()
+	err := NewForwarder(nil, "0123456789abcdef-secret").do(ctx, leaseAddr{Owner: "gone", Address: addr}, "exec", call{}, nil, nil)
+	if !fault.Is(err, fault.OwnerUnavailable) || !errors.Is(err, errNotReached) {
+		t.Fatalf("connect that never completes: %v, want OWNER_UNAVAILABLE, not reached, before the caller's deadline", err)
+	}
+}
+
+// blackHole returns a loopback address whose connects hang: a listener with a backlog of 0 that never accepts,
+// its queue filled first.
+func blackHole(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	for range 16 {
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+		if err != nil {
+			return addr // this connect hung: the queue is full
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Fatal("the listener's queue never filled")
+	return ""
 }

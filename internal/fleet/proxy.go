@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -38,9 +37,7 @@ type Proxy struct {
 
 // NewProxy returns the Proxy of replica r, authenticating to other replicas with secret.
 func NewProxy(r *Replica, secret string) *Proxy {
-	return &Proxy{r: r, secret: secret, rt: &http.Transport{
-		MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute, ResponseHeaderTimeout: 0,
-	}}
+	return &Proxy{r: r, secret: secret, rt: replicaTransport()}
 }
 
 // Forward implements api.Config.Forward: false when this replica serves key (it holds the lease, takes it, or

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"sync"
@@ -262,9 +263,23 @@ type Forwarder struct {
 // call's ctx bounds it).
 func NewForwarder(hc *http.Client, secret string) *Forwarder {
 	if hc == nil {
-		hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
+		hc = &http.Client{Transport: replicaTransport()}
 	}
 	return &Forwarder{client: hc, secret: secret}
+}
+
+// connectTimeout bounds a connection to another replica's internal address. Without it, a connect to a
+// replica pod being torn down (its packets dropped, not refused) hangs past the forward's whole retry budget
+// (a lease's life and 5 s), and the caller gets OWNER_UNAVAILABLE although the key's new owner was ready: a
+// connection that never completed was never reached, so it is retried like a refused one. Replicas share a
+// network, so 2 s is far above a real connect.
+const connectTimeout = 2 * time.Second
+
+// replicaTransport is the transport of calls and requests to other replicas: kept-alive connections, each
+// connect bounded by connectTimeout. Nothing bounds an answer: the owner may be running the command.
+func replicaTransport() *http.Transport {
+	d := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}
 }
 
 // do posts c to op at the owner of l and reads the answer's frames: on turns each non-final frame over, the
