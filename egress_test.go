@@ -40,6 +40,7 @@ import (
 	"github.com/sandkeep/sandkeep/internal/store"
 	"github.com/sandkeep/sandkeep/internal/testutil"
 	"github.com/sandkeep/sandkeep/internal/testutil/kubetest"
+	"github.com/sandkeep/sandkeep/processes"
 	"github.com/sandkeep/sandkeep/stores"
 )
 
@@ -768,5 +769,76 @@ func TestEgressRefusalFlood(t *testing.T) {
 	}
 	if blocked != 1 || repeats != 1 {
 		t.Errorf("%d refusals cost %d network_blocked and %d network_blocked_repeats writes, want 1 and 1", n, blocked, repeats)
+	}
+}
+
+// TestEgressConcurrentSessions: two concurrent commands, each with its own value for the same credential (their
+// runs' blocks), and a background process with the Config's value, send requests through the sandbox's proxy at
+// the same time. The commands overlap (neither waits for the other), the process has a network for its whole
+// life, and every request reaches the upstream with its own command's or process's value, never another's.
+func TestEgressConcurrentSessions(t *testing.T) {
+	if !processesHere() {
+		t.Skip("concurrent commands and processes need the agent channel (TestProcessUnavailable)")
+	}
+	t.Parallel()
+	cred := func(v string) *sandkeep.Network {
+		return &sandkeep.Network{Mode: "allowlist", Rules: []string{"allowed.test", "127.0.0.1"}, Inherit: "replace",
+			Credentials: []sandkeep.Credential{{Name: "API_TOKEN", Value: v, Hosts: []string{"allowed.test"}}}}
+	}
+	values := map[string]string{"p": "sk-live-process-" + randHex(8), "a": "sk-live-a-" + randHex(8), "b": "sk-live-b-" + randHex(8)}
+	w := newEgressWorld(t, cred(values["p"]))
+	key := w.key("acme", "sessions")
+	sp := w.secure.port()
+	w.sh(key, "true") // the sandbox exists
+	loop := func(who string, n int) []string {
+		return []string{"sh", "-c", fmt.Sprintf(`for i in $(seq %d); do %s http https://allowed.test:%s/%s/$i "Authorization=Bearer $API_TOKEN"; sleep 0.4; done`,
+			n, testutil.ProbePath, sp, who)}
+	}
+	var log eventLog
+	p, err := processes.Start(t.Context(), w.m, key, processes.StartRequest{Argv: loop("p", 8), OnEvent: log.add})
+	if err != nil || !p.Running {
+		t.Fatalf("the process: %+v %v", p, err)
+	}
+	// Each command waits (10 s at most) for the other to have started: one at a time, the first would give up.
+	meet := func(who, other string) string {
+		return fmt.Sprintf(`touch /tmp/meet-%s; for i in $(seq 100); do [ -e /tmp/meet-%s ] && break; sleep 0.1; done; [ -e /tmp/meet-%s ] || { echo alone; exit 3; }; `,
+			who, other, other)
+	}
+	results := map[string]*sandkeep.ExecResult{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for who, other := range map[string]string{"a": "b", "b": "a"} {
+		wg.Go(func() {
+			argv := loop(who, 4)
+			argv[2] = meet(who, other) + argv[2]
+			res := w.execRun(w.m, sandkeep.RunRequest{Key: key, Network: cred(values[who])},
+				sandkeep.ExecRequest{Argv: argv, Concurrent: true, Timeout: time.Minute})
+			mu.Lock()
+			results[who] = res
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	end := log.ended(t, p.PID)
+	for who, res := range results {
+		if res.ExitCode != 0 || strings.Count(res.Stdout, "status 200") != 4 {
+			t.Errorf("command %s: exit %d\n%s%s", who, res.ExitCode, res.Stdout, res.Stderr)
+		}
+	}
+	if end.ExitCode != 0 {
+		t.Errorf("the process ended %+v", end)
+	}
+	w.secure.mu.Lock()
+	defer w.secure.mu.Unlock()
+	count := map[string]int{}
+	for i, req := range w.secure.reqs {
+		who, _, _ := strings.Cut(strings.TrimPrefix(req.URL.Path, "/"), "/")
+		count[who]++
+		if got := w.secure.auth[i]; got != "Bearer "+values[who] {
+			t.Errorf("request %s carried %q, want %s's own value", req.URL.Path, got, who)
+		}
+	}
+	if count["p"] != 8 || count["a"] != 4 || count["b"] != 4 {
+		t.Errorf("the upstream saw %v requests, want p 8, a 4, b 4", count)
 	}
 }

@@ -248,8 +248,10 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	for k, v := range cfg.GetEnvs() {
 		env[k] = v
 	}
-	// The engine's processes carry no network: a sandbox whose commands have one (its template's, narrowed or
-	// not) runs them on the exec path, where each command is a session of the sandbox's egress proxy.
+	// A sandbox whose commands have a network (its template's, narrowed by the caller's block) runs them on the
+	// exec path, which carries that block to admission: each command, background or not, is a session of the
+	// sandbox's egress proxy of its own for as long as it runs, concurrently with the others. The engine's
+	// processes are admitted with the template's network, which the block may have narrowed.
 	if pb, ok := s.f.engineProcs(sc.b); ok && !sc.rec.Networked {
 		lifetime := timeout
 		if _, ok := ctx.Deadline(); ok {
@@ -272,8 +274,8 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 		}
 	}
 	// Concurrent: E2B runs a sandbox's commands at once (a dev server in the background, commands beside it).
-	// The engine runs them so where the sandbox's agent channel carries them (Docker under runc), else one at a
-	// time (docs/E2B.md).
+	// The engine runs them so where the sandbox's agent channel carries them (Docker under runc, the kubernetes
+	// driver with its channel), networked or not, else one at a time (docs/E2B.md).
 	ereq := sandkeep.ExecRequest{Argv: argv(cfg), Workdir: workdir, Env: envList(sc.rec.Env, env), Timeout: timeout,
 		OutputLimit: procOutputLimit, Concurrent: true}
 	ar := service.AdmitRequest{Template: sc.rec.OpTemplate, RequestID: s.f.requestID(r)}

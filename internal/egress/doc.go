@@ -52,6 +52,10 @@
 // Begin and End make each command a session (session.go): Begin installs the command's policy and the only
 // token accepted; End revokes the token, sets mode none and closes every tunnel, decrypted connection and
 // upstream connection (pooled or busy) opened in it, so nothing outlives the command whose policy allowed it.
+// Beside that one, Open starts any number of concurrent sessions (sessions.go), one per command or process in
+// flight, each with its own token, policy, credentials, refusal and reflection reports, forwarding pools and (when
+// it inspects) CA; a request belongs to the session whose token it carries, and Session.End closes what was opened
+// in that session only.
 //
 // # Credentials
 //

@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -28,7 +29,7 @@ var errHelloRead = errors.New("client hello read")
 // meanwhile), and when they start a TLS handshake reads the ClientHello (within headerTimeout) and checks its
 // server name against v, the CONNECT's decision. What it read, and anything else buffered, is then written to up.
 // false: the tunnel must end (refused, reported, or the client went away).
-func (p *Proxy) checkHello(client net.Conn, br *bufio.Reader, up net.Conn, v verdict) bool {
+func (p *Proxy) checkHello(ctx context.Context, client net.Conn, br *bufio.Reader, up net.Conn, v verdict) bool {
 	if p.tunnelIdle > 0 {
 		_ = client.SetReadDeadline(time.Now().Add(p.tunnelIdle))
 	}
@@ -44,17 +45,17 @@ func (p *Proxy) checkHello(client net.Conn, br *bufio.Reader, up net.Conn, v ver
 		seen = rec.Bytes()
 		switch name, _, _, nerr := NormalizeHost(sni); {
 		case !ok:
-			p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Reason: ReasonNotTLS})
+			p.refuse(ctx, http.StatusForbidden, Block{Host: v.host, Port: v.port, Reason: ReasonNotTLS})
 			return false
 		case sni == "" && !v.isIP:
-			p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Reason: ReasonSNIMissing})
+			p.refuse(ctx, http.StatusForbidden, Block{Host: v.host, Port: v.port, Reason: ReasonSNIMissing})
 			return false
 		case sni != "" && (nerr != nil || name != v.host):
 			host := cut(sni)
 			if nerr == nil {
 				host = name
 			}
-			p.refuse(http.StatusForbidden, Block{Host: host, Port: v.port, Reason: ReasonSNIFronting})
+			p.refuse(ctx, http.StatusForbidden, Block{Host: host, Port: v.port, Reason: ReasonSNIFronting})
 			return false
 		}
 	}

@@ -29,8 +29,9 @@ type inspectConn struct {
 	raw       net.Conn // the client's connection under TLS: what Close closes
 	host      string   // the CONNECT host, normalised
 	port      uint16
-	authority string // the upstream URL's host[:port]
-	epoch     uint64 // the session the CONNECT was authenticated in
+	authority string   // the upstream URL's host[:port]
+	epoch     uint64   // the session the CONNECT was authenticated in
+	sess      *Session // or the concurrent session (Open) it was authenticated in
 
 	mu  sync.Mutex // guards pol and v
 	pol *policy    // the policy v was decided under
@@ -41,7 +42,7 @@ var errSNIMismatch = errors.New("the TLS server name is not the CONNECT host")
 
 // intercept serves an allowed CONNECT by decrypting it. v is the CONNECT's decision under pol.
 func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *policy, v verdict) {
-	ca, _, err := p.currentCA(caLastMinute)
+	ca, err := p.caFor(ctx)
 	if err != nil || ca == nil {
 		http.Error(w, "sandkeep egress: cannot inspect TLS: no CA", http.StatusInternalServerError)
 		return
@@ -59,6 +60,7 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 	}
 	ic := &inspectConn{raw: client, host: v.host, port: v.port, authority: hostPort(v.host, v.port, v.port != 443), pol: pol, v: v}
 	ic.epoch, _ = sessionOf(ctx)
+	ic.sess = sessionIn(ctx)
 	sni := ""
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -73,7 +75,7 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 					if err == nil {
 						host = name
 					}
-					p.refuse(http.StatusForbidden, Block{Host: host, Port: v.port, Reason: ReasonSNIMismatch})
+					p.refuse(ctx, http.StatusForbidden, Block{Host: host, Port: v.port, Reason: ReasonSNIMismatch})
 					return nil, errSNIMismatch
 				}
 			}
@@ -99,7 +101,7 @@ func (p *Proxy) intercept(ctx context.Context, w http.ResponseWriter, pol *polic
 		switch {
 		case sni != "": // reported by GetCertificate
 		case errors.As(err, &notTLS):
-			p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Reason: ReasonNotTLS})
+			p.refuse(ctx, http.StatusForbidden, Block{Host: v.host, Port: v.port, Reason: ReasonNotTLS})
 		}
 		fail()
 		return
@@ -184,40 +186,44 @@ func (p *Proxy) serveInspected(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.wg.Done()
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), epochKey{}, ic.epoch))
+	ctx := context.WithValue(r.Context(), epochKey{}, ic.epoch)
+	if ic.sess != nil {
+		ctx = context.WithValue(ctx, sessKey{}, ic.sess)
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(p.ctx, cancel)()
 
 	// A CONNECT, or a request in absolute form for elsewhere, asks the far end to be a proxy: chaining.
 	if r.Method == http.MethodConnect {
 		host, port := ic.describe(r.Host)
-		respond(w, p.refuse(http.StatusForbidden, Block{Host: host, Port: port, Reason: ReasonProxyLoop}))
+		respond(w, p.refuse(ctx, http.StatusForbidden, Block{Host: host, Port: port, Reason: ReasonProxyLoop}))
 		return
 	}
 	if r.URL.IsAbs() && (!strings.EqualFold(r.URL.Scheme, "https") || !ic.sameHost(r.URL.Host)) {
 		host, port := ic.describe(r.URL.Host)
-		respond(w, p.refuse(http.StatusForbidden, Block{Host: host, Port: port, Reason: ReasonProxyLoop}))
+		respond(w, p.refuse(ctx, http.StatusForbidden, Block{Host: host, Port: port, Reason: ReasonProxyLoop}))
 		return
 	}
 	if !ic.sameHost(r.Host) {
 		host, port := ic.describe(r.Host)
-		respond(w, p.refuse(http.StatusForbidden, Block{Host: host, Port: port, Reason: ReasonHostMismatch}))
+		respond(w, p.refuse(ctx, http.StatusForbidden, Block{Host: host, Port: port, Reason: ReasonHostMismatch}))
 		return
 	}
-	pol := p.pol.Load()
+	pol := p.policyOf(ctx)
 	v := p.decideInspected(ctx, pol, ic)
 	if v.status != 0 {
 		respond(w, v)
 		return
 	}
-	plan, release, ok := p.credentials(w, r, pol, v, true)
+	plan, release, ok := p.credentials(ctx, w, r, pol, v, true)
 	defer release()
 	if !ok {
 		return
 	}
 	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "https", authority: ic.authority, addrs: v.addrs,
 		host: v.host, port: v.port, creds: plan})
-	p.inspect.ServeHTTP(w, r.WithContext(ctx))
+	p.inspectorOf(ctx).ServeHTTP(w, r.WithContext(ctx))
 }
 
 // decideInspected decides the connection's target under pol: the decision already made under the same

@@ -440,3 +440,9 @@ func (c *policy) String() string {
 	return fmt.Sprintf("egress policy (mode %s, %d credentials)", c.mode, len(c.creds))
 }
 func (c *policy) GoString() string { return c.String() }
+
+// Inspects reports whether pol decrypts TLS (Inspect on, or auto with credentials): a command under it must
+// trust the proxy's CA.
+func (pol Policy) Inspects() bool {
+	return pol.Inspect == InspectOn || ((pol.Inspect == "" || pol.Inspect == InspectAuto) && len(pol.Credentials) > 0)
+}

@@ -161,14 +161,15 @@ type Proxy struct {
 	caGen atomic.Uint64 // counts CA changes
 
 	mu           sync.Mutex
-	closed       bool                       // set once by Close; no request starts after it
-	epoch        uint64                     // the session: counts cutAll; a request of an older one opens nothing
-	listeners    []netip.AddrPort           // every address Serve listens on: a target there is a loop
-	tunnels      map[*tunnel]struct{}       // open CONNECT tunnels, closed by Close, Begin and End
-	upstreams    map[*upstreamConn]struct{} // forwarding connections to upstreams (pooled or in use), closed likewise
-	intercepts   map[*tls.Conn]*inspectConn // decrypted connections, from hijack to closed, closed by Close
-	innerStarted bool                       // inner is serving innerLn
-	wg           sync.WaitGroup             // requests, tunnel goroutines, decrypted connections, inner's Serve
+	closed       bool                           // set once by Close; no request starts after it
+	epoch        uint64                         // the session: counts cutAll; a request of an older one opens nothing
+	listeners    []netip.AddrPort               // every address Serve listens on: a target there is a loop
+	tunnels      map[*tunnel]struct{}           // open CONNECT tunnels, closed by Close, Begin and End
+	upstreams    map[*upstreamConn]struct{}     // forwarding connections to upstreams (pooled or in use), closed likewise
+	intercepts   map[*tls.Conn]*inspectConn     // decrypted connections, from hijack to closed, closed by Close
+	sessions     map[[sha256.Size]byte]*Session // the concurrent sessions (Open), by their token's hash
+	innerStarted bool                           // inner is serving innerLn
+	wg           sync.WaitGroup                 // requests, tunnel goroutines, decrypted connections, inner's Serve
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -189,6 +190,7 @@ func New(cfg Config) (*Proxy, error) {
 		tunnels:     make(map[*tunnel]struct{}),
 		intercepts:  make(map[*tls.Conn]*inspectConn),
 		upstreams:   make(map[*upstreamConn]struct{}),
+		sessions:    make(map[[sha256.Size]byte]*Session),
 		scans:       make(chan struct{}, scanSlots),
 		bodyTimeout: bodyReadTimeout,
 	}
@@ -311,6 +313,11 @@ func (p *Proxy) Close() error {
 		return nil
 	}
 	p.closed = true
+	for sum, s := range p.sessions {
+		s.ended = true
+		delete(p.sessions, sum)
+		defer s.closeIdle()
+	}
 	tunnels := make([]*tunnel, 0, len(p.tunnels))
 	for t := range p.tunnels {
 		tunnels = append(tunnels, t)
@@ -360,13 +367,22 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		epoch := p.epoch
 		p.mu.Unlock()
-		if !p.authorized(r.Header.Get("Proxy-Authorization")) {
+		got, ok := presented(r.Header.Get("Proxy-Authorization"))
+		own := ok && p.authorized(got)
+		var s *Session
+		if ok && !own {
+			s = p.sessionFor(got)
+		}
+		if !own && s == nil {
 			w.Header().Add("Proxy-Authenticate", `Bearer realm="sandkeep"`)
 			w.Header().Add("Proxy-Authenticate", `Basic realm="sandkeep"`)
 			http.Error(w, "sandkeep egress: proxy authentication required", http.StatusProxyAuthRequired)
 			return
 		}
 		ctx = context.WithValue(ctx, epochKey{}, epoch)
+		if s != nil {
+			ctx = context.WithValue(ctx, sessKey{}, s)
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -378,31 +394,31 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.serveForward(ctx, w, r)
 }
 
-// authorized reports whether h carries the token, as "Bearer <token>" or "Basic base64(user:token)". Both
-// sides are hashed first so the comparison takes the same time whatever the length of what was sent.
-func (p *Proxy) authorized(h string) bool {
+// presented is the token h carries, as "Bearer <token>" or "Basic base64(user:token)"; ok is false when it
+// carries none.
+func presented(h string) (got string, ok bool) {
 	scheme, cred, ok := strings.Cut(strings.TrimSpace(h), " ")
 	if !ok {
-		return false
+		return "", false
 	}
 	cred = strings.TrimSpace(cred)
-	var got string
 	switch {
 	case strings.EqualFold(scheme, "Bearer"):
-		got = cred
+		return cred, true
 	case strings.EqualFold(scheme, "Basic"):
 		b, err := base64.StdEncoding.DecodeString(cred)
 		if err != nil {
-			return false
+			return "", false
 		}
 		_, pass, ok := strings.Cut(string(b), ":")
-		if !ok {
-			return false
-		}
-		got = pass
-	default:
-		return false
+		return pass, ok
 	}
+	return "", false
+}
+
+// authorized reports whether got is the token of the proxy's own session (Begin). Both sides are hashed first so
+// the comparison takes the same time whatever the length of what was sent.
+func (p *Proxy) authorized(got string) bool {
 	want := p.tokenSum.Load()
 	if want == nil {
 		return false
@@ -435,7 +451,7 @@ type verdict struct {
 
 // decide is decideWith under the current policy.
 func (p *Proxy) decide(ctx context.Context, rawHost string, port uint16) verdict {
-	return p.decideWith(ctx, p.pol.Load(), rawHost, port)
+	return p.decideWith(ctx, p.policyOf(ctx), rawHost, port)
 }
 
 // decideWith applies pol to host (as the client wrote it, without its port) and port: the name against the
@@ -444,7 +460,7 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port uint16) verdict
 func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, port uint16) verdict {
 	name, ip, isIP, err := NormalizeHost(rawHost)
 	if err != nil {
-		return p.refuse(http.StatusBadRequest, Block{Host: cut(rawHost), Port: port, Reason: ReasonInvalidHost})
+		return p.refuse(ctx, http.StatusBadRequest, Block{Host: cut(rawHost), Port: port, Reason: ReasonInvalidHost})
 	}
 	b := Block{Host: name, Port: port}
 	if r, _ := match(pol.silent, name, ip, isIP, port); r != nil {
@@ -453,19 +469,19 @@ func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, por
 	}
 	if pol.mode == ModeNone {
 		b.Reason = ReasonModeNone
-		return p.refuse(http.StatusForbidden, b)
+		return p.refuse(ctx, http.StatusForbidden, b)
 	}
 	switch r, ok := match(pol.rules, name, ip, isIP, port); {
 	case r != nil && !ok:
 		b.Reason, b.Rule = ReasonRule, r.String()
-		return p.refuse(http.StatusForbidden, b)
+		return p.refuse(ctx, http.StatusForbidden, b)
 	case r == nil && pol.mode == ModeAllowlist:
 		b.Reason = ReasonUnlisted
-		return p.refuse(http.StatusForbidden, b)
+		return p.refuse(ctx, http.StatusForbidden, b)
 	}
 	if reason, rule := pol.narrow.denies(name, ip, isIP, port); reason != "" {
 		b.Reason, b.Rule = reason, rule
-		return p.refuse(http.StatusForbidden, b)
+		return p.refuse(ctx, http.StatusForbidden, b)
 	}
 
 	addrs := []netip.Addr{ip}
@@ -483,33 +499,39 @@ func (p *Proxy) decideWith(ctx context.Context, pol *policy, rawHost string, por
 		b.Addr = a
 		if p.isListener(a, port) {
 			b.Reason = ReasonProxyLoop
-			return p.refuse(http.StatusForbidden, b)
+			return p.refuse(ctx, http.StatusForbidden, b)
 		}
 		r, ok := MatchAddr(pol.ipRules, a, port)
 		if r != nil && !ok {
 			b.Reason, b.Rule = ReasonRule, r.String()
-			return p.refuse(http.StatusForbidden, b)
+			return p.refuse(ctx, http.StatusForbidden, b)
 		}
 		unlocked := r != nil
 		if n := pol.narrow; n != nil {
 			nr, ok := MatchAddr(n.ipRules, a, port)
 			if nr != nil && !ok {
 				b.Reason, b.Rule = ReasonRule, nr.String()
-				return p.refuse(http.StatusForbidden, b)
+				return p.refuse(ctx, http.StatusForbidden, b)
 			}
 			unlocked = unlocked && nr != nil // an address class needs both to unlock it
 		}
 		if class := classify(a, p.self, p.refused...); class != "" && !unlocked {
 			b.Reason = class
-			return p.refuse(http.StatusForbidden, b)
+			return p.refuse(ctx, http.StatusForbidden, b)
 		}
 		checked = append(checked, netip.AddrPortFrom(a.WithZone(""), port))
 	}
 	return verdict{host: name, ip: ip, isIP: isIP, port: port, addrs: checked}
 }
 
-// refuse reports b (unless nobody listens) and returns the refusal.
-func (p *Proxy) refuse(status int, b Block) verdict {
+// refuse reports b to ctx's session, or the proxy's OnBlocked outside one (unless nobody listens), and returns the refusal.
+func (p *Proxy) refuse(ctx context.Context, status int, b Block) verdict {
+	if s := sessionIn(ctx); s != nil {
+		if s.onBlock != nil {
+			s.onBlock(b)
+		}
+		return verdict{status: status, block: b}
+	}
 	if f := p.onBlock.Load(); f != nil {
 		(*f)(b)
 	}
@@ -589,14 +611,14 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	host, port, err := SplitHostPort(target)
 	if err != nil {
-		respond(w, p.refuse(http.StatusBadRequest, Block{Host: cut(target), Reason: ReasonInvalidHost}))
+		respond(w, p.refuse(ctx, http.StatusBadRequest, Block{Host: cut(target), Reason: ReasonInvalidHost}))
 		return
 	}
 	if port == 0 {
 		badRequest(w, "CONNECT needs host:port")
 		return
 	}
-	pol := p.pol.Load()
+	pol := p.policyOf(ctx)
 	v := p.decideWith(ctx, pol, host, port)
 	if v.status != 0 {
 		respond(w, v)
@@ -630,7 +652,7 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	// The client's first bytes are checked before any reaches the upstream (a TLS hello's server name must be the
 	// CONNECT host); they, and whatever else it sent after its request, are in brw's buffer, not the socket.
-	t.first = func() bool { return p.checkHello(client, brw.Reader, up, v) }
+	t.first = func() bool { return p.checkHello(ctx, client, brw.Reader, up, v) }
 	t.run(&p.wg)
 }
 
@@ -642,6 +664,7 @@ func (p *Proxy) track(ctx context.Context, t *tunnel) bool {
 	if !p.currentLocked(ctx) {
 		return false
 	}
+	t.sess = sessionIn(ctx)
 	p.tunnels[t] = struct{}{}
 	return true
 }
@@ -656,6 +679,7 @@ func (p *Proxy) untrack(t *tunnel) {
 // byte has moved either way for idle.
 type tunnel struct {
 	client, upstream net.Conn
+	sess             *Session // the concurrent session (Open) it was opened in; nil: the proxy's own (Begin)
 	idle             time.Duration
 	first            func() bool  // run before the client's bytes are copied to the upstream; false ends the tunnel
 	last             atomic.Int64 // unix nanoseconds when a copy last reported bytes moved, either way
@@ -748,38 +772,38 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	host, port, err := SplitHostPort(r.URL.Host)
 	if err != nil {
-		respond(w, p.refuse(http.StatusBadRequest, Block{Host: cut(r.URL.Host), Reason: ReasonInvalidHost}))
+		respond(w, p.refuse(ctx, http.StatusBadRequest, Block{Host: cut(r.URL.Host), Reason: ReasonInvalidHost}))
 		return
 	}
 	explicit := port != 0
 	if !explicit {
 		port = 80
 	}
-	pol := p.pol.Load()
+	pol := p.policyOf(ctx)
 	v := p.decideWith(ctx, pol, host, port)
 	if v.status != 0 {
 		respond(w, v)
 		return
 	}
-	plan, release, ok := p.credentials(w, r, pol, v, false)
+	plan, release, ok := p.credentials(ctx, w, r, pol, v, false)
 	defer release()
 	if !ok {
 		return
 	}
 	ctx = context.WithValue(ctx, forwardKey{}, forwardTarget{scheme: "http", authority: hostPort(v.host, port, explicit), addrs: v.addrs,
 		host: v.host, port: v.port, creds: plan})
-	p.forward.ServeHTTP(w, r.WithContext(ctx))
+	p.forwarderOf(ctx).ServeHTTP(w, r.WithContext(ctx))
 }
 
 // credentials applies pol's credentials to r, a request to v's target over TLS (inspected) or not: it injects
 // those the target may receive where their definitions say, or refuses r (403, a Block naming the credential)
 // when it carries another's placeholder or value (credential-leak), or is plain HTTP and carries the placeholder
 // of one that may go into TLS only (credential-plaintext). ok is false when r was answered.
-func (p *Proxy) credentials(w http.ResponseWriter, r *http.Request, pol *policy, v verdict, tls bool) (plan *credPlan, release func(), ok bool) {
+func (p *Proxy) credentials(ctx context.Context, w http.ResponseWriter, r *http.Request, pol *policy, v verdict, tls bool) (plan *credPlan, release func(), ok bool) {
 	cp := pol.planFor(v.host, v.ip, v.isIP, v.port, tls)
 	plan, release = &cp, func() {}
 	if name := plan.plaintext(r); name != "" {
-		respond(w, p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: name, Reason: ReasonPlaintext}))
+		respond(w, p.refuse(ctx, http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: name, Reason: ReasonPlaintext}))
 		return plan, release, false
 	}
 	if plan.scansBody(r) {
@@ -802,7 +826,7 @@ func (p *Proxy) credentials(w http.ResponseWriter, r *http.Request, pol *policy,
 		return plan, release, false
 	}
 	if leak != "" {
-		respond(w, p.refuse(http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: leak, Reason: ReasonCredentialLeak}))
+		respond(w, p.refuse(ctx, http.StatusForbidden, Block{Host: v.host, Port: v.port, Rule: leak, Reason: ReasonCredentialLeak}))
 		return plan, release, false
 	}
 	return plan, release, true
@@ -841,6 +865,13 @@ func (p *Proxy) modifyResponse(res *http.Response) error {
 		return nil
 	}
 	report := func(name, where string) {
+		r := Reflection{Credential: name, Host: t.host, Port: t.port, Where: where}
+		if s := sessionIn(res.Request.Context()); s != nil {
+			if s.onReflect != nil {
+				s.onReflect(r)
+			}
+			return
+		}
 		if f := p.onReflect.Load(); f != nil {
 			(*f)(Reflection{Credential: name, Host: t.host, Port: t.port, Where: where})
 		}
@@ -889,7 +920,7 @@ func (p *Proxy) dialForward(ctx context.Context, _, _ string) (net.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	uc := &upstreamConn{Conn: c, p: p}
+	uc := &upstreamConn{Conn: c, p: p, sess: sessionIn(ctx)}
 	p.mu.Lock()
 	if !p.currentLocked(ctx) {
 		p.mu.Unlock()
@@ -906,6 +937,7 @@ func (p *Proxy) dialForward(ctx context.Context, _, _ string) (net.Conn, error) 
 type upstreamConn struct {
 	net.Conn
 	p    *Proxy
+	sess *Session // as for tunnel
 	once sync.Once
 }
 

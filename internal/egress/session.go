@@ -41,21 +41,28 @@ func (p *Proxy) End() {
 	p.cutAll()
 }
 
-// cutAll closes every open tunnel, decrypted connection and upstream connection, and drops the pools.
+// cutAll closes every tunnel, decrypted connection and upstream connection of the proxy's own session (Begin), and
+// drops its pools; the concurrent sessions' (Open) are theirs to close.
 func (p *Proxy) cutAll() {
 	p.mu.Lock()
 	p.epoch++ // what is authenticated from here on belongs to the next session
 	tunnels := make([]*tunnel, 0, len(p.tunnels))
 	for t := range p.tunnels {
-		tunnels = append(tunnels, t)
+		if t.sess == nil {
+			tunnels = append(tunnels, t)
+		}
 	}
 	raws := make([]net.Conn, 0, len(p.intercepts))
 	for _, ic := range p.intercepts {
-		raws = append(raws, ic.raw)
+		if ic.sess == nil {
+			raws = append(raws, ic.raw)
+		}
 	}
 	ups := make([]*upstreamConn, 0, len(p.upstreams))
 	for u := range p.upstreams {
-		ups = append(ups, u)
+		if u.sess == nil {
+			ups = append(ups, u)
+		}
 	}
 	p.mu.Unlock()
 	for _, t := range tunnels {
@@ -91,6 +98,9 @@ func sessionOf(ctx context.Context) (uint64, bool) {
 func (p *Proxy) currentLocked(ctx context.Context) bool {
 	if p.closed {
 		return false
+	}
+	if s := sessionIn(ctx); s != nil {
+		return !s.ended
 	}
 	e, ok := sessionOf(ctx)
 	return !ok || e == p.epoch

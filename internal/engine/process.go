@@ -117,8 +117,8 @@ func (m *Manager) StartProcess(ctx context.Context, key Key, req StartRequest) (
 }
 
 // StartProcess starts a process in the run's sandbox (see Manager.StartProcess), recording its events in the
-// run. The run's secret files are not placed for it (they belong to one command at a time), and it gets no
-// network: the sandbox's egress proxy serves one command's session at a time.
+// run. The run's secret files are not placed for it (they belong to one command at a time); it gets the run's
+// network as a session of the sandbox's egress proxy of its own, from its start to its end.
 func (r *Run) StartProcess(ctx context.Context, req StartRequest) (*Process, error) {
 	if r.lc == nil {
 		return nil, fault.New(fault.InvalidArgument, "admit a new run", "run %s was refused and runs nothing", r.ID)
@@ -133,6 +133,7 @@ func (r *Run) StartProcess(ctx context.Context, req StartRequest) (*Process, err
 	p, err := r.lc.StartProcess(ctx, r.key, lifecycle.StartRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Lifetime: req.Lifetime, Stdin: req.Stdin,
 		TTY: tty, Tag: req.Tag, Ring: req.BufferLimit, OnEvent: r.sink, Shape: r.shape,
+		Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil,
 	})
 	return processOf(p), err
 }

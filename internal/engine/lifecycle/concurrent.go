@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
@@ -20,16 +21,23 @@ import (
 // command; it runs on the sandbox's agent channel under a supervisor of its own in the agent, so its tree is
 // killed alone (agentproto.Request.Concurrent).
 //
-// A command runs one at a time after all (exclusively, as by default) when it carries what belongs to one
-// command at a time in the sandbox: secret files (placed before and removed after it, at fixed paths) or a
-// network (the key's egress proxy serves one session, with one policy and token, at a time); and where the
-// sandbox has no channel this process serves (the exec transport without a relay, the host). Docker's Unix socket
-// channel and the kubernetes driver's pod-network channel are one session side (channel.Slot), so both carry
-// concurrent commands and processes.
+// A concurrent command with a network is a session of the key's egress proxy of its own (egresssession.go),
+// beside the other commands' and processes'. A command runs one at a time after all (exclusively, as by default)
+// when it carries what belongs to one command at a time in the sandbox: secret files (placed before and removed
+// after it, at fixed paths) or host services; when its network inspects TLS and the sandbox has no channel
+// directory to hold its CA bundle (the kubernetes driver: the bundle goes onto the secrets tmpfs at a fixed
+// path); and where the sandbox has no channel this process serves (the exec transport without a relay, the host).
+// Docker's Unix socket channel and the kubernetes driver's pod-network channel are one session side
+// (channel.Slot), so both carry concurrent commands and processes.
 
 // concurrentOK reports whether req may run concurrently in key's sandbox.
 func (m *Manager) concurrentOK(key identity.Key, req ExecRequest) bool {
-	return req.Concurrent && len(req.Secrets) == 0 && len(req.Services) == 0 && noNetwork(req.Network) && m.processChannel(key) == nil
+	return req.Concurrent && len(req.Secrets) == 0 && len(req.Services) == 0 && m.sessionOK(key, req.Network) && m.processChannel(key) == nil
+}
+
+// sessionOK reports whether a command or process with policy pol can have a concurrent session of key's proxy.
+func (m *Manager) sessionOK(key identity.Key, pol *egress.Policy) bool {
+	return noNetwork(pol) || !pol.Inspects() || m.channelDir(key) != ""
 }
 
 func noNetwork(p *egress.Policy) bool { return p == nil || p.Mode == "" || p.Mode == egress.ModeNone }
@@ -164,12 +172,20 @@ const (
 // execConcurrent runs preq as a concurrent command (the caller checked concurrentOK). It holds the gate shared.
 func (m *Manager) execConcurrent(ctx context.Context, key identity.Key, req ExecRequest, preq agentproto.Request,
 	started func(*driver.Sandbox, Transport)) (*ExecResult, error) {
+	baseEnv := preq.Env
 	for attempt := 0; ; attempt++ {
 		release, sb, err := m.holdShared(ctx, key, req.Shape)
 		if err != nil {
 			return nil, err
 		}
+		netEnv, endSession, err := m.egressSession(ctx, key, sb, req.Network, req.NetworkBlock, sinkOf(ctx, m))
+		if err != nil {
+			release()
+			return nil, err
+		}
+		preq.Env = append(slices.Clip(baseEnv), netEnv...)
 		res, err := m.runConcurrent(ctx, key, sb, preq, req, started)
+		endSession()
 		release()
 		if errors.Is(err, errNotStarted) && attempt == 0 {
 			continue

@@ -46,6 +46,7 @@ const (
 type keyEgress struct {
 	proxy        *egress.Proxy
 	ln           net.Listener      // the channel directory's egress socket, or the driver's (driver.EgressListener)
+	mu           sync.Mutex        // guards placeholders, caGen, rootsOf and roots: concurrent sessions read them
 	placeholders map[string]string // credential name -> its placeholder, stable for the proxy's life
 	caGen        uint64            // the CA generation written to the bundle file; 0: none
 	rootsOf      string            // the container whose image roots the bundle holds
@@ -103,18 +104,7 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 	if err != nil {
 		return nil, release, err
 	}
-	p := *pol
-	p.Credentials = make([]egress.Credential, len(pol.Credentials))
-	for i, c := range pol.Credentials {
-		ph, ok := ke.placeholders[c.Name]
-		if !ok {
-			ph = egress.NewPlaceholder(c.Name)
-			ke.placeholders[c.Name] = ph
-		}
-		c.Placeholder = ph
-		p.Credentials[i] = c
-		env = append(env, c.Name+"="+ph)
-	}
+	p, env := ke.withPlaceholders(pol)
 	token, err := newToken()
 	if err != nil {
 		return nil, release, err
@@ -159,6 +149,27 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 	return env, release, nil
 }
 
+// withPlaceholders is pol with the key's placeholder for each credential (stable for the proxy's life: a
+// credential is the same placeholder in every command), and the environment that hands them to the command.
+func (ke *keyEgress) withPlaceholders(pol *egress.Policy) (egress.Policy, []string) {
+	ke.mu.Lock()
+	defer ke.mu.Unlock()
+	p := *pol
+	p.Credentials = make([]egress.Credential, len(pol.Credentials))
+	var env []string
+	for i, c := range pol.Credentials {
+		ph, ok := ke.placeholders[c.Name]
+		if !ok {
+			ph = egress.NewPlaceholder(c.Name)
+			ke.placeholders[c.Name] = ph
+		}
+		c.Placeholder = ph
+		p.Credentials[i] = c
+		env = append(env, c.Name+"="+ph)
+	}
+	return p, env
+}
+
 // endEgress ends the session of key's proxy, if this process serves one: for a command without a network.
 func (m *Manager) endEgress(key identity.Key) {
 	m.mu.Lock()
@@ -184,9 +195,12 @@ func (m *Manager) listenSide(key identity.Key, dir string) (net.Listener, error)
 }
 
 // egressOf returns key's proxy, starting it on listen's listener when this process has none yet. The caller
-// holds key's gate, so no other goroutine starts one for key meanwhile; listen runs outside m.mu (a driver's
+// holds key's gate (shared, by a concurrent command or process: egressNew keeps two from starting one); listen
+// runs outside m.mu (a driver's
 // may take seconds: the kubernetes driver's first one probes the cluster).
 func (m *Manager) egressOf(key identity.Key, listen func() (net.Listener, error)) (*keyEgress, error) {
+	m.egressNew.Lock() // concurrent commands and processes hold the gate shared: one of them starts the proxy
+	defer m.egressNew.Unlock()
 	m.mu.Lock()
 	ke, ok := m.egress[key.Hex()]
 	m.mu.Unlock()
@@ -324,6 +338,8 @@ func (m *Manager) reflectedSink(ctx context.Context, key identity.Key) func(egre
 // writeBundle writes the CA bundle the sandbox trusts when the proxy's CA changed: the proxy's CA first, then the
 // image's own roots, so clients that replace their trust store with SSL_CERT_FILE still trust what they did.
 func (m *Manager) writeBundle(sb *driver.Sandbox, ke *keyEgress, dir string, ca []byte, gen uint64) error {
+	ke.mu.Lock()
+	defer ke.mu.Unlock()
 	if gen == ke.caGen && sb.ID == ke.rootsOf {
 		return nil
 	}

@@ -49,6 +49,7 @@ type Manager struct {
 	known     map[string]*driver.Sandbox   // key hex -> sandbox last ensured by this process; a hint, never trusted alone
 	listeners map[string]*channel.Listener // key hex -> this process's agent channel listener for that key
 	egress    map[string]*keyEgress        // key hex -> the key's egress proxy, served by this process (egress.go)
+	egressNew sync.Mutex                   // held while a key's proxy is started: shared-gate holders may race there
 	pools     *pools                       // the warm pools this process keeps (pool.go); nil: none
 	services  sync.Map                     // key hex -> *keyServices, the key's host services served by this process (services.go)
 	relays    sync.Map                     // key hex -> *relaySlot, the key's channel carried by a relay (relay.go)

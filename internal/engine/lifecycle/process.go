@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sandkeep/sandkeep/internal/agentproto"
 	"github.com/sandkeep/sandkeep/internal/driver"
+	"github.com/sandkeep/sandkeep/internal/egress"
 	"github.com/sandkeep/sandkeep/internal/events"
 	"github.com/sandkeep/sandkeep/internal/fault"
 	"github.com/sandkeep/sandkeep/internal/identity"
@@ -52,6 +54,10 @@ type StartRequest struct {
 	// OnEvent receives the process's events: process_started now, process_ended whenever it ends.
 	OnEvent Sink
 	Shape   *Shape
+	// Network and NetworkBlock are as for ExecRequest: the process is a session of the key's egress proxy of its
+	// own for as long as it runs (egresssession.go).
+	Network      *egress.Policy
+	NetworkBlock bool
 }
 
 // Process describes one process of a sandbox.
@@ -83,17 +89,31 @@ func (m *Manager) StartProcess(ctx context.Context, key identity.Key, req StartR
 	if err := m.processChannel(key); err != nil {
 		return nil, err
 	}
+	if !m.sessionOK(key, req.Network) {
+		return nil, fault.New(fault.ProcessUnavailable, "run it as a command, or give the template inspect: off",
+			"a process whose network inspects TLS needs the sandbox's channel directory for its CA bundle, which the %s driver has not", m.drv.Name())
+	}
 	preq.Stdin = req.Stdin
 	preq.Detach = &agentproto.Detach{Tag: req.Tag, Ring: req.Ring}
 	ctx = withSink(ctx, req.OnEvent)
 	sink := sinkOf(ctx, m)
+	baseEnv := preq.Env
 	for attempt := 0; ; attempt++ {
 		release, sb, err := m.holdShared(ctx, key, req.Shape)
 		if err != nil {
 			return nil, err
 		}
+		netEnv, endSession, err := m.egressSession(ctx, key, sb, req.Network, req.NetworkBlock, sink)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		preq.Env = append(slices.Clip(baseEnv), netEnv...)
 		res, err := m.startOn(ctx, key, sb, preq)
 		release()
+		if err != nil || res.PID == 0 {
+			endSession()
+		}
 		if errors.Is(err, errNotStarted) && attempt == 0 {
 			continue
 		}
@@ -110,7 +130,7 @@ func (m *Manager) StartProcess(ctx context.Context, key identity.Key, req StartR
 		}
 		sink(events.NameProcessStarted, events.ProcessStarted{Sandbox: sb.Name, PID: res.PID, Tag: req.Tag,
 			Command: events.Command(req.Argv), LifetimeMS: lifetime.Milliseconds(), TTY: req.TTY != nil})
-		m.watchProcess(key, sb.Name, p.ProcessInfo, sink)
+		m.watchProcess(key, sb.Name, p.ProcessInfo, sink, endSession)
 		return p, nil
 	}
 }
@@ -358,7 +378,7 @@ func (w *procWatch) close() {
 }
 
 // watchProcess follows p until it ends and then records process_ended in sink.
-func (m *Manager) watchProcess(key identity.Key, sandbox string, p agentproto.ProcessInfo, sink Sink) {
+func (m *Manager) watchProcess(key identity.Key, sandbox string, p agentproto.ProcessInfo, sink Sink, endSession func()) {
 	w := &m.procs
 	w.init()
 	started := time.Now()
@@ -373,6 +393,7 @@ func (m *Manager) watchProcess(key identity.Key, sandbox string, p agentproto.Pr
 			cancel()
 			switch {
 			case w.ctx.Err() != nil:
+				endSession()
 				return // this Manager closes: its channels end, and the processes with them; nobody records it
 			case err == nil && sb != nil && len(rep.Processes) == 1 && rep.Processes[0].Exit != nil:
 				ex := rep.Processes[0].Exit
@@ -396,6 +417,7 @@ func (m *Manager) watchProcess(key identity.Key, sandbox string, p agentproto.Pr
 				ended.Reason = events.ProcessChannelEnded
 			}
 			ended.DurationMS = time.Since(started).Milliseconds()
+			endSession() // the process's egress session lasts as long as it does: its repeats come before its end
 			sink(events.NameProcessEnded, ended)
 			return
 		}
