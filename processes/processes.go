@@ -43,12 +43,14 @@ type StartRequest struct {
 	RequestID string
 	Template  string
 	Trust     string
+	// NoNetwork runs the process without its run's network (which it otherwise has for its whole life).
+	NoNetwork bool
 }
 
 func (req StartRequest) engine() engine.StartRequest {
 	return engine.StartRequest{Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Lifetime: req.Lifetime,
 		Stdin: req.Stdin, TTY: req.TTY, Tag: req.Tag, BufferLimit: req.BufferLimit, OnEvent: engine.EventFunc(req.OnEvent),
-		RunID: req.RunID, RequestID: req.RequestID, Template: req.Template, Trust: req.Trust}
+		RunID: req.RunID, RequestID: req.RequestID, Template: req.Template, Trust: req.Trust, NoNetwork: req.NoNetwork}
 }
 
 // Process describes one process of a sandbox.

@@ -63,7 +63,8 @@ func (f *Front) procErr(r *http.Request, err error) error {
 // startRequest is an E2B start as the engine's process.
 func startRequest(sc *sandboxCtx, req *process.StartRequest, argv []string, workdir string, env []string, lifetime time.Duration, requestID string) skproc.StartRequest {
 	sr := skproc.StartRequest{Argv: argv, Workdir: workdir, Env: env, Lifetime: lifetime, Stdin: req.GetStdin(),
-		Tag: req.GetTag(), Template: sc.rec.OpTemplate, RequestID: requestID}
+		Tag: req.GetTag(), Template: sc.rec.OpTemplate, RequestID: requestID,
+		NoNetwork: true} // only a sandbox without a network starts its commands here: its caller's block said none
 	if req.Pty != nil {
 		ws := size(req.Pty)
 		sr.TTY, sr.Stdin = &ws, true // a terminal's input is its keyboard

@@ -36,6 +36,9 @@ type StartRequest struct {
 	RequestID string
 	Template  string
 	Trust     string
+	// NoNetwork runs the process without the run's network (a caller whose own block narrowed it to none, which
+	// the start's admission does not carry: the E2B front's sandboxes without a network).
+	NoNetwork bool
 }
 
 // Process describes one process of a sandbox.
@@ -130,10 +133,14 @@ func (r *Run) StartProcess(ctx context.Context, req StartRequest) (*Process, err
 	if req.TTY != nil {
 		tty = (&TTY{Size: *req.TTY}).size() // zero: 24x80
 	}
+	pol := r.cmdPol
+	if req.NoNetwork {
+		pol = nil
+	}
 	p, err := r.lc.StartProcess(ctx, r.key, lifecycle.StartRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Lifetime: req.Lifetime, Stdin: req.Stdin,
 		TTY: tty, Tag: req.Tag, Ring: req.BufferLimit, OnEvent: r.sink, Shape: r.shape,
-		Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil,
+		Network: pol, NetworkBlock: r.network != nil || r.cmdNet != nil || req.NoNetwork,
 	})
 	return processOf(p), err
 }
