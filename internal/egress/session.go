@@ -46,36 +46,46 @@ func (p *Proxy) End() {
 func (p *Proxy) cutAll() {
 	p.mu.Lock()
 	p.epoch++ // what is authenticated from here on belongs to the next session
-	tunnels := make([]*tunnel, 0, len(p.tunnels))
+	closeAll := p.connsOf(nil)
+	p.mu.Unlock()
+	closeAll()
+	p.transport.CloseIdleConnections()
+	p.tlsTransport.CloseIdleConnections()
+}
+
+// connsOf collects what session s has open (nil: the proxy's own session, Begin): its tunnels, decrypted
+// connections and upstream connections. The caller holds p.mu and calls the returned closeAll after unlocking:
+// closing waits on the network, never under the lock.
+func (p *Proxy) connsOf(s *Session) (closeAll func()) {
+	var tunnels []*tunnel
 	for t := range p.tunnels {
-		if t.sess == nil {
+		if t.sess == s {
 			tunnels = append(tunnels, t)
 		}
 	}
-	raws := make([]net.Conn, 0, len(p.intercepts))
+	var raws []net.Conn
 	for _, ic := range p.intercepts {
-		if ic.sess == nil {
+		if ic.sess == s {
 			raws = append(raws, ic.raw)
 		}
 	}
-	ups := make([]*upstreamConn, 0, len(p.upstreams))
+	var ups []*upstreamConn
 	for u := range p.upstreams {
-		if u.sess == nil {
+		if u.sess == s {
 			ups = append(ups, u)
 		}
 	}
-	p.mu.Unlock()
-	for _, t := range tunnels {
-		t.close()
+	return func() {
+		for _, t := range tunnels {
+			t.close()
+		}
+		for _, c := range raws {
+			_ = c.Close()
+		}
+		for _, u := range ups {
+			_ = u.Close()
+		}
 	}
-	for _, c := range raws {
-		_ = c.Close()
-	}
-	for _, u := range ups {
-		_ = u.Close()
-	}
-	p.transport.CloseIdleConnections()
-	p.tlsTransport.CloseIdleConnections()
 }
 
 // openConns counts what cutAll would close (tests).

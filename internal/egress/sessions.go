@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"slices"
@@ -86,34 +85,9 @@ func (s *Session) End() {
 	if p.sessions[s.sum] == s {
 		delete(p.sessions, s.sum)
 	}
-	var tunnels []*tunnel
-	for t := range p.tunnels {
-		if t.sess == s {
-			tunnels = append(tunnels, t)
-		}
-	}
-	var raws []net.Conn
-	for _, ic := range p.intercepts {
-		if ic.sess == s {
-			raws = append(raws, ic.raw)
-		}
-	}
-	var ups []*upstreamConn
-	for u := range p.upstreams {
-		if u.sess == s {
-			ups = append(ups, u)
-		}
-	}
+	closeAll := p.connsOf(s)
 	p.mu.Unlock()
-	for _, t := range tunnels {
-		t.close()
-	}
-	for _, c := range raws {
-		_ = c.Close()
-	}
-	for _, u := range ups {
-		_ = u.Close()
-	}
+	closeAll()
 	s.closeIdle()
 }
 

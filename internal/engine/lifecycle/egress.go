@@ -77,31 +77,12 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		}
 		return nil, release, nil
 	}
-	if m.cfg.Runtime == RuntimeGVisor {
-		return nil, release, fault.New(fault.EgressUnavailable,
-			"give commands of sandboxes under runsc network mode none, or run networked sandboxes under runc (docs/SECURITY.md, \"gVisor\")",
-			"a sandbox under gVisor (runsc) has no way to the egress proxy: its socket is a host Unix socket, which runsc refuses without --host-uds, and with it every process of the sandbox would reach the host as the same gofer process")
-	}
-	dir := m.channelDir(key)
-	el, netEgress := m.drv.(driver.EgressListener)
-	if dir == "" && !netEgress {
-		// The driver cannot confine a network (the host passthrough): there is nothing to enforce, and the run's
-		// sandbox_skipped already says the command is not isolated.
-		m.cfg.Logger.Warn("network policy not applied: the driver has no sandbox network", "driver", m.drv.Name(), "key", key.Short())
-		return nil, release, nil
-	}
-	listen := func() (net.Listener, error) { return m.listenSide(key, dir) }
-	if dir == "" {
-		// The driver serves the sandbox's egress endpoint itself (kubernetes: over the pod network); it refuses
-		// where it cannot confine the sandbox to it, and the command does not run.
-		listen = func() (net.Listener, error) { return el.ListenEgress(ctx, sb) }
-	}
-	ke, err := m.egressOf(key, listen)
+	ke, dir, err := m.keyProxy(ctx, key, sb)
 	if errors.Is(err, channel.ErrInUse) {
 		// Another process of the home serves this sandbox's network: the command's session goes there.
 		return m.egressThroughOwner(ctx, key, pol, err)
 	}
-	if err != nil {
+	if err != nil || ke == nil {
 		return nil, release, err
 	}
 	p, env := ke.withPlaceholders(pol)
@@ -126,10 +107,7 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 		return nil, release, fault.Wrap(err, fault.NetworkInvalid, "check the network block", "network policy refused")
 	}
 	release = idle
-	proxyURL := "http://sandkeep:" + token + "@" + EgressListen
-	env = append(env,
-		"HTTP_PROXY="+proxyURL, "HTTPS_PROXY="+proxyURL, "http_proxy="+proxyURL, "https_proxy="+proxyURL,
-		"NO_PROXY="+noProxy, "no_proxy="+noProxy)
+	env = append(env, proxyEnv(token)...)
 	if ca, gen := ke.proxy.CA(); ca != nil {
 		bundle := CABundlePath
 		if dir == "" {
@@ -142,11 +120,52 @@ func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sa
 			release()
 			return nil, func() {}, err
 		}
-		for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
-			env = append(env, k+"="+bundle)
-		}
+		env = append(env, bundleEnv(bundle)...)
 	}
 	return env, release, nil
+}
+
+// keyProxy brings up key's proxy, listening where sb's driver reaches it: the channel directory's socket (dir),
+// or an endpoint the driver serves (driver.EgressListener, dir ""). A nil proxy and no error: the driver cannot
+// confine a network (the host passthrough), so there is nothing to enforce. channel.ErrInUse: another process
+// of the home serves it. Under gVisor there is no way to it, refused.
+func (m *Manager) keyProxy(ctx context.Context, key identity.Key, sb *driver.Sandbox) (ke *keyEgress, dir string, err error) {
+	if m.cfg.Runtime == RuntimeGVisor {
+		return nil, "", fault.New(fault.EgressUnavailable,
+			"give commands of sandboxes under runsc network mode none, or run networked sandboxes under runc (docs/SECURITY.md, \"gVisor\")",
+			"a sandbox under gVisor (runsc) has no way to the egress proxy: its socket is a host Unix socket, which runsc refuses without --host-uds, and with it every process of the sandbox would reach the host as the same gofer process")
+	}
+	dir = m.channelDir(key)
+	el, netEgress := m.drv.(driver.EgressListener)
+	if dir == "" && !netEgress {
+		// The run's sandbox_skipped already says the command is not isolated.
+		m.cfg.Logger.Warn("network policy not applied: the driver has no sandbox network", "driver", m.drv.Name(), "key", key.Short())
+		return nil, "", nil
+	}
+	listen := func() (net.Listener, error) { return m.listenSide(key, dir) }
+	if dir == "" {
+		// The driver serves the sandbox's egress endpoint itself (kubernetes: over the pod network); it refuses
+		// where it cannot confine the sandbox to it, and the command does not run.
+		listen = func() (net.Listener, error) { return el.ListenEgress(ctx, sb) }
+	}
+	ke, err = m.egressOf(key, listen)
+	return ke, dir, err
+}
+
+// proxyEnv points a command's HTTP clients at the key's proxy under its session's token.
+func proxyEnv(token string) []string {
+	u := "http://sandkeep:" + token + "@" + EgressListen
+	return []string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
+		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy}
+}
+
+// bundleEnv points a command's TLS clients at the CA bundle at path (inside the sandbox).
+func bundleEnv(path string) []string {
+	var env []string
+	for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
+		env = append(env, k+"="+path)
+	}
+	return env
 }
 
 // withPlaceholders is pol with the key's placeholder for each credential (stable for the proxy's life: a

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,28 +39,13 @@ func (m *Manager) egressSession(ctx context.Context, key identity.Key, sb *drive
 		}
 		return nil, release, nil
 	}
-	if m.cfg.Runtime == RuntimeGVisor { // as egressFor: runsc cannot reach the proxy's host socket
-		return nil, release, fault.New(fault.EgressUnavailable,
-			"give commands of sandboxes under runsc network mode none, or run networked sandboxes under runc (docs/SECURITY.md, \"gVisor\")",
-			"a sandbox under gVisor (runsc) has no way to the egress proxy")
-	}
-	dir := m.channelDir(key)
-	el, netEgress := m.drv.(driver.EgressListener)
-	if dir == "" && !netEgress {
-		m.cfg.Logger.Warn("network policy not applied: the driver has no sandbox network", "driver", m.drv.Name(), "key", key.Short())
-		return nil, release, nil
-	}
-	listen := func() (net.Listener, error) { return m.listenSide(key, dir) }
-	if dir == "" {
-		listen = func() (net.Listener, error) { return el.ListenEgress(ctx, sb) }
-	}
-	ke, err := m.egressOf(key, listen)
+	ke, dir, err := m.keyProxy(ctx, key, sb)
 	if errors.Is(err, channel.ErrInUse) {
 		return nil, release, fault.Wrap(err, fault.EgressUnavailable,
 			"run it through the sandkeep process that serves this sandbox (the server or the daemon)",
 			"another sandkeep process serves the network of sandbox %s: a concurrent command or process cannot have a session there", key.ContainerName())
 	}
-	if err != nil {
+	if err != nil || ke == nil {
 		return nil, release, err
 	}
 	p, env := ke.withPlaceholders(pol)
@@ -92,10 +76,7 @@ func (m *Manager) egressSession(ctx context.Context, key identity.Key, sb *drive
 			_ = os.Remove(bundle)
 		}
 	}
-	proxyURL := "http://sandkeep:" + token + "@" + EgressListen
-	env = append(env,
-		"HTTP_PROXY="+proxyURL, "HTTPS_PROXY="+proxyURL, "http_proxy="+proxyURL, "https_proxy="+proxyURL,
-		"NO_PROXY="+noProxy, "no_proxy="+noProxy)
+	env = append(env, proxyEnv(token)...)
 	if ca := s.CA(); ca != nil {
 		if dir == "" { // concurrentOK keeps such a command exclusive: a session's bundle needs the channel directory
 			release()
@@ -108,9 +89,7 @@ func (m *Manager) egressSession(ctx context.Context, key identity.Key, sb *drive
 			return nil, func() {}, fault.Wrap(err, fault.EgressUnavailable, "check that the state home is writable", "cannot write the command's CA bundle")
 		}
 		bundle = filepath.Join(dir, name)
-		for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
-			env = append(env, k+"="+channel.MountPoint+"/"+name)
-		}
+		env = append(env, bundleEnv(channel.MountPoint+"/"+name)...)
 	}
 	return env, release, nil
 }
