@@ -130,7 +130,16 @@ func TestAcceptorInstallsInSlot(t *testing.T) {
 	waitRefused(refused + 1)
 	cancel()
 
+	// Once its end is closed and the mux has seen it (until then a hello is refused as a second connection, and a
+	// real agent redials), the agent's next connection is installed.
 	agent.Close()
+	deadline = time.Now().Add(10 * time.Second)
+	for mux.Alive() {
+		if time.Now().After(deadline) {
+			t.Fatal("the mux never saw its connection closed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	next := dial(token)
 	mux2, err := slot.Current(t.Context(), 5*time.Second)
 	for err == nil && mux2 == mux {
