@@ -796,6 +796,14 @@ func TestEgressConcurrentSessions(t *testing.T) {
 	}
 	var log eventLog
 	p, err := processes.Start(t.Context(), w.m, key, processes.StartRequest{Argv: loop("p", 8), OnEvent: log.add})
+	if onKube {
+		// A pod has one fixed path for the CA bundle, so a process whose network inspects TLS (credentials do) is
+		// refused there, before anything starts, with the way out (docs/E2B.md says so).
+		if sandkeep.CodeOf(err) != "PROCESS_UNAVAILABLE" || !strings.Contains(err.Error(), "inspect: off") {
+			t.Fatalf("a TLS-inspecting process on kubernetes: %+v %v, want PROCESS_UNAVAILABLE naming inspect: off", p, err)
+		}
+		return
+	}
 	if err != nil || !p.Running {
 		t.Fatalf("the process: %+v %v", p, err)
 	}
