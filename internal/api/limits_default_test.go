@@ -117,16 +117,28 @@ func TestUploadsCountAgainstSandboxLimit(t *testing.T) {
 func TestConcurrentFileOpsLimit(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Limits = Limits{MaxConcurrentFileOps: 1} })
 	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.Close() }) // before the server's cleanup waits for the slow upload, if a check failed
 	first := make(chan int, 1)
 	go func() {
 		resp := e.req("PUT", "/v1/sandboxes/alice/files/slow.txt", e.tok, pr)
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	if _, err := pw.Write([]byte("part")); err != nil { // the handler is reading: it holds the place
+	if _, err := pw.Write([]byte("part")); err != nil {
 		t.Fatal(err)
 	}
-	resp := e.putAs("bob", "x.txt", "x")
+	// The part written says the client sent it, not that the handler has taken its place yet (the server may
+	// read it with the headers): until the slow upload holds the place, another one may pass; once it does, the
+	// next is refused.
+	var resp *http.Response
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp = e.putAs("bob", "x.txt", "x")
+		if resp.StatusCode != http.StatusOK || time.Now().After(deadline) {
+			break
+		}
+		resp.Body.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
 	eb := wantError(t, resp, http.StatusTooManyRequests, "RATE_LIMITED")
 	if !strings.Contains(eb.Message, "file operations") || resp.Header.Get("Retry-After") != "1" {
 		t.Errorf("refusal %+v, Retry-After %q", eb, resp.Header.Get("Retry-After"))
