@@ -10,7 +10,7 @@ import (
 )
 
 // Snapshots and forks on a replica. What reads or makes a key's sandbox goes to that key's owner like any key
-// operation: a snapshot to its source's owner, a restore to the new key's, a fork to its source's (which claims
+// operation (Backend.call: claimed again when the owner was never reached): a snapshot to its source's owner, a restore to the new key's, a fork to its source's (which claims
 // the new key too). Lists and deletes need only the records and archives, read here. Those are shared only when
 // the replicas share them (ShareSnapshots: fleet.sandbox_dir on one host); otherwise a replica's snapshots
 // would be its home's alone, and every snapshot call answers SPEC_UNSUPPORTED rather than lose them.
@@ -38,17 +38,13 @@ func (b *Backend) CreateSnapshot(ctx context.Context, key sandkeep.Key, name, re
 	if err := b.snapshotsHere(); err != nil {
 		return snapshots.Snapshot{}, err
 	}
-	to, err := b.route(ctx, key)
-	if err != nil {
-		return snapshots.Snapshot{}, err
-	}
-	if to == nil {
-		return b.local.CreateSnapshot(ctx, key, name, requestID)
-	}
 	c := callOf(key, service.AdmitRequest{RequestID: requestID})
 	c.Snapshot = name
 	var sn snapshots.Snapshot
-	err = b.forward(ctx, key, *to, "snapshot", c, nil, &sn)
+	err := b.call(ctx, key, func() (err error) {
+		sn, err = b.local.CreateSnapshot(ctx, key, name, requestID)
+		return err
+	}, func(to leaseAddr) error { return b.forward(ctx, key, to, "snapshot", c, nil, &sn) })
 	return sn, err
 }
 
@@ -73,33 +69,25 @@ func (b *Backend) RestoreSnapshot(ctx context.Context, name string, key sandkeep
 	if err := b.snapshotsHere(); err != nil {
 		return sandkeep.Sandbox{}, err
 	}
-	to, err := b.route(ctx, key)
-	if err != nil {
-		return sandkeep.Sandbox{}, err
-	}
-	if to == nil {
-		return b.local.RestoreSnapshot(ctx, name, key, ar, opts)
-	}
 	c := callOf(key, ar)
 	c.Snapshot, c.Replace = name, opts.Replace
 	var sb sandkeep.Sandbox
-	err = b.forward(ctx, key, *to, "restore", c, nil, &sb)
+	err := b.call(ctx, key, func() (err error) {
+		sb, err = b.local.RestoreSnapshot(ctx, name, key, ar, opts)
+		return err
+	}, func(to leaseAddr) error { return b.forward(ctx, key, to, "restore", c, nil, &sb) })
 	return sb, err
 }
 
 // Fork implements service.Forker on the owner of the source, which claims the new key as well.
 func (b *Backend) Fork(ctx context.Context, from, key sandkeep.Key, ar service.AdmitRequest) (sandkeep.Sandbox, error) {
-	to, err := b.route(ctx, from)
-	if err != nil {
-		return sandkeep.Sandbox{}, err
-	}
-	if to == nil {
-		return b.forkHere(ctx, from, key, ar)
-	}
 	c := callOf(from, ar)
 	c.ForkTo = key.User
 	var sb sandkeep.Sandbox
-	err = b.forward(ctx, from, *to, "fork", c, nil, &sb)
+	err := b.call(ctx, from, func() (err error) {
+		sb, err = b.forkHere(ctx, from, key, ar)
+		return err
+	}, func(to leaseAddr) error { return b.forward(ctx, from, to, "fork", c, nil, &sb) })
 	return sb, err
 }
 
