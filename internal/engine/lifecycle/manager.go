@@ -321,8 +321,11 @@ func (m *Manager) remember(key identity.Key, sb *driver.Sandbox) {
 	m.mu.Unlock()
 }
 
+// forget drops what this Manager knows of key's running sandbox (it is stopping, going, or was found gone):
+// its cached record, and its relayed session, whose processes end with that run.
 func (m *Manager) forget(key identity.Key) {
 	m.procs.sandboxGone(key)
+	m.dropRelay(key)
 	m.mu.Lock()
 	delete(m.known, key.Hex())
 	m.mu.Unlock()

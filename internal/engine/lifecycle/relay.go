@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -30,6 +31,18 @@ const relayRetry = time.Second
 type relaySlot struct {
 	mu   sync.Mutex
 	slot *channel.Slot
+	run  string // the container run its session was opened in (relayRun); guarded by mu
+}
+
+// relayRun names one run of sb's container, "" when the engine did not report its PID 1: a session opened
+// before a stop or restart is not of this run. A relay is an engine exec, whose stream under gVisor may outlive
+// its container's stop by a while, so Up alone cannot tell (CI, stop 30: a process List after a restart went to
+// the dead run's session and broke).
+func relayRun(sb *driver.Sandbox) string {
+	if sb.Pid == 0 {
+		return ""
+	}
+	return sb.ID + "/" + strconv.Itoa(sb.Pid)
 }
 
 // relayer is the driver's relay when this process carries key's channel sessions by relay, else nil.
@@ -47,6 +60,12 @@ func (m *Manager) relayFor(ctx context.Context, key identity.Key, sb *driver.San
 	rs := v.(*relaySlot)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
+	if run := relayRun(sb); run != "" && rs.run != run {
+		if rs.run != "" {
+			rs.slot.Drop() // a session of an earlier run: its processes died with that run
+		}
+		rs.run = run
+	}
 	if rs.slot.Up() {
 		return rs.slot, nil
 	}
