@@ -27,6 +27,35 @@ fi
 phase() { printf '\n==> %s\n' "$*"; }
 fail() { printf '\n==> FAIL: %s\n' "$*" >&2; exit 1; }
 
+# gotestsum (gotest.tools, pinned; installed once from the module proxy into the tools cache by full runs, used by
+# any run that finds it there) shows each `go test` as go test would (a line per package, each failed test's
+# output) and keeps its events, so every run can say where its minutes went. Without it, plain go test.
+gts_version=v1.13.0
+tools_dir="${SANDKEEP_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/sandkeep-tools}"
+gts="$tools_dir/gotestsum-$gts_version/gotestsum"
+tests_dir="${SANDKEEP_ARTIFACTS:-$PWD/.artifacts}/tests"
+
+# gotest NAME [VAR=value | -u VAR]... -- ARGS runs `go test ARGS` in that environment; with gotestsum, its events
+# go to $tests_dir/NAME.json and the tests that took over 20 s are listed after it, slowest first.
+gotest() {
+	local name=$1 vars=() rc=0
+	shift
+	while [ "$1" != -- ]; do
+		vars+=("$1")
+		shift
+	done
+	shift
+	if [ ! -x "$gts" ]; then
+		env "${vars[@]}" go test "$@"
+		return
+	fi
+	mkdir -p "$tests_dir"
+	env "${vars[@]}" "$gts" --format pkgname-and-test-fails --format-icons text --hide-summary=skipped \
+		--jsonfile "$tests_dir/$name.json" -- "$@" || rc=$?
+	"$gts" tool slowest --jsonfile "$tests_dir/$name.json" --threshold 20s | head -n 15 | sed 's/^/slowest: /' || true
+	return "$rc"
+}
+
 # go test flags that take a separate value (`-run X`): their value is never a package.
 value_flags=" run skip bench benchtime count cpu parallel timeout shuffle list fuzz fuzztime fuzzminimizetime
  coverprofile covermode coverpkg cpuprofile memprofile memprofilerate blockprofile blockprofilerate
@@ -90,8 +119,8 @@ k8s_stage_run() {
 	kubeconfig=$(bash scripts/k8s-up.sh) || fail "scripts/k8s-up.sh (logs in $k8s_log_dir)"
 	# The driver's suite includes TestReaperKube (issue 27: the reaper on the node) and TestDeployManifests.
 	phase "tier 3: go test -race (kubernetes) ./internal/driver/kube/..."
-	KUBECONFIG=$kubeconfig SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 \
-		go test -race -count=1 -timeout 20m ./internal/driver/kube/... || fail "go test (kubernetes; node logs in $k8s_log_dir)"
+	gotest kube-driver KUBECONFIG="$kubeconfig" SANDKEEP_REQUIRE_KUBE=1 CGO_ENABLED=1 -- \
+		-race -count=1 -timeout 20m ./internal/driver/kube/... || fail "go test (kubernetes; node logs in $k8s_log_dir)"
 	# The library's suite on the node (SANDKEEP_TEST_DRIVER=kubernetes points it at it, internal/testutil/kubetest):
 	# the lifecycle tests (the few that read Docker itself skip on kubernetes, each saying why), the egress suites
 	# (TestEgress*: allowlist and network_blocked events, no bypass, address classes, silent hosts, TLS inspection
@@ -111,12 +140,12 @@ k8s_stage_run() {
 	# connection the draining owner closed; see the closing note). Run it by hand with the same environment.
 	phase "go test -race (kubernetes): the library's suite -skip '$not_on_kube'; TestServeSDK, TestServeRestartKube, TestE2BTypeScript, TestE2BProcessesShared, TestServeProcesses, TestServeProcessesMCP, TestFleetKube, TestFleetKubeFollow, TestDoctorCapacityKube"
 	k8s_suites_start=$(date +%s)
-	env "${kube_env[@]}" go test -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
+	gotest kube-library "${kube_env[@]}" -- -race -count=1 -timeout 40m -run '^Test' -skip "$not_on_kube" . \
 		|| fail "go test (the library on kubernetes; node logs in $k8s_log_dir)"
 	# warm pools on the node (issue 23): members, claims through two replicas, SIGKILL mid-claim, drain
-	env "${kube_env[@]}" go test -race -count=1 -timeout 20m -run '^(TestPoolKube|TestPoolClaimKilledKube)$' ./internal/engine/lifecycle \
+	gotest kube-pools "${kube_env[@]}" -- -race -count=1 -timeout 20m -run '^(TestPoolKube|TestPoolClaimKilledKube)$' ./internal/engine/lifecycle \
 		|| fail "go test (warm pools on kubernetes; node logs in $k8s_log_dir)"
-	env "${kube_env[@]}" go test -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestServeProcesses|TestServeProcessesMCP|TestFleetKube|TestFleetKubeFollow|TestDoctorCapacityKube)$' ./cmd/sandkeep \
+	gotest kube-serve "${kube_env[@]}" -- -race -count=1 -timeout 30m -run '^(TestServeSDK|TestServeRestartKube|TestE2BTypeScript|TestE2BProcessesShared|TestServeProcesses|TestServeProcessesMCP|TestFleetKube|TestFleetKubeFollow|TestDoctorCapacityKube)$' ./cmd/sandkeep \
 		|| fail "go test (serve on kubernetes; node logs in $k8s_log_dir)"
 	echo "the suites on kubernetes: $(($(date +%s) - k8s_suites_start))s"
 	phase "kubernetes: scripts/k8s-down.sh"
@@ -129,7 +158,7 @@ k8s_stage_start() {
 	mkdir -p "$k8s_log_dir"
 	phase "kubernetes: the stage in the background (log $k8s_log_dir/stage.log)"
 	k8s_up=1 # k8s-down.sh is idempotent: the cleanup takes the node down whatever the stage reached
-	setsid bash -c "$(declare -f phase fail k8s_stage_run); $(declare -p k8s_log_dir); set -euo pipefail; k8s_stage_run" \
+	setsid bash -c "$(declare -f phase fail gotest k8s_stage_run); $(declare -p k8s_log_dir gts tests_dir); set -euo pipefail; k8s_stage_run" \
 		>"$k8s_log_dir/stage.log" 2>&1 </dev/null &
 	k8s_pid=$!
 	k8s_started=$SECONDS
@@ -167,7 +196,7 @@ tier1() {
 	# names it with its reason. Whole-program and a few minutes of CPU: full runs only, not --short.
 	if [ "$short" = 0 ] && [ "${pkgs[*]}" = "./..." ]; then
 		local dc_version=v0.52.0
-		local dc="${SANDKEEP_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/sandkeep-tools}/deadcode-$dc_version/deadcode"
+		local dc="$tools_dir/deadcode-$dc_version/deadcode"
 		if [ ! -x "$dc" ]; then
 			phase "tier 1: installing deadcode $dc_version (golang.org/x/tools) into $(dirname "$dc")"
 			mkdir -p "$(dirname "$dc")"
@@ -192,8 +221,8 @@ tier1() {
 	fi
 	phase "tier 1: go test -short ${race[*]} $(printf "%s " "${flags[@]}")${pkgs[*]}"
 	local t0=$SECONDS
-	env -u SANDKEEP_REQUIRE_DOCKER -u SANDKEEP_REQUIRE_KUBE CGO_ENABLED=1 \
-		go test -short "${race[@]}" -count=1 -timeout 10m "${flags[@]}" "${pkgs[@]}" || fail "go test -short"
+	gotest tier1 -u SANDKEEP_REQUIRE_DOCKER -u SANDKEEP_REQUIRE_KUBE CGO_ENABLED=1 -- \
+		-short "${race[@]}" -count=1 -timeout 10m "${flags[@]}" "${pkgs[@]}" || fail "go test -short"
 	echo "tier 1 (go test -short): $((SECONDS - t0))s"
 }
 
@@ -254,6 +283,12 @@ for tsdir in test/mcp-ts test/e2b-ts; do
 	fi
 done
 
+if [ ! -x "$gts" ]; then
+	phase "toolchain: installing gotestsum $gts_version (gotest.tools) into $(dirname "$gts")"
+	mkdir -p "$(dirname "$gts")"
+	GOBIN=$(dirname "$gts") GOFLAGS= go install "gotest.tools/gotestsum@$gts_version" || fail "go install gotestsum"
+fi
+
 if [ "$k8s_stage" = 1 ] && [ "${SANDKEEP_K8S_SERIAL:-0}" != 1 ]; then
 	k8s_stage_start
 fi
@@ -265,7 +300,7 @@ docker_env=(SANDKEEP_REQUIRE_DOCKER=1 CGO_ENABLED=1)
 if [ "${pkgs[*]}" != "./..." ]; then
 	# A developer's packages: one Docker pass over them (SANDKEEP_TRANSPORT / SANDKEEP_TEST_DAEMON as set).
 	phase "tier 2: go test -race $(printf "%s " "${flags[@]}")${pkgs[*]}"
-	env "${docker_env[@]}" go test -race -count=1 -timeout 45m "${flags[@]}" "${pkgs[@]}" || fail "go test"
+	gotest docker "${docker_env[@]}" -- -race -count=1 -timeout 45m "${flags[@]}" "${pkgs[@]}" || fail "go test"
 	phase "OK"
 	exit 0
 fi
@@ -282,8 +317,8 @@ mapfile -t docker_pkgs < <(go list -f '{{.ImportPath}} {{join .TestImports " "}}
 # path (SANDKEEP_TEST_DAEMON=auto: each test home's first call starts its daemon, later calls go through it).
 phase "tier 2: go test -race (library over the agent channel, CLI through the daemon) ${docker_pkgs[*]/#$module/.}"
 t0=$SECONDS
-env "${docker_env[@]}" SANDKEEP_TRANSPORT=agent SANDKEEP_TEST_DAEMON=auto \
-	go test -race -count=1 -timeout 45m "${flags[@]}" "${docker_pkgs[@]}" || fail "go test (tier 2)"
+gotest tier2a "${docker_env[@]}" SANDKEEP_TRANSPORT=agent SANDKEEP_TEST_DAEMON=auto -- \
+	-race -count=1 -timeout 45m "${flags[@]}" "${docker_pkgs[@]}" || fail "go test (tier 2)"
 echo "tier 2a: $((SECONDS - t0))s"
 
 # 2b: the CLI's in-process fallback (SANDKEEP_DAEMON=off: no daemon, or one that cannot serve the call) has its
@@ -291,7 +326,7 @@ echo "tier 2a: $((SECONDS - t0))s"
 # pipe, network, drops), the cross-process gate and ps/stop/rm. exec -t always runs in-process: 2a ran it.
 cli_inprocess='^(TestExec[A-Za-z]*|TestGateAcrossProcesses|TestPsStopRm)$'
 phase "tier 2: go test -race (the CLI in-process) -run '$cli_inprocess' ./cmd/sandkeep"
-env "${docker_env[@]}" go test -race -count=1 -timeout 30m -run "$cli_inprocess" -skip '^TestExecTTY' ./cmd/sandkeep \
+gotest tier2b "${docker_env[@]}" -- -race -count=1 -timeout 30m -run "$cli_inprocess" -skip '^TestExecTTY' ./cmd/sandkeep \
 	|| fail "go test (the CLI in-process)"
 
 # 2c: the exec transport (Docker exec of the agent, the fallback when the channel is down). The driver's
@@ -301,7 +336,7 @@ env "${docker_env[@]}" go test -race -count=1 -timeout 30m -run "$cli_inprocess"
 # `sandkeep-agent relay` that init takes only from uid 0).
 exec_group='^(TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestCancelledCallerKeepsGate|TestWorkdir|TestPosture|TestFiles|TestProcessBesideCommands|TestProcessEnds|TestProcessTreesApart|TestConcurrentExec|TestProcessUnavailable|TestRelayOnlyFromTheEngine)$'
 phase "tier 2: go test -race (the exec transport) -run '$exec_group' ."
-env "${docker_env[@]}" SANDKEEP_TRANSPORT=exec go test -race -count=1 -timeout 30m -run "$exec_group" . \
+gotest tier2c "${docker_env[@]}" SANDKEEP_TRANSPORT=exec -- -race -count=1 -timeout 30m -run "$exec_group" . \
 	|| fail "go test (the exec transport)"
 
 # 2e: the unit tests -short leaves out (tier 1 runs -short), in packages without end-to-end tests, which 2a does
@@ -309,7 +344,7 @@ env "${docker_env[@]}" SANDKEEP_TRANSPORT=exec go test -race -count=1 -timeout 3
 # second time through the agent's wire. A package whose tests use internal/testutil ran them whole in 2a.
 long_units='^(TestLargeFileStreamsWithBoundedMemory|TestStreamsWithBoundedMemory|TestViaAgent|TestResolveMemoryBounded)$'
 phase "tier 2: go test -race (the unit tests -short leaves out) -run '$long_units'"
-go test -race -count=1 -timeout 15m -run "$long_units" ./internal/api/ ./internal/files/ ./internal/devcontainer/feature/ \
+gotest tier2e -- -race -count=1 -timeout 15m -run "$long_units" ./internal/api/ ./internal/files/ ./internal/devcontainer/feature/ \
 	|| fail "go test (the unit tests -short leaves out)"
 
 
@@ -324,14 +359,14 @@ if [ "$SANDKEEP_RUNSC" = 1 ]; then
 	runsc_env=("${docker_env[@]}" SANDKEEP_TEST_RUNTIME=runsc SANDKEEP_TRANSPORT=exec)
 	t0=$SECONDS
 	phase "tier 3: go test -race under gVisor (runsc): ./internal/driver/docker ./internal/engine/lifecycle"
-	env "${runsc_env[@]}" go test -race -count=1 -p 1 -timeout 30m -skip '^(TestBuild.*|TestEgress[A-Z].*)$' \
+	gotest runsc-conformance "${runsc_env[@]}" -- -race -count=1 -p 1 -timeout 30m -skip '^(TestBuild.*|TestEgress[A-Z].*)$' \
 		./internal/driver/docker/ ./internal/engine/lifecycle/ || fail "go test (runsc, driver and lifecycle)"
 	runsc_lib='^(TestRelayOnlyFromTheEngine|TestProcessUnavailable|TestProcessBesideCommands|TestProcessEnds|TestProcessTreesApart|TestConcurrentExec|TestGVisorRefusesNetwork|TestPosture|TestExitCodes|TestOutputStreams|TestOutputFloodIsBounded|TestTimeoutKillsWholeTree|TestNoDescendantOutlivesItsCommand|TestStoppedSandboxRestarts|TestRestartAdopts|TestFiles|TestDevcontainerAsWritten)$'
 	phase "tier 3: go test -race under gVisor (runsc): the library's runtime group"
-	env "${runsc_env[@]}" go test -race -count=1 -timeout 30m -run "$runsc_lib" . || fail "go test (runsc, library)"
+	gotest runsc-library "${runsc_env[@]}" -- -race -count=1 -timeout 30m -run "$runsc_lib" . || fail "go test (runsc, library)"
 	runsc_cli='^(TestExecRuntime|TestExec|TestExecTimeout)$'
 	phase "tier 3: go test -race under gVisor (runsc): the CLI's runtime group"
-	env "${runsc_env[@]}" go test -race -count=1 -timeout 30m -run "$runsc_cli" ./cmd/sandkeep || fail "go test (runsc, CLI)"
+	gotest runsc-cli "${runsc_env[@]}" -- -race -count=1 -timeout 30m -run "$runsc_cli" ./cmd/sandkeep || fail "go test (runsc, CLI)"
 	echo "tier 3a (runsc): $((SECONDS - t0))s"
 fi
 
@@ -347,7 +382,7 @@ fi
 # 2d, last and alone: a test that restarts the Docker daemon (every container stops), which would disturb any
 # test running beside it (the kubernetes stage too: it has ended).
 phase "tier 2: go test -race: the daemon restarts under a long-lived manager (alone)"
-env "${docker_env[@]}" SANDKEEP_TEST_DAEMON_RESTART=1 go test -race -count=1 -timeout 10m -run '^TestDaemonRestart$' . \
+gotest tier2d "${docker_env[@]}" SANDKEEP_TEST_DAEMON_RESTART=1 -- -race -count=1 -timeout 10m -run '^TestDaemonRestart$' . \
 	|| fail "go test (daemon restart)"
 
 phase "OK"
