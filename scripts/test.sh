@@ -178,6 +178,13 @@ k8s_stage_wait() {
 # --- end kubernetes part 2 ---
 
 
+# The packages with end-to-end tests: those whose tests use internal/testutil (the engine, the test image, the
+# agent). Chosen by package, from go list's imports: tier 2a runs them whole; the others run in tier 1 only.
+module=$(go list -m)
+mapfile -t docker_pkgs < <(go list -f '{{.ImportPath}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
+	awk -v tu="$module/internal/testutil" '{for (i = 2; i <= NF; i++) if ($i == tu) {print $1; next}}')
+[ "${#docker_pkgs[@]}" -gt 0 ] || fail "go list found no package whose tests use internal/testutil"
+
 # --- tier 1 (short): go vet, gofmt, (full runs) deadcode, go test -short. With --short nothing else runs, and nothing here
 # needs Docker, the network or a service: testutil.Docker skips every Docker test under -short.
 tier1() {
@@ -215,14 +222,19 @@ tier1() {
 		echo "deadcode: nothing new ($(printf '%s\n' "$found" | grep -c . || true) allowed in scripts/deadcode-allow.txt)"
 	fi
 
-	local race=()
+	local race=() test_pkgs=("${pkgs[@]}")
 	if [ "$short" = 0 ]; then
 		race=(-race) # CI's tier 1 runs under the race detector (the Docker tiers did before; gcc is installed below)
 	fi
-	phase "tier 1: go test -short ${race[*]} $(printf "%s " "${flags[@]}")${pkgs[*]}"
+	if [ "$short" = 0 ] && [ "${pkgs[*]}" = "./..." ]; then
+		# A full run: the packages with end-to-end tests run whole in tier 2a (their short tests too, under -race),
+		# so tier 1 runs the others only; each test runs once.
+		mapfile -t test_pkgs < <(go list ./... | grep -vxF -f <(printf '%s\n' "${docker_pkgs[@]}"))
+	fi
+	phase "tier 1: go test -short ${race[*]} $(printf "%s " "${flags[@]}")${test_pkgs[*]/#$module/.}"
 	local t0=$SECONDS
 	gotest tier1 -u SANDKEEP_REQUIRE_DOCKER -u SANDKEEP_REQUIRE_KUBE CGO_ENABLED=1 -- \
-		-short "${race[@]}" -count=1 -timeout 10m "${flags[@]}" "${pkgs[@]}" || fail "go test -short"
+		-short "${race[@]}" -count=1 -timeout 10m "${flags[@]}" "${test_pkgs[@]}" || fail "go test -short"
 	echo "tier 1 (go test -short): $((SECONDS - t0))s"
 }
 
@@ -305,12 +317,6 @@ if [ "${pkgs[*]}" != "./..." ]; then
 	exit 0
 fi
 
-# The packages with end-to-end tests: those whose tests use internal/testutil (the engine, the test image, the
-# agent). Chosen by package, from go list's imports; the others ran in tier 1 and have nothing more to run.
-module=$(go list -m)
-mapfile -t docker_pkgs < <(go list -f '{{.ImportPath}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
-	awk -v tu="$module/internal/testutil" '{for (i = 2; i <= NF; i++) if ($i == tu) {print $1; next}}')
-[ "${#docker_pkgs[@]}" -gt 0 ] || fail "go list found no package whose tests use internal/testutil"
 
 # 2a: every end-to-end suite once. The library over the agent channel (SANDKEEP_TRANSPORT=agent: a channel that
 # does not come up fails instead of falling back); the CLI suite through the local daemon, the CLI's default
