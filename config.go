@@ -105,7 +105,7 @@ type Config struct {
 	// SnapshotQuota bounds each tenant's snapshots: how many, and their archives' bytes. Zero fields take the
 	// defaults (100 snapshots, 10 GiB); a negative one lifts the bound.
 	SnapshotQuota SnapshotQuota
-	// SnapshotStore, when its Bucket is set, keeps snapshot archives there (the records stay in Home).
+	// SnapshotStore, when its Bucket is set, keeps snapshot archives there (the records are in Store when one is set, else in Home).
 	SnapshotStore SnapshotStore
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.

@@ -2,27 +2,49 @@ package main
 
 import (
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
 	sdk "github.com/sandkeep/sandkeep/client"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
 
-// TestFleetSnapshots: snapshots and forks through a one-host fleet of two replicas sharing fleet.sandbox_dir,
-// each call made through the replica that does not own the key it reads (it was SPEC_UNSUPPORTED there). A
-// snapshot taken through one replica is listed and restored through the other, a fork through the other copies
-// the source's files and stays apart, the tenant's snapshot quota counts the snapshots of both, and a snapshot
-// deleted through one is gone for the other.
+// TestFleetSnapshots: snapshots and forks through a fleet of two replicas that share no directory (as replicas on
+// two hosts: homes of their own, no fleet.sandbox_dir), the records in the fleet's PostgreSQL store and the
+// archives in an S3-compatible bucket (gofakes3 on loopback, spoken to through minio-go), each call made through
+// the replica that does not own the key it reads. A snapshot taken through one replica is listed and restored
+// through the other (before, SPEC_UNSUPPORTED without a shared sandbox_dir), a fork through the other copies the
+// source's files and stays apart, the tenant's snapshot quota counts the snapshots of both, and a snapshot
+// deleted through one is gone for the other, its archive with it.
 func TestFleetSnapshots(t *testing.T) {
 	dsn := postgresSchema(t)
 	c := newCLI(t)
 	if c.kc != nil {
 		t.Skip("the one-host fleet runs on Docker; the kubernetes fleet is deploy/'s")
 	}
+	bucket := s3mem.New()
+	s3 := httptest.NewServer(gofakes3.New(bucket).Server())
+	t.Cleanup(s3.Close)
+	if err := bucket.CreateBucket("snaps"); err != nil {
+		t.Fatal(err)
+	}
+	objects := func() int {
+		res, err := bucket.ListBucket("snaps", &gofakes3.Prefix{}, gofakes3.ListBucketPage{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Contents)
+	}
 	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off")
-	reps, _ := c.fleetWith(t, 2, 5*time.Second, "  sandbox_dir: "+t.TempDir()+"\n", "snapshot_quota:\n  count: 2\n")
+	u, _ := url.Parse(s3.URL)
+	reps, _ := c.fleetWith(t, 2, 5*time.Second, "", "snapshot_quota:\n  count: 2\nsnapshot_store:\n  endpoint: "+u.Host+
+		"\n  bucket: snaps\n  access_key: k\n  secret_key: s\n  insecure: true\n")
 	tok := c.createToken(t, c.ten("fleetsnap"), "snap", "admin")
 	r0, r1 := reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)
 	ctx := bounded(t)
@@ -69,8 +91,14 @@ func TestFleetSnapshots(t *testing.T) {
 	wantAPIError(t, err, http.StatusInsufficientStorage, fault.QuotaExceeded)
 
 	// Deleted through replica 1, gone through replica 0.
+	if n := objects(); n != 2 {
+		t.Fatalf("%d archives in the bucket for 2 snapshots of other content", n)
+	}
 	if err := r1.DeleteSnapshot(ctx, "s1"); err != nil {
 		t.Fatal(err)
+	}
+	if n := objects(); n != 1 {
+		t.Fatalf("%d archives in the bucket after s1 was deleted, want s2's", n)
 	}
 	_, err = r0.RestoreSnapshot(ctx, "s1", "dave")
 	wantAPIError(t, err, http.StatusNotFound, fault.SnapshotNotFound)

@@ -96,6 +96,9 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	if err != nil {
 		return err
 	}
+	if fl != nil { // every replica reads the snapshot archives: a bucket, or a directory the replicas of a host share
+		fl.sharedArchives = sc.SnapshotStore.Bucket != "" || sc.Fleet.SandboxDir != ""
+	}
 	var d *daemon
 	if fl == nil {
 		d, err = ownHome(g, true)

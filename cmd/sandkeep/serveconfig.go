@@ -94,7 +94,7 @@ type serverConfig struct {
 		Count int   `yaml:"count"`
 		Bytes int64 `yaml:"bytes"`
 	} `yaml:"snapshot_quota"`
-	// SnapshotStore keeps snapshot archives in an S3-compatible bucket (records stay in the home, or fleet.sandbox_dir):
+	// SnapshotStore keeps snapshot archives in an S3-compatible bucket (records are in the run store; a fleet needs it, or fleet.sandbox_dir):
 	// `snapshot_store: {endpoint: s3.example:9000, bucket: snaps, prefix: site-a/, region: us-east-1}`; the keys
 	// come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in serve's environment unless given here.
 	SnapshotStore struct {

@@ -41,9 +41,10 @@ type fleetConfig struct {
 	Leader string `yaml:"leader"`
 	// SandboxDir is where replicas on one host with homes of their own keep what sandboxes see of the host
 	// (workspaces, channel directories, the agent): the same directory on every replica of the host, so the
-	// replica that takes a key over adopts its container and workspace, and snapshots (records, and archives
-	// unless snapshot_store names a bucket) so that any replica serves them. Empty: each replica's home (a takeover
-	// then recreates the container, without the workspace; snapshot calls answer SPEC_UNSUPPORTED).
+	// replica that takes a key over adopts its container and workspace, and snapshot archives unless
+	// snapshot_store names a bucket (their records are in the store) so that any replica serves them. Empty: each
+	// replica's home (a takeover then recreates the container, without the workspace; snapshot calls answer
+	// SPEC_UNSUPPORTED unless snapshot_store names a bucket).
 	SandboxDir string `yaml:"sandbox_dir"`
 }
 
@@ -60,6 +61,9 @@ type fleetSetup struct {
 	proxy    *fleet.Proxy    // set by run: api.Config.Forward
 	internal *fleet.Internal // set by run
 	wait     func()          // set by run
+	// sharedArchives: every replica reads the same snapshot archives (snapshot_store's bucket, or
+	// fleet.sandbox_dir on one host); their records are in the store.
+	sharedArchives bool
 }
 
 // openFleet checks the fleet block, pins the home's installation id to the fleet's and opens the internal
@@ -166,8 +170,8 @@ func (f *fleetSetup) store(c *sandkeep.Config, log io.Writer) error {
 // (f.proxy): f.internal.SetAPI once the API is built.
 func (f *fleetSetup) run(ctx context.Context, local *service.Service, st store.Store, sandboxOff bool, log io.Writer) (*fleet.Backend, func(context.Context)) {
 	b := fleet.NewBackend(local, f.replica, fleet.NewForwarder(nil, f.secret))
-	if f.cfg.SandboxDir != "" {
-		b.ShareSnapshots() // the Manager keeps them there (sandkeep.Config.SandboxDir)
+	if f.sharedArchives {
+		b.ShareSnapshots() // records in the store, archives in the bucket or fleet.sandbox_dir
 	}
 	f.proxy = fleet.NewProxy(f.replica, f.secret)
 	wire := fleet.NewHandler(b, f.secret)

@@ -110,7 +110,7 @@ type Config struct {
 	// DefaultSnapshotQuota's; a negative one lifts the bound.
 	SnapshotQuota SnapshotQuota
 	// SnapshotStore, when its Bucket is set, keeps the snapshots' archives in that S3-compatible bucket instead
-	// of the home (the records stay in the home).
+	// of the home (the records are in Store when one is set, else in the home).
 	SnapshotStore SnapshotStore
 
 	// MaxTimeout and MaxOutputLimit bound what a caller may ask of one command; defaults 24h and 64 MiB.

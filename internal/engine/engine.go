@@ -55,7 +55,7 @@ type Manager struct {
 
 	policy *egress.Policy // Config.Network resolved once: what a run without a block of its own gets
 
-	snaps    *snapshot.Store   // the home's snapshots
+	snaps    *snapshot.Store   // the snapshots: records in the store (Config.Store) or the home, archives in the home or S3
 	features *feature.Registry // fetches OCI features: one client (and connection pool) for every run
 
 	stopSweeper context.CancelFunc // nil with Config.NoSweeper
@@ -109,6 +109,11 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	if m.snaps, err = snapshot.Open(snapDir, cfg.SnapshotQuota.resolve(), nil, arch); err != nil {
 		return nil, err
+	}
+	if cfg.Store != nil { // the records where the runs are: every process on that store (a fleet's replicas) sees them
+		if err := m.snaps.UseStore(ctx, cfg.Store); err != nil {
+			return nil, err
+		}
 	}
 	if !cfg.NoSweeper {
 		m.startSweeper(cmp.Or(cfg.SweepInterval, time.Minute))

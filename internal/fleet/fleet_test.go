@@ -318,13 +318,14 @@ func TestRouteWaitsForReaper(t *testing.T) {
 	}
 }
 
-// TestSnapshotsNeedSharedRecords: a replica whose snapshots are its home's alone (no fleet.sandbox_dir) refuses
-// every snapshot call with SPEC_UNSUPPORTED and the fix, rather than keep a snapshot the others cannot see.
-func TestSnapshotsNeedSharedRecords(t *testing.T) {
+// TestSnapshotsNeedSharedArchives: a replica whose snapshot archives are its home's alone (no snapshot_store
+// bucket, no fleet.sandbox_dir) refuses every snapshot call with SPEC_UNSUPPORTED and the fix, rather than keep
+// a snapshot the others cannot restore.
+func TestSnapshotsNeedSharedArchives(t *testing.T) {
 	b := &Backend{}
 	key, _ := sandkeep.NewKey("t", "u")
 	_, err := b.CreateSnapshot(t.Context(), key, "s", "")
-	if fault.CodeOf(err) != fault.SpecUnsupported || !strings.Contains(err.Error(), "sandbox_dir") {
+	if fault.CodeOf(err) != fault.SpecUnsupported || !strings.Contains(err.Error(), "snapshot_store") {
 		t.Fatalf("CreateSnapshot: %v", err)
 	}
 	if _, err := b.Snapshots(t.Context(), "t"); fault.CodeOf(err) != fault.SpecUnsupported {

@@ -10,18 +10,20 @@ import (
 )
 
 // Snapshots and forks on a replica. What reads or makes a key's sandbox goes to that key's owner like any key
-// operation (Backend.call: claimed again when the owner was never reached): a snapshot to its source's owner, a restore to the new key's, a fork to its source's (which claims
-// the new key too). Lists and deletes need only the records and archives, read here. Those are shared only when
-// the replicas share them (ShareSnapshots: fleet.sandbox_dir on one host); otherwise a replica's snapshots
-// would be its home's alone, and every snapshot call answers SPEC_UNSUPPORTED rather than lose them.
+// operation (Backend.call: claimed again when the owner was never reached): a snapshot to its source's owner, a
+// restore to the new key's, a fork to its source's (which claims the new key too). Lists and deletes are served
+// here. Records are in the store every replica shares; archives are shared only when the replicas read the same
+// ones (ShareSnapshots: an S3-compatible bucket, snapshot_store, or fleet.sandbox_dir on one host). Otherwise a
+// snapshot's archive would be in one replica's home alone, and every snapshot call answers SPEC_UNSUPPORTED rather
+// than list what another replica cannot restore.
 
 var (
 	_ service.Snapshotter = (*Backend)(nil)
 	_ service.Forker      = (*Backend)(nil)
 )
 
-// ShareSnapshots says that every replica reads the same snapshot records and archives (the local Manager keeps
-// them in the shared sandbox directory), so snapshots are served through the fleet.
+// ShareSnapshots says that every replica reads the same snapshot archives (the records are in the store), so
+// snapshots are served through the fleet.
 func (b *Backend) ShareSnapshots() { b.sharedSnapshots = true }
 
 func (b *Backend) snapshotsHere() error {
@@ -29,8 +31,8 @@ func (b *Backend) snapshotsHere() error {
 		return nil
 	}
 	return fault.New(fault.SpecUnsupported,
-		"give every replica the same fleet.sandbox_dir (replicas on one host): snapshots are kept there, where all of them read",
-		"this fleet's replicas keep snapshots in homes of their own, so a snapshot taken through one would be missing from the others")
+		"set snapshot_store to an S3-compatible bucket every replica reads (replicas on one host may share fleet.sandbox_dir instead)",
+		"this fleet's replicas keep snapshot archives in homes of their own, so a snapshot taken through one could not be restored through the others")
 }
 
 // CreateSnapshot implements service.Snapshotter on the key's owner.

@@ -22,9 +22,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/gofrs/flock"
 
 	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/store"
 )
 
 // Snapshot is one snapshot's record.
@@ -45,13 +47,18 @@ type Quota struct {
 	Bytes int64 // their archives' bytes, counted per snapshot (a shared archive counts for each)
 }
 
-// Store is the snapshots of one state home. It is safe for concurrent use by several processes: changes take an
-// exclusive file lock, records are replaced atomically.
+// Store is the snapshots of one state home, or (UseStore) of every process sharing a run store. It is safe for
+// concurrent use by several processes: in the home, changes take an exclusive file lock and records are replaced
+// atomically; in a run store, the store checks a record's name and quota in its insert's transaction, and the
+// archive of one digest is stored or removed under a lease of that digest's, so a delete never removes an archive
+// a create has just named.
 type Store struct {
 	dir   string
 	quota Quota
 	now   func() time.Time
 	arch  Archives
+	db    store.Store // UseStore: the records are there; nil: in dir/records
+	owner string      // db: who holds the digests' leases
 }
 
 // Open makes (or opens) the store under dir, its archives in arch (nil: dir's blobs/sha256).
@@ -157,6 +164,9 @@ func (s *Store) Create(ctx context.Context, sn Snapshot, fill func(w io.Writer) 
 		return Snapshot{}, err
 	}
 	sn.Digest, sn.Bytes, sn.CreatedAt = "sha256:"+hex.EncodeToString(h.Sum(nil)), cw.n, s.now().UTC()
+	if s.db != nil {
+		return s.createRecord(ctx, sn, tmp.Name())
+	}
 	release, err := s.lock(ctx)
 	if err != nil {
 		return Snapshot{}, err
@@ -180,7 +190,7 @@ func (s *Store) Create(ctx context.Context, sn Snapshot, fill func(w io.Writer) 
 // room checks that tenant may add a snapshot called name and returns how many archive bytes it may still take
 // (-1: no bound).
 func (s *Store) room(tenant, name string) (int64, error) {
-	if _, err := os.Stat(s.recordPath(tenant, name)); err == nil {
+	if _, err := s.Get(tenant, name); err == nil {
 		return 0, fault.New(fault.SnapshotExists, "choose another name, or delete that snapshot first (sandkeep snapshot rm)",
 			"tenant %s already has a snapshot %q", tenant, name)
 	}
@@ -248,6 +258,19 @@ func (s *Store) writeRecord(sn Snapshot) error {
 
 // List returns tenant's snapshots, sorted by name.
 func (s *Store) List(tenant string) ([]Snapshot, error) {
+	if s.db != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), dbWait)
+		defer cancel()
+		recs, err := s.db.ListSnapshots(ctx, tenant)
+		if err != nil {
+			return nil, fmt.Errorf("snapshots: %w", err)
+		}
+		out := make([]Snapshot, 0, len(recs))
+		for _, r := range recs {
+			out = append(out, Snapshot(r))
+		}
+		return out, nil
+	}
 	entries, err := os.ReadDir(s.tenantDir(tenant))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -276,7 +299,28 @@ func (s *Store) Get(tenant, name string) (Snapshot, error) {
 	if !ValidName(name) {
 		return Snapshot{}, ErrNotFound(name)
 	}
-	b, err := os.ReadFile(s.recordPath(tenant, name))
+	if s.db != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), dbWait)
+		defer cancel()
+		r, err := s.db.GetSnapshot(ctx, tenant, name)
+		if errdefs.IsNotFound(err) {
+			return Snapshot{}, ErrNotFound(name)
+		}
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("snapshots: %w", err)
+		}
+		return Snapshot(r), nil
+	}
+	sn, err := s.getFile(s.recordPath(tenant, name), name)
+	if err == nil && sn.Tenant != tenant {
+		err = fmt.Errorf("snapshots: record %s of %s is damaged: another tenant's", name, tenant)
+	}
+	return sn, err
+}
+
+// getFile reads the record at path, which names the snapshot name.
+func (s *Store) getFile(path, name string) (Snapshot, error) {
+	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Snapshot{}, ErrNotFound(name)
 	}
@@ -284,8 +328,8 @@ func (s *Store) Get(tenant, name string) (Snapshot, error) {
 		return Snapshot{}, fmt.Errorf("snapshots: %w", err)
 	}
 	var sn Snapshot
-	if err := json.Unmarshal(b, &sn); err != nil || sn.Tenant != tenant || sn.Name != name {
-		return Snapshot{}, fmt.Errorf("snapshots: record %s of %s is damaged: %v", name, tenant, err)
+	if err := json.Unmarshal(b, &sn); err != nil || sn.Name != name {
+		return Snapshot{}, fmt.Errorf("snapshots: record %s is damaged: %v", path, err)
 	}
 	return sn, nil
 }
@@ -302,6 +346,9 @@ func (s *Store) Open(ctx context.Context, sn Snapshot) (io.ReadCloser, error) {
 // Delete removes tenant's snapshot called name (SNAPSHOT_NOT_FOUND when there is none), and its archive when no
 // other snapshot shares it. blobRemoved says whether the archive went.
 func (s *Store) Delete(ctx context.Context, tenant, name string) (sn Snapshot, blobRemoved bool, err error) {
+	if s.db != nil {
+		return s.deleteRecord(ctx, tenant, name)
+	}
 	release, err := s.lock(ctx)
 	if err != nil {
 		return Snapshot{}, false, err

@@ -66,6 +66,8 @@ type Store interface {
 	LeaseStore
 	// RunLogStore keeps what the driver did and the setup steps printed for each run, bounded per run.
 	RunLogStore
+	// SnapshotStore keeps the records of workspace snapshots (their archives are package snapshot's).
+	SnapshotStore
 	// Fenced returns the run and event writes made under fence f (Group.Fenced): each is refused with
 	// ErrLeaseLost once f no longer holds.
 	Fenced(f Fence) RunWriter

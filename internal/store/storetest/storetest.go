@@ -116,6 +116,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"LeaseOrdering", testLeaseOrdering},
 		{"RunLogs", testRunLogs},
 		{"RunLogBound", testRunLogBound},
+		{"Snapshots", testSnapshots},
+		{"ConcurrentSnapshots", testConcurrentSnapshots},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, get(t)) })
