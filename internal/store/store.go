@@ -68,6 +68,8 @@ type Store interface {
 	RunLogStore
 	// SnapshotStore keeps the records of workspace snapshots (their archives are package snapshot's).
 	SnapshotStore
+	// E2BStore keeps the E2B front's sandbox records, so every replica serves every E2B sandbox.
+	E2BStore
 	// Fenced returns the run and event writes made under fence f (Group.Fenced): each is refused with
 	// ErrLeaseLost once f no longer holds.
 	Fenced(f Fence) RunWriter

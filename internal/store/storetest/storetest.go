@@ -118,6 +118,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"RunLogBound", testRunLogBound},
 		{"Snapshots", testSnapshots},
 		{"ConcurrentSnapshots", testConcurrentSnapshots},
+		{"E2BSandboxes", testE2BSandboxes},
+		{"E2BConcurrentUpdate", testE2BConcurrentUpdate},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, get(t)) })
