@@ -193,8 +193,8 @@ func TestDoctor(t *testing.T) {
 	runtime := "PASS  sandbox runtime  runc"
 	if gvisor() {
 		runtime = "WARN  sandbox runtime  SK405: gVisor (runsc)"
-		if !strings.Contains(r.stdout, "no agent channel") || !strings.Contains(r.stdout, "EGRESS_UNAVAILABLE") {
-			t.Errorf("doctor under runsc does not say there is no agent channel and networked commands are refused:\n%s", r.stdout)
+		if !strings.Contains(r.stdout, "no host-socket agent channel") || !strings.Contains(r.stdout, "go through the relay") || !strings.Contains(r.stdout, "EGRESS_UNAVAILABLE") {
+			t.Errorf("doctor under runsc does not say there is no host-socket agent channel, that processes go through the relay, and that networked commands are refused:\n%s", r.stdout)
 		}
 	}
 	for _, want := range []string{"host kind", "local", "Docker 20", "docker;", "auto, from default",

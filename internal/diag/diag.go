@@ -138,7 +138,7 @@ const (
 	DoctorEngineNoSeccomp  Code = "SK402" // the engine reports no seccomp support: sandkeep's profile cannot be applied
 	DoctorEngineVersion    Code = "SK403" // warning: the engine's version is not one doctor can read
 	DoctorRuntimeMissing   Code = "SK404" // the sandbox runtime (SANDKEEP_RUNTIME) is not registered with the engine
-	DoctorRuntimeGVisor    Code = "SK405" // warning: sandboxes run under gVisor (runsc): no agent channel, networked commands refused (EGRESS_UNAVAILABLE), exec'd commands are not under the OCI seccomp profile
+	DoctorRuntimeGVisor    Code = "SK405" // warning: sandboxes run under gVisor (runsc): no host-socket agent channel (processes and concurrent commands go through the relay), networked commands refused (EGRESS_UNAVAILABLE), exec'd commands are not under the OCI seccomp profile
 	DoctorRuntimeDefault   Code = "SK406" // warning: the engine's default runtime is not runc, and sandboxes name none
 	DoctorUsernsRemap      Code = "SK407" // warning: the engine remaps user namespaces (userns-remap) or runs rootless: per-key uids must fall inside its mapping
 	DoctorSandboxUIDShared Code = "SK408" // warning: per-key host uids are off: every sandbox runs as one host uid

@@ -105,8 +105,8 @@ func sandboxRuntime(e Engine, s Sandboxes) Result {
 		r = coded(Fail, diag.DoctorRuntimeMissing, fmt.Sprintf("sandboxes ask for runtime %q; the engine has %s", s.Runtime, strings.Join(e.Runtimes, ", ")),
 			"register it in /etc/docker/daemon.json (scripts/docker-up.sh with SANDKEEP_RUNSC=1 does it for runsc), or unset SANDKEEP_RUNTIME")
 	case s.Runtime == runsc:
-		r = coded(Warn, diag.DoctorRuntimeGVisor, "gVisor (runsc): system calls are answered by its Sentry, not the host kernel; commands go through the engine's exec (no agent channel) and are not under sandkeep's seccomp profile there; a command that asks for a network is refused with EGRESS_UNAVAILABLE (docs/SECURITY.md, \"gVisor\")",
-			"nothing to do if the sandboxes need no network: this is the operator's choice; unset SANDKEEP_RUNTIME for runc, the agent channel and egress")
+		r = coded(Warn, diag.DoctorRuntimeGVisor, "gVisor (runsc): system calls are answered by its Sentry, not the host kernel; there is no host-socket agent channel: a command run one at a time goes through the engine's exec and is not under sandkeep's seccomp profile there, while processes and concurrent commands go through the relay (an engine exec carrying a session of the sandbox's init); a command or process that asks for a network is refused with EGRESS_UNAVAILABLE (docs/SECURITY.md, \"gVisor\")",
+			"nothing to do if the sandboxes need no network: this is the operator's choice; unset SANDKEEP_RUNTIME for runc, its host-socket agent channel and egress")
 	case s.Runtime == "" && e.DefaultRuntime != "" && e.DefaultRuntime != "runc":
 		r = coded(Warn, diag.DoctorRuntimeDefault, fmt.Sprintf("sandboxes name no runtime and the engine's default is %q, which sandkeep's hardening was not checked against", e.DefaultRuntime),
 			"set SANDKEEP_RUNTIME=runc (or runsc) to choose one")

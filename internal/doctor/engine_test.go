@@ -65,8 +65,9 @@ func TestEngineChecks(t *testing.T) {
 		switch {
 		case got == nil:
 			t.Errorf("%s: no %q result", tc.name, tc.check)
-		case tc.code == diag.DoctorRuntimeGVisor && (!strings.Contains(got.Detail, "no agent channel") || !strings.Contains(got.Detail, "EGRESS_UNAVAILABLE")):
-			t.Errorf("%s: %q: the warning must say there is no agent channel and that networked commands are refused (EGRESS_UNAVAILABLE)", tc.name, got.Detail)
+		case tc.code == diag.DoctorRuntimeGVisor && (!strings.Contains(got.Detail, "no host-socket agent channel") ||
+			!strings.Contains(got.Detail, "processes and concurrent commands go through the relay") || !strings.Contains(got.Detail, "EGRESS_UNAVAILABLE")):
+			t.Errorf("%s: %q: the warning must say there is no host-socket agent channel, that processes go through the relay, and that networked commands are refused (EGRESS_UNAVAILABLE)", tc.name, got.Detail)
 		case got.Status != tc.want || got.Code != string(tc.code):
 			t.Errorf("%s: %s %s %q, want %s %s", tc.name, got.Status, got.Code, got.Detail, tc.want, tc.code)
 		case got.Status != Pass && (got.Fix == "" || !strings.HasPrefix(got.Detail, string(tc.code)+": ")):
