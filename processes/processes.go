@@ -43,14 +43,17 @@ type StartRequest struct {
 	RequestID string
 	Template  string
 	Trust     string
-	// NoNetwork runs the process without its run's network (which it otherwise has for its whole life).
-	NoNetwork bool
+	// Network is a block over the network of the start's run, carried to its admission as RunRequest.Network is
+	// (a caller's may only narrow it: NETWORK_WIDENED): the process has, for its whole life, what a command of
+	// that run would. StartIn's run was admitted already, with its own block: a Network there is INVALID_ARGUMENT.
+	Network *sandkeep.Network
 }
 
 func (req StartRequest) engine() engine.StartRequest {
 	return engine.StartRequest{Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Lifetime: req.Lifetime,
 		Stdin: req.Stdin, TTY: req.TTY, Tag: req.Tag, BufferLimit: req.BufferLimit, OnEvent: engine.EventFunc(req.OnEvent),
-		RunID: req.RunID, RequestID: req.RequestID, Template: req.Template, Trust: req.Trust, NoNetwork: req.NoNetwork}
+		RunID: req.RunID, RequestID: req.RequestID, Template: req.Template, Trust: req.Trust,
+		Network: engine.Facade.RunRequest(sandkeep.RunRequest{Network: req.Network}).Network}
 }
 
 // Process describes one process of a sandbox.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,7 +35,9 @@ func e2bSuiteDir(t *testing.T) string {
 // and E2B_API_KEY, against a real sandkeep serve: test/e2b-ts/suite.mjs creates a sandbox and drives commands
 // (stdout, stderr, CommandExitError, env, cwd, timeouts, streaming, stdin), a background process (listed,
 // connected to, killed), a PTY, files (text, a 300 KB binary, list, exists, makeDir, rename, remove, watchDir),
-// getInfo, list, setTimeout, snapshots and fork, pause and connect, kill, another tenant's refusals, a bad key and bad input.
+// getInfo, list, setTimeout, snapshots and fork, pause and connect, kill, another tenant's refusals, a bad key and bad input;
+// on Docker under runc, the network: the caller's narrowing of a template's, carried by every command (a
+// background process and a command beside it at once included), its refusals, and its update.
 func TestE2BTypeScript(t *testing.T) {
 	t.Parallel()
 	testutil.Docker(t) // before the SDK's check: a run without Docker (the short tier) skips it as a Docker test
@@ -44,11 +47,13 @@ func TestE2BTypeScript(t *testing.T) {
 	slow := c.ten("slow") // a tenant whose request rate the suite passes: RateLimitError
 	yaml := "e2b:\n  max_timeout: 1h\nfiles:\n  max_file: 1m\n" +
 		"tenants:\n  " + slow + ": {requests_per_second: 0.01, burst: 2}\n"
-	netTarget := ""
-	if c.kc == nil && !gvisor() { // the network checks: a template whose network allows a loopback server of ours
-		netTarget = loopbackServer(t)
+	netTarget, narrowed := "", ""
+	var narrowedDials *atomic.Int64
+	if c.kc == nil && !gvisor() { // the network checks: a template whose network allows two loopback servers of ours
+		netTarget, _ = loopbackServer(t)
+		narrowed, narrowedDials = loopbackServer(t) // allowed by the template, never by the suite's narrowing
 		yaml += "templates:\n  net:\n    image: " + testutil.ProbeImage(t) + "\n" +
-			"    network: {mode: allowlist, rules: [\"" + netTarget + "\", \"**.example.test\"]}\n    tenants: [" + c.ten("acme") + "]\n"
+			"    network: {mode: allowlist, rules: [\"" + netTarget + "\", \"" + narrowed + "\", \"**.example.test\"]}\n    tenants: [" + c.ten("acme") + "]\n"
 	}
 	if err := os.WriteFile(conf, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -71,7 +76,7 @@ func TestE2BTypeScript(t *testing.T) {
 		cmd.Env = append(cmd.Env, "E2B_EXPECT_FORK=1", "E2B_EXPECT_METRICS=1", "E2B_EXPECT_DISK=1")
 	}
 	if netTarget != "" {
-		cmd.Env = append(cmd.Env, "E2B_NET_TARGET="+netTarget)
+		cmd.Env = append(cmd.Env, "E2B_NET_TARGET="+netTarget, "E2B_NET_NARROWED="+narrowed)
 	}
 	if c.processesServed() { // commands run beside a background one (elsewhere one at a time: docs/E2B.md)
 		cmd.Env = append(cmd.Env, "E2B_CONCURRENT=1")
@@ -84,23 +89,31 @@ func TestE2BTypeScript(t *testing.T) {
 	if err != nil || strings.Contains(string(out), "FAIL") || !strings.Contains(string(out), "all passed") {
 		t.Errorf("the e2b SDK suite failed: %v", err)
 	}
+	// The suite asked for the narrowed server only from sandboxes whose network leaves it out: the proxy refused
+	// each request before dialling it.
+	if narrowedDials != nil && narrowedDials.Load() != 0 {
+		t.Errorf("the server the sandboxes' network left out was dialled %d times, want none", narrowedDials.Load())
+	}
 }
 
 // loopbackServer serves one HTTP answer to every connection on a loopback port of the test's and returns its
-// address: what a template's network may allow and a caller's narrowing takes away.
-func loopbackServer(t *testing.T) string {
+// address (what a template's network may allow and a caller's narrowing takes away) and the count of
+// connections it accepted.
+func loopbackServer(t *testing.T) (string, *atomic.Int64) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
+	var dials atomic.Int64
 	go func() {
 		for {
 			conn, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			dials.Add(1)
 			go func() {
 				defer conn.Close()
 				buf := make([]byte, 4096)
@@ -109,7 +122,7 @@ func loopbackServer(t *testing.T) string {
 			}()
 		}
 	}()
-	return ln.Addr().String()
+	return ln.Addr().String(), &dials
 }
 
 // TestE2BTimeoutSurvivesRestart: a sandbox's E2B timeout is kept on the server's state home, so a restarted

@@ -68,8 +68,9 @@ type Front struct {
 	networked func(*sandkeep.Run) bool
 	// noteUpdate records network_updated in an update's run (service.NoteNetworkUpdate; tests stand in).
 	noteUpdate func(run *sandkeep.Run, sandbox string)
-	// netMu orders a network update against the start of a command on the exec path (network.go).
-	netMu sync.Mutex
+	// netMu orders a network update against the start of a command (network.go); it guards starting.
+	netMu    sync.Mutex
+	starting map[string]int // per sandbox id, the engine process starts under way (startNetwork)
 
 	cpuMu   sync.Mutex
 	lastCPU map[string]cpuSample // the previous metrics sample of each sandbox (metrics.go)
@@ -84,7 +85,7 @@ func New(cfg Config) (*Front, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses(), lastCPU: map[string]cpuSample{},
+	f := &Front{cfg: cfg, recs: recs, log: cfg.Logger, now: cfg.Now, procs: newProcesses(), lastCPU: map[string]cpuSample{}, starting: map[string]int{},
 		networked: service.Networked, noteUpdate: service.NoteNetworkUpdate}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)

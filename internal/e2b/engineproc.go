@@ -22,10 +22,10 @@ import (
 // The E2B process service on the engine's process model: a command started through E2B is one of the engine's
 // processes (the agent supervises it, keeps its output in a ring and its tree under its lifetime bound), so it
 // is the same process `sandkeep proc ls`, the native API, the Go SDK and MCP see, admitted and recorded (its
-// run, process_started and process_ended) as theirs are. Where the engine has no processes (the kubernetes
-// driver with the exec transport or without its channel: PROCESS_UNAVAILABLE), and for a sandbox whose commands
-// have a network (processes carry none, network.go), the front falls back to its own table of commands on
-// the exec path (proc.go), which only the E2B front sees.
+// run, process_started and process_ended) as theirs are, with the sandbox's network block carried to its
+// admission (network.go). Where the engine has no processes (the kubernetes driver with the exec transport or
+// without its channel: PROCESS_UNAVAILABLE), the front falls back to its own table of commands on the exec path
+// (proc.go), which only the E2B front sees.
 
 // lifetimeSlack is how long a command outlives its caller's deadline (the SDK's timeoutMs): the caller sees its
 // own deadline pass (TimeoutError), not an exit its lifetime bound caused a moment earlier.
@@ -52,6 +52,21 @@ func (f *Front) unavailable(err error) bool {
 	return true
 }
 
+// noProcesses reports whether err, a start's, says that the engine has no processes here, so that the front
+// runs its commands on the exec path from now on. A start can be PROCESS_UNAVAILABLE for its own network too (a
+// network that inspects TLS on the kubernetes driver: its CA bundle has one path per pod); that one is the
+// command's answer, refused before anything started, and the engine's list, which asks nothing of a network,
+// tells the two apart.
+func (f *Front) noProcesses(ctx context.Context, sc *sandboxCtx, pb service.ProcessBackend, err error) bool {
+	if !fault.Is(err, fault.ProcessUnavailable) {
+		return false
+	}
+	if _, lerr := pb.Processes(ctx, sc.key); !fault.Is(lerr, fault.ProcessUnavailable) {
+		return false
+	}
+	return f.unavailable(err)
+}
+
 // procErr is the Connect error of a process call: an ended process is not found (the SDK's kill answers false).
 func (f *Front) procErr(r *http.Request, err error) error {
 	if fault.Is(err, fault.ProcessExited) || f.unavailable(err) {
@@ -63,8 +78,7 @@ func (f *Front) procErr(r *http.Request, err error) error {
 // startRequest is an E2B start as the engine's process.
 func startRequest(sc *sandboxCtx, req *process.StartRequest, argv []string, workdir string, env []string, lifetime time.Duration, requestID string) skproc.StartRequest {
 	sr := skproc.StartRequest{Argv: argv, Workdir: workdir, Env: env, Lifetime: lifetime, Stdin: req.GetStdin(),
-		Tag: req.GetTag(), Template: sc.rec.OpTemplate, RequestID: requestID,
-		NoNetwork: true} // only a sandbox without a network starts its commands here: its caller's block said none
+		Tag: req.GetTag(), Template: sc.rec.OpTemplate, RequestID: requestID}
 	if req.Pty != nil {
 		ws := size(req.Pty)
 		sr.TTY, sr.Stdin = &ws, true // a terminal's input is its keyboard

@@ -21,10 +21,12 @@ package e2b
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/auth"
@@ -161,11 +163,61 @@ func (f *Front) endRun(r *http.Request, b service.Backend, run *sandkeep.Run) {
 	}
 }
 
+// startNetwork is the network block a command of sandbox id starts with, read under the lock a network update
+// holds while it looks for running commands; the start counts among them from now until started is called,
+// once the engine lists the process (or the start failed). So a command runs with the network before an update
+// or after it, never between.
+func (f *Front) startNetwork(id string) (block *sandkeep.Network, started func(), err error) {
+	f.netMu.Lock()
+	defer f.netMu.Unlock()
+	cur, err := f.recs.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	f.starting[id]++
+	var once sync.Once
+	return cur.network(), func() {
+		once.Do(func() {
+			f.netMu.Lock()
+			defer f.netMu.Unlock()
+			if f.starting[id]--; f.starting[id] <= 0 {
+				delete(f.starting, id)
+			}
+		})
+	}, nil
+}
+
+// runningCommands counts the commands of rec's sandbox that run, or start, with the network they read: the front's own
+// (the exec path), the starts under way, and the engine's running processes. The caller holds netMu.
+func (f *Front) runningCommands(ctx context.Context, rec *record) (int, error) {
+	n := len(f.procs.of(rec.ID)) + f.starting[rec.ID]
+	b, _ := f.backend()
+	pb, ok := f.engineProcs(b)
+	if !ok {
+		return n, nil
+	}
+	key, err := keyOf(rec)
+	if err != nil {
+		return 0, err
+	}
+	ps, err := pb.Processes(ctx, key)
+	if err != nil && !f.unavailable(err) {
+		return 0, err
+	}
+	for i := range ps {
+		if ps[i].Running {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // handleNetwork is E2B's network update (PUT /sandboxes/{id}/network): the new config replaces the sandbox's
 // (omitted fields cleared, as E2B's), admitted as at create: it may only narrow the template's network. It
-// applies to the commands started after it, and its run records network_updated. A command of the sandbox that runs on the exec path holds the
-// network it started with until it ends (the egress proxy's session), so while one runs the update is refused
-// (409) rather than left half applied; the engine's processes carry no network and do not stand in its way.
+// applies to the commands started after it, and its run records network_updated. A running command of the
+// sandbox (one of the engine's processes, or the front's own on the exec path) holds the network it started
+// with until it ends (its egress session), so while one runs in a sandbox that has a network the update is
+// refused (409) rather than left half applied.
 func (f *Front) handleNetwork(w http.ResponseWriter, r *http.Request) {
 	_, rec, ok := f.ownedBy(w, r, auth.ScopeExec)
 	if !ok {
@@ -201,9 +253,16 @@ func (f *Front) handleNetwork(w http.ResponseWriter, r *http.Request) {
 		f.writeError(w, r, err)
 		return
 	}
-	if busy := len(f.procs.of(rec.ID)); busy > 0 && cur.Networked {
-		f.writeError(w, r, &statusError{status: http.StatusConflict, msg: fmtBusy(busy)})
-		return
+	if cur.Networked {
+		busy, err := f.runningCommands(r.Context(), cur)
+		if err != nil {
+			f.writeError(w, r, err)
+			return
+		}
+		if busy > 0 {
+			f.writeError(w, r, &statusError{status: http.StatusConflict, msg: fmtBusy(busy)})
+			return
+		}
 	}
 	if _, err := f.recs.update(rec.ID, func(r *record) error {
 		r.AllowInternet, r.Network, r.Networked = allow, n, networked

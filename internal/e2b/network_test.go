@@ -1,13 +1,21 @@
 package e2b
 
 import (
+	"context"
 	"encoding/json"
+	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandkeep/sandkeep"
 	"github.com/sandkeep/sandkeep/internal/e2b/proto/process"
+	"github.com/sandkeep/sandkeep/internal/fault"
+	"github.com/sandkeep/sandkeep/internal/service"
+	skproc "github.com/sandkeep/sandkeep/processes"
 )
 
 // TestCallerNetwork: E2B's network fields become the caller's block over the template's network, or a refusal;
@@ -203,5 +211,119 @@ func TestNetworkFront(t *testing.T) {
 	}
 	if rec, _ = h.f.recs.get(id); rec.network() != nil {
 		t.Errorf("a cleared network is %q, want the template's", netString(rec.network()))
+	}
+}
+
+// netProcs is fakeBackend with the engine's process model: each start records the network block it carried to
+// admission and runs until ended; a start whose block inspects (rule "inspect.example") is refused as the
+// kubernetes driver refuses it, and noProcs makes every process call PROCESS_UNAVAILABLE.
+type netProcs struct {
+	*fakeBackend
+	mu      sync.Mutex
+	started []string
+	running []skproc.Process
+	noProcs bool
+}
+
+var _ service.ProcessBackend = (*netProcs)(nil)
+
+func (b *netProcs) StartProcess(_ context.Context, _ sandkeep.Key, req skproc.StartRequest) (*skproc.Process, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.noProcs || req.Network != nil && slices.Contains(req.Network.Rules, "inspect.example") {
+		return nil, fault.New(fault.ProcessUnavailable, "give the template inspect: off", "no processes here")
+	}
+	b.started = append(b.started, netString(req.Network))
+	b.running = append(b.running, skproc.Process{PID: 100 + len(b.running), Running: true})
+	return &b.running[len(b.running)-1], nil
+}
+
+func (b *netProcs) Processes(context.Context, sandkeep.Key) ([]skproc.Process, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.noProcs {
+		return nil, fault.New(fault.ProcessUnavailable, "use the agent channel", "no processes here")
+	}
+	return slices.Clone(b.running), nil
+}
+
+func (b *netProcs) AttachProcess(context.Context, sandkeep.Key, skproc.Ref, skproc.AttachOptions) (*skproc.Process, error) {
+	return nil, nil
+}
+func (b *netProcs) SendInput(context.Context, sandkeep.Key, skproc.Ref, []byte) error { return nil }
+func (b *netProcs) CloseStdin(context.Context, sandkeep.Key, skproc.Ref) error        { return nil }
+func (b *netProcs) KillProcess(context.Context, sandkeep.Key, skproc.Ref) error       { return nil }
+func (b *netProcs) SignalProcess(context.Context, sandkeep.Key, skproc.Ref, syscall.Signal) error {
+	return nil
+}
+func (b *netProcs) ResizeProcess(context.Context, sandkeep.Key, skproc.Ref, sandkeep.WindowSize) error {
+	return nil
+}
+
+// TestNetworkBesideProcesses: a command's start reads the sandbox's network block under the update's lock and
+// counts as running until the engine lists it, and a running engine process holds the network too, so an update
+// of a sandbox with a network waits for neither (409, nothing changed) and goes through once none runs. A start
+// refused PROCESS_UNAVAILABLE for its own network is that command's answer; only an engine whose list says the
+// same has no processes (the exec path from then on).
+func TestNetworkBesideProcesses(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0).UTC()
+	b := &netProcs{fakeBackend: &fakeBackend{}}
+	f, err := New(Config{Dir: t.TempDir(), MaxTimeout: time.Hour, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(f.Handler(b, fakeHooks()))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { f.Close() })
+	h := &harness{t: t, b: b.fakeBackend, f: f, srv: srv}
+	f.networked = func(*sandkeep.Run) bool { return true }
+
+	st, body := h.do("POST", "/v2/sandboxes", "key-acme", `{"network":{"allowOut":["*.example.com"],"denyOut":["0.0.0.0/0"]}}`)
+	if st != 201 {
+		t.Fatalf("create: %d %v", st, body)
+	}
+	id := body["sandboxID"].(string)
+	rec, _ := f.recs.get(id)
+	sc := &sandboxCtx{rec: rec, key: sandkeep.Key{Tenant: "acme", User: rec.user()}, b: b}
+	update := func(body string) (int, string) {
+		st, out := h.do("PUT", "/sandboxes/"+id+"/network", "key-acme", body)
+		msg, _ := out["message"].(string)
+		return st, msg
+	}
+
+	block, started, err := f.startNetwork(id)
+	if err != nil || netString(block) != "allowlist **.example.com !example.com" {
+		t.Fatalf("a start reads %q (%v), want the sandbox's block", netString(block), err)
+	}
+	if st, msg := update(`{"allow_internet_access":false}`); st != 409 || !strings.Contains(msg, "nothing was changed") {
+		t.Errorf("update while a start is under way: %d %q, want 409", st, msg)
+	}
+	if _, err := b.StartProcess(t.Context(), sc.key, skproc.StartRequest{Network: block}); err != nil {
+		t.Fatal(err)
+	}
+	started()
+	started() // once only
+	if st, msg := update(`{"allow_internet_access":false}`); st != 409 {
+		t.Errorf("update while the engine's process runs: %d %q, want 409", st, msg)
+	}
+	b.mu.Lock()
+	b.running[0].Running = false
+	b.mu.Unlock()
+	if st, msg := update(`{"allow_internet_access":false}`); st != 204 {
+		t.Errorf("update once it ended: %d %q, want 204", st, msg)
+	}
+	if block, started, _ = f.startNetwork(id); netString(block) != "none" {
+		t.Errorf("a start after the update reads %q, want none", netString(block))
+	}
+	started()
+
+	// A start refused for its own network leaves the engine's processes in use; an engine without any does not.
+	refused := fault.New(fault.ProcessUnavailable, "give the template inspect: off", "a process whose network inspects TLS")
+	if f.noProcesses(t.Context(), sc, b, refused) || f.noEngineProcs.Load() {
+		t.Error("a start refused for its network switched the front to the exec path")
+	}
+	b.noProcs = true
+	if !f.noProcesses(t.Context(), sc, b, refused) || !f.noEngineProcs.Load() {
+		t.Error("an engine whose list is PROCESS_UNAVAILABLE too: the front still asks it for processes")
 	}
 }

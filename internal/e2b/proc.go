@@ -29,8 +29,9 @@ const (
 	maxProcsPerFront = 4096
 )
 
-// proc is one command started through the process service: it runs on the engine's exec path, owned by the
-// front (not by the request that started it), so a client that disconnects can connect to it again.
+// proc is one command started through the process service where the engine has no processes: it runs on the
+// engine's exec path, owned by the front (not by the request that started it), so a client that disconnects can
+// connect to it again.
 type proc struct {
 	pid     uint32
 	sandbox string
@@ -248,17 +249,23 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	for k, v := range cfg.GetEnvs() {
 		env[k] = v
 	}
-	// A sandbox whose commands have a network (its template's, narrowed by the caller's block) runs them on the
-	// exec path, which carries that block to admission: each command, background or not, is a session of the
-	// sandbox's egress proxy of its own for as long as it runs, concurrently with the others. The engine's
-	// processes are admitted with the template's network, which the block may have narrowed.
-	if pb, ok := s.f.engineProcs(sc.b); ok && !sc.rec.Networked {
+	// Every command is one of the engine's processes where the engine has them, carrying the sandbox's network
+	// block (its create's, or its last update's) to the start's admission as an exec carries its own: the
+	// template's network narrowed by it, each process a session of the sandbox's egress proxy of its own for its
+	// whole life, beside the others.
+	if pb, ok := s.f.engineProcs(sc.b); ok {
 		lifetime := timeout
 		if _, ok := ctx.Deadline(); ok {
 			lifetime += lifetimeSlack
 		}
 		sreq := startRequest(sc, req.Msg, argv(cfg), workdir, envList(sc.rec.Env, env), lifetime, s.f.requestID(r))
+		block, started, err := s.f.startNetwork(sc.rec.ID)
+		if err != nil {
+			return s.f.connectErr(r, err)
+		}
+		sreq.Network = block
 		p, err := pb.StartProcess(ctx, sc.key, sreq)
+		started()
 		if err == nil {
 			if err := stream.Send(&process.StartResponse{Event: startEvent(uint32(p.PID))}); err != nil {
 				return err
@@ -269,13 +276,13 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 			}
 			return s.f.streamProcess(ctx, r, sc, pb, p.PID, sreq.TTY != nil, true, send)
 		}
-		if !s.f.unavailable(err) {
+		if !s.f.noProcesses(ctx, sc, pb, err) {
 			return s.f.connectErr(r, err)
 		}
 	}
-	// Concurrent: E2B runs a sandbox's commands at once (a dev server in the background, commands beside it).
-	// The engine runs them so where the sandbox's agent channel carries them (Docker under runc, the kubernetes
-	// driver with its channel), networked or not, else one at a time (docs/E2B.md).
+	// Where the engine has no processes (the exec transport without a relay), each command is the front's own,
+	// on the exec path, which carries the sandbox's network block to admission too. Concurrent: E2B runs a
+	// sandbox's commands at once; the engine runs them one at a time there all the same (docs/E2B.md).
 	ereq := sandkeep.ExecRequest{Argv: argv(cfg), Workdir: workdir, Env: envList(sc.rec.Env, env), Timeout: timeout,
 		OutputLimit: procOutputLimit, Concurrent: true}
 	ar := service.AdmitRequest{Template: sc.rec.OpTemplate, RequestID: s.f.requestID(r)}

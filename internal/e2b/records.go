@@ -34,7 +34,8 @@ type record struct {
 	TokenID     string            `json:"token_id"`     // the API token that created it
 	TokenHash   string            `json:"token_hash"`   // its hash: envd calls re-check that it is still live
 	// AllowInternet and Network are E2B's network fields as admitted (network.go): the caller's block over
-	// the template's network. Networked says its commands get a network (they then run on the exec path).
+	// the template's network. Networked says its commands get a network (a network update then waits for
+	// none to run).
 	AllowInternet *bool        `json:"allow_internet,omitempty"`
 	Network       *networkJSON `json:"network,omitempty"`
 	Networked     bool         `json:"networked,omitempty"`

@@ -36,9 +36,10 @@ type StartRequest struct {
 	RequestID string
 	Template  string
 	Trust     string
-	// NoNetwork runs the process without the run's network (a caller whose own block narrowed it to none, which
-	// the start's admission does not carry: the E2B front's sandboxes without a network).
-	NoNetwork bool
+	// Network is a block over the run's network, carried to the start's admission as RunRequest.Network is (a
+	// caller's may only narrow it: NETWORK_WIDENED), so the process gets what a command of that run would. A
+	// start in a run already admitted (Run.StartProcess) has that run's network, and a block here is refused.
+	Network *Network
 }
 
 // Process describes one process of a sandbox.
@@ -102,15 +103,18 @@ func processOf(p *lifecycle.Process) *Process {
 // StartError. Processes need the Docker driver's agent channel, served by a long-lived Manager (serve, the
 // daemon): elsewhere PROCESS_UNAVAILABLE.
 func (m *Manager) StartProcess(ctx context.Context, key Key, req StartRequest) (*Process, error) {
+	block := req.Network // the start's admission carries it: the run's commands have it, so the process does
+	req.Network = nil
 	if req.RunID != "" {
-		run, err := m.Admit(ctx, RunRequest{Key: key, RunID: req.RunID, RequestID: req.RequestID, Observer: Observer{Event: req.OnEvent}})
+		run, err := m.Admit(ctx, RunRequest{Key: key, RunID: req.RunID, RequestID: req.RequestID, Network: block,
+			Observer: Observer{Event: req.OnEvent}})
 		if err != nil {
 			return nil, err
 		}
 		return run.StartProcess(ctx, req)
 	}
 	run, err := m.Admit(ctx, RunRequest{Key: key, Template: req.Template, Trust: req.Trust, RequestID: req.RequestID,
-		Observer: Observer{Event: req.OnEvent}})
+		Network: block, Observer: Observer{Event: req.OnEvent}})
 	if err != nil {
 		return nil, err
 	}
@@ -121,10 +125,15 @@ func (m *Manager) StartProcess(ctx context.Context, key Key, req StartRequest) (
 
 // StartProcess starts a process in the run's sandbox (see Manager.StartProcess), recording its events in the
 // run. The run's secret files are not placed for it (they belong to one command at a time); it gets the run's
-// network as a session of the sandbox's egress proxy of its own, from its start to its end.
+// network (with the block it was admitted with) as a session of the sandbox's egress proxy of its own, from its
+// start to its end.
 func (r *Run) StartProcess(ctx context.Context, req StartRequest) (*Process, error) {
 	if r.lc == nil {
 		return nil, fault.New(fault.InvalidArgument, "admit a new run", "run %s was refused and runs nothing", r.ID)
+	}
+	if req.Network != nil {
+		return nil, fault.New(fault.InvalidArgument, "pass the network block when admitting the run (RunRequest.Network)",
+			"a process started in run %s has the run's network; a block of its own is not applied there", r.ID)
 	}
 	if err := r.m.CheckStart(req); err != nil {
 		return nil, err
@@ -133,14 +142,10 @@ func (r *Run) StartProcess(ctx context.Context, req StartRequest) (*Process, err
 	if req.TTY != nil {
 		tty = (&TTY{Size: *req.TTY}).size() // zero: 24x80
 	}
-	pol := r.cmdPol
-	if req.NoNetwork {
-		pol = nil
-	}
 	p, err := r.lc.StartProcess(ctx, r.key, lifecycle.StartRequest{
 		Argv: req.Argv, Workdir: req.Workdir, Env: req.Env, Lifetime: req.Lifetime, Stdin: req.Stdin,
 		TTY: tty, Tag: req.Tag, Ring: req.BufferLimit, OnEvent: r.sink, Shape: r.shape,
-		Network: pol, NetworkBlock: r.network != nil || r.cmdNet != nil || req.NoNetwork,
+		Network: r.cmdPol, NetworkBlock: r.network != nil || r.cmdNet != nil,
 	})
 	return processOf(p), err
 }

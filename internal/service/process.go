@@ -24,13 +24,16 @@ type ProcessBackend interface {
 
 var _ ProcessBackend = (*Service)(nil)
 
-// StartProcess admits the start's run as the caller tier (or attaches it to req.RunID) and starts the process;
-// the run is finished when the start returns, and the process's end is recorded in it later.
+// StartProcess admits the start's run as the caller tier (or attaches it to req.RunID), with req.Network as the
+// caller's block over its network (as an exec's), and starts the process; the run is finished when the start
+// returns, and the process's end is recorded in it later.
 func (s *Service) StartProcess(ctx context.Context, key sandkeep.Key, req processes.StartRequest) (*processes.Process, error) {
-	run, err := s.Admit(ctx, key, AdmitRequest{RunID: req.RunID, Template: req.Template, Trust: req.Trust, RequestID: req.RequestID})
+	run, err := s.Admit(ctx, key, AdmitRequest{RunID: req.RunID, Template: req.Template, Trust: req.Trust, RequestID: req.RequestID,
+		Network: req.Network})
 	if err != nil {
 		return nil, err
 	}
+	req.Network = nil // admitted with the run: the process has the run's network
 	p, err := processes.StartIn(ctx, run, req)
 	run.Finish(err)
 	return p, err

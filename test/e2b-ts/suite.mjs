@@ -1,7 +1,7 @@
 // Runs the e2b JavaScript SDK, unmodified, against sandkeep serve's E2B front. The Go test
 // (cmd/sandkeep TestE2BTypeScript) starts the server and passes, in the environment:
 //   E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (tenant A), E2B_OTHER_KEY (tenant B), E2B_MAX_TIMEOUT_S, and
-//   E2B_NET_TARGET (a loopback server the template 'net' allows) where the network checks run.
+//   E2B_NET_TARGET and E2B_NET_NARROWED (loopback servers the template 'net' allows) where the network checks run.
 // Each check prints "ok <name>" or "FAIL <name>: <why>"; the process exits non-zero when any failed.
 import { Sandbox, CommandExitError, NotFoundError, AuthenticationError, TimeoutError, SandboxError, InvalidArgumentError, RateLimitError, FileType } from 'e2b'
 
@@ -338,6 +338,37 @@ if (netTarget) {
       eq(e.statusCode, 403, 'a widening update: status'); ok(/NETWORK_WIDENED/.test(e.message), `message: ${e.message}`)
     } finally {
       for (const s of made) await s.kill()
+    }
+  })
+  // Each command carries the narrowed network as one of the engine's processes, a session of the sandbox's
+  // egress proxy of its own, all at once (docs/E2B.md, "Network"): the template 'net' also allows a second
+  // server (E2B_NET_NARROWED) which this sandbox's allowOut leaves out. A background process and a command
+  // beside it each reach E2B_NET_TARGET and then wait for each other (a rendezvous: neither ends unless both
+  // run at once); the left-out server is refused by the proxy (403) before any dial (the Go test counts its
+  // connections: none); the background one is the engine's process, listed by the native API under its pid.
+  const narrowed = process.env.E2B_NET_NARROWED
+  if (process.env.E2B_CONCURRENT === '1') await check('network: a background process and a command beside it, each with the narrowed network, at once', async () => {
+    const s = await Sandbox.create('net', { network: { allowOut: [netTarget], denyOut: ['0.0.0.0/0'] } })
+    try {
+      // touch mine, then wait (at most 60 s: a failure, never a hang) for theirs
+      const meet = (mine, theirs) => `touch ${mine}; i=0; until [ -f ${theirs} ]; do i=$((i+1)); [ $i -gt 600 ] && { echo no-rendezvous; exit 9; }; sleep 0.1; done`
+      const both = (mine, theirs) => `echo "session=$HTTP_PROXY"; ${get}; skprobe proxied http://${narrowed}/; ${meet(mine, theirs)}`
+      const bg = await s.commands.run(both('bg.ready', 'fg.ready'), { background: true, timeoutMs: 120_000 })
+      for (let i = 0; i < 100 && !(await s.files.exists('bg.ready')); i++) await sleep(100)
+      const base = process.env.E2B_API_URL.replace(/\/e2b$/, '')
+      const res = await fetch(`${base}/v1/sandboxes/e2b-${s.sandboxId}/processes`, { headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` } })
+      const listed = await res.json()
+      ok(res.status === 200 && listed.processes.some((p) => p.pid === bg.pid && p.running), `the native API's processes (${res.status}): ${JSON.stringify(listed)}, want pid ${bg.pid} running`)
+      const fg = await s.commands.run(both('fg.ready', 'bg.ready'), { timeoutMs: 120_000 })
+      const bgEnd = await bg.wait()
+      for (const [what, out] of [['background', bgEnd.stdout], ['beside it', fg.stdout]]) {
+        ok(/status 200 [^\n]*\nreached/.test(out), `${what}: the allowed server: ${out}`)
+        ok(/status 403 denied=\S+/.test(out), `${what}: the left-out server, refused by the proxy: ${out}`)
+      }
+      const session = (out) => (/session=(\S+)/.exec(out) || [])[1]
+      ok(session(bgEnd.stdout) && session(fg.stdout) && session(bgEnd.stdout) !== session(fg.stdout), 'each its own egress session (proxy token)')
+    } finally {
+      await s.kill()
     }
   })
   await check('network: asking for more than the template allows is refused, and nothing is made', async () => {
