@@ -15,7 +15,14 @@ import (
 // another one does, or when no template asks for one. The pools end with m's Close; their members stay for the
 // next process to adopt.
 func Warm(ctx context.Context, m *sandkeep.Manager) (ok bool, err error) {
-	return engine.Facade.Manager(m).WarmPools(ctx)
+	return engine.Facade.Manager(m).WarmPools(ctx, false)
+}
+
+// WarmReplica is Warm for one replica of a fleet whose replicas have homes of their own: it keeps pools only on a
+// driver that records each claim in the engine (kubernetes), and refuses with SPEC_UNSUPPORTED on another (each
+// replica would keep its own pool, and two could hand one member to two keys).
+func WarmReplica(ctx context.Context, m *sandkeep.Manager) (ok bool, err error) {
+	return engine.Facade.Manager(m).WarmPools(ctx, true)
 }
 
 // Status is what one template's warm pool holds now: its size (the operator's N), the members ready to be

@@ -813,7 +813,7 @@ func runDaemon(ctx context.Context, g *globals, idle time.Duration, auto bool) e
 		})
 	}
 	defer func() { stopSweep(); sweeping.Wait() }()
-	warmPools(ctx, g, m)
+	warmPools(ctx, g, m, false)
 	stopOnSignal := context.AfterFunc(ctx, d.requestStop)
 	defer stopOnSignal()
 	fmt.Fprintf(g.stderr, "sandkeep: daemon %d serving %s\n", os.Getpid(), filepath.Join(d.home, daemonSocketName))

@@ -125,7 +125,12 @@ func TestFleetDocker(t *testing.T) {
 	}
 	c.env = append(c.env, "SANDKEEP_STORE="+dsn, "SANDKEEP_DAEMON=off")
 	const ttl = 3 * time.Second
-	reps, _ := c.fleetWith(t, 2, ttl, "  sandbox_dir: "+t.TempDir()+"\n", "")
+	// A pooled template: on Docker each replica's home alone knows its claims, so a fleet keeps no pool there
+	// (two replicas could hand one member to two keys); each replica says so and makes no member.
+	reps, _ := c.fleetWith(t, 2, ttl, "  sandbox_dir: "+t.TempDir()+"\n", "templates:\n  warm: {pool: 2}\n")
+	for _, r := range reps {
+		r.waitFor(t, `warm pools not started: .*warm pools in a fleet need a driver that records each claim`)
+	}
 	tenant := c.ten("fleet")
 	tok := c.createToken(t, tenant, "fleet", "")
 	cls := []*sdk.Client{reps[0].client(t, tok.Token), reps[1].client(t, tok.Token)}
@@ -133,6 +138,13 @@ func TestFleetDocker(t *testing.T) {
 	// Round-robin over the replicas: every command answered right, whoever owns its key.
 	const users, rounds = 4, 4
 	ok := 0
+	defer func() {
+		list, err := testutil.Docker(t).ContainerList(context.Background(), client.ContainerListOptions{All: true,
+			Filters: client.Filters{}.Add("label", driver.LabelInstallation+"="+c.installation).Add("label", driver.LabelPool)})
+		if err != nil || len(list.Items) != 0 {
+			t.Errorf("a fleet on Docker made pool members: %d (%v)", len(list.Items), err)
+		}
+	}()
 	for r := range rounds {
 		for u := range users {
 			i := (r*users + u) % 2

@@ -247,7 +247,7 @@ func serve(ctx context.Context, g *globals, sc serverConfig, af admissionFlags) 
 	// E2B sandboxes' timeouts (docs/E2B.md), enforced from the records, so they survive a restart.
 	sweeping.Go(func() { front.Sweep(sweepCtx, time.Second) })
 	defer func() { stopSweep(); sweeping.Wait() }()
-	warmPools(ctx, g, svc.m)
+	warmPools(ctx, g, svc.m, fl != nil)
 	served := make(chan error, 1)
 	go func() {
 		if sc.TLS.Cert != "" {

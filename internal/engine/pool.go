@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/sandkeep/sandkeep/internal/driver"
 	"github.com/sandkeep/sandkeep/internal/engine/lifecycle"
 	"github.com/sandkeep/sandkeep/internal/fault"
 )
@@ -14,7 +15,12 @@ import (
 // one instead of creating a sandbox. At most Config.PoolCap members in all (0: the sum of the pools). Only one
 // process per state home keeps pools: ok is false when another one does, or when no template asks for one. The
 // pools end with Close; their members stay for the next process to adopt.
-func (m *Manager) WarmPools(ctx context.Context) (ok bool, err error) {
+//
+// replicated says this process is one replica of a fleet whose replicas have homes of their own. Pools are then
+// kept only on a driver that records each claim in the engine (driver.ClaimKeeper: kubernetes); on another, each
+// replica's home alone would know its claims, so one replica could adopt, as ready, a member another replica had
+// already given to a key, and hand it to a second key. That is refused, and the fleet creates on demand.
+func (m *Manager) WarmPools(ctx context.Context, replicated bool) (ok bool, err error) {
 	var names []string
 	for _, name := range slices.Sorted(maps.Keys(m.cfg.Templates)) {
 		if m.cfg.Templates[name].Pool > 0 {
@@ -27,6 +33,11 @@ func (m *Manager) WarmPools(ctx context.Context) (ok bool, err error) {
 	lc, err := m.primary(ctx)
 	if err != nil {
 		return false, err
+	}
+	if _, keeps := lc.Driver().(driver.ClaimKeeper); replicated && !keeps {
+		return false, fault.New(fault.SpecUnsupported, "remove pool from the templates, or run the fleet on the kubernetes driver",
+			"warm pools in a fleet need a driver that records each claim in the engine (kubernetes): on %s each replica's home keeps its own claims, and two replicas could hand one member to two keys",
+			lc.Driver().Name())
 	}
 	specs := make([]lifecycle.PoolSpec, 0, len(names))
 	for _, name := range names {
