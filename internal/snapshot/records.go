@@ -60,7 +60,7 @@ func (s *Store) importRecords(ctx context.Context) error {
 		if err != nil || file.tenantDir(sn.Tenant) != filepath.Join(root, tenantDir) {
 			continue // damaged, or not where its tenant's records are: left for the operator
 		}
-		err = s.db.CreateSnapshot(ctx, store.SnapshotRecord(sn), store.SnapshotQuota{})
+		err = s.db.CreateSnapshot(ctx, sn, Quota{})
 		if err != nil && !errdefs.IsAlreadyExists(err) {
 			return fmt.Errorf("snapshots: move %s of %s into the store: %w", sn.Name, sn.Tenant, err)
 		}
@@ -79,7 +79,7 @@ func (s *Store) createRecord(ctx context.Context, sn Snapshot, file string) (Sna
 	if err := s.arch.Put(ctx, sn.Digest, file, sn.Bytes); err != nil {
 		return Snapshot{}, err
 	}
-	err = s.db.CreateSnapshot(ctx, store.SnapshotRecord(sn), store.SnapshotQuota{Count: s.quota.Count, Bytes: s.quota.Bytes})
+	err = s.db.CreateSnapshot(ctx, sn, s.quota)
 	var qe *store.SnapshotQuotaError
 	switch {
 	case errdefs.IsAlreadyExists(err):
@@ -113,12 +113,12 @@ func (s *Store) deleteRecord(ctx context.Context, tenant, name string) (Snapshot
 		return Snapshot{}, false, fmt.Errorf("snapshots: %w", err)
 	}
 	if !last {
-		return Snapshot(r), false, nil
+		return r, false, nil
 	}
 	if err := s.arch.Remove(ctx, r.Digest); err != nil {
-		return Snapshot(r), false, err
+		return r, false, err
 	}
-	return Snapshot(r), true, nil
+	return r, true, nil
 }
 
 // leaseDigest waits until this Store holds digest's lease in the run store; the function gives it back.

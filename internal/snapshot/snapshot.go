@@ -29,23 +29,11 @@ import (
 	"github.com/sandkeep/sandkeep/internal/store"
 )
 
-// Snapshot is one snapshot's record.
-type Snapshot struct {
-	Name      string    `json:"name"`
-	Tenant    string    `json:"tenant"`
-	User      string    `json:"user"` // the user whose workspace it was taken from
-	Template  string    `json:"template,omitempty"`
-	Image     string    `json:"image,omitempty"`
-	Digest    string    `json:"digest"` // sha256:<hex> of the archive
-	Bytes     int64     `json:"bytes"`  // the archive's size
-	CreatedAt time.Time `json:"created_at"`
-}
+// Snapshot is one snapshot's record: the run store's type, also what the home's record files hold.
+type Snapshot = store.SnapshotRecord
 
 // Quota bounds one tenant's snapshots; a zero field is no bound.
-type Quota struct {
-	Count int   // snapshots
-	Bytes int64 // their archives' bytes, counted per snapshot (a shared archive counts for each)
-}
+type Quota = store.SnapshotQuota
 
 // Store is the snapshots of one state home, or (UseStore) of every process sharing a run store. It is safe for
 // concurrent use by several processes: in the home, changes take an exclusive file lock and records are replaced

@@ -24,7 +24,7 @@ type SnapshotRecord struct {
 // SnapshotQuota bounds one tenant's snapshots; a zero field is no bound.
 type SnapshotQuota struct {
 	Count int   // snapshots
-	Bytes int64 // their archives' bytes, counted per snapshot
+	Bytes int64 // their archives' bytes, counted per snapshot (a shared archive counts for each)
 }
 
 // SnapshotStore keeps snapshot records. Implemented by every Store (sqlite, postgres); storetest checks it.

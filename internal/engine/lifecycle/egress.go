@@ -68,14 +68,9 @@ type keyEgress struct {
 // it is not proven.
 func (m *Manager) egressFor(ctx context.Context, key identity.Key, sb *driver.Sandbox, pol *egress.Policy, block bool) (env []string, release func(), err error) {
 	release = func() {}
-	if pol == nil || pol.Mode == "" || pol.Mode == egress.ModeNone {
+	if noNetwork(pol) {
 		m.endEgress(key)
-		if nc, ok := m.drv.(driver.NoNetworkChecker); ok && block {
-			if err := nc.CheckNoNetwork(ctx, sb); err != nil {
-				return nil, release, err
-			}
-		}
-		return nil, release, nil
+		return nil, release, m.proveNoNetwork(ctx, sb, block)
 	}
 	ke, dir, err := m.keyProxy(ctx, key, sb)
 	if errors.Is(err, channel.ErrInUse) {
@@ -479,4 +474,13 @@ func hostAddrs() []netip.Addr {
 		}
 	}
 	return out
+}
+
+// proveNoNetwork: a command without a network whose caller named a block must have none in fact, where the
+// driver's isolation rests on a probe (driver.NoNetworkChecker: kubernetes).
+func (m *Manager) proveNoNetwork(ctx context.Context, sb *driver.Sandbox, block bool) error {
+	if nc, ok := m.drv.(driver.NoNetworkChecker); ok && block {
+		return nc.CheckNoNetwork(ctx, sb)
+	}
+	return nil
 }

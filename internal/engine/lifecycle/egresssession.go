@@ -32,12 +32,7 @@ const sessionBundlePrefix = "ca-bundle-"
 func (m *Manager) egressSession(ctx context.Context, key identity.Key, sb *driver.Sandbox, pol *egress.Policy, block bool, sink Sink) (env []string, release func(), err error) {
 	release = func() {}
 	if noNetwork(pol) {
-		if nc, ok := m.drv.(driver.NoNetworkChecker); ok && block {
-			if err := nc.CheckNoNetwork(ctx, sb); err != nil {
-				return nil, release, err
-			}
-		}
-		return nil, release, nil
+		return nil, release, m.proveNoNetwork(ctx, sb, block)
 	}
 	ke, dir, err := m.keyProxy(ctx, key, sb)
 	if errors.Is(err, channel.ErrInUse) {
